@@ -1,0 +1,62 @@
+"""The ``memlab`` command line: ``memlab <verb> ...``.
+
+Each verb is a module in :mod:`memlab.commands` with ``add_parser(subparsers)``
+and ``run(args) -> int``. A user's mistake (:class:`memlab.errors.MemlabError`)
+prints one line ``memlab: error: ...`` and exits 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from memlab import __version__
+from memlab.errors import MemlabError
+
+VERBS = ("train", "generate", "plot", "list")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memlab",
+        description="memlab: measure, train and compare memory in language models.",
+    )
+    parser.add_argument("--version", action="version", version=f"memlab {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>")
+    for verb in VERBS:
+        importlib.import_module(f"memlab.commands.{verb.replace('-', '_')}").add_parser(sub)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 0
+    _quiet_libraries()
+    try:
+        return int(args.func(args) or 0)
+    except MemlabError as e:
+        print(f"memlab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("memlab: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""memlab plot RUN: redraw a run's metric curves into RUN/plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plot", help="draw a run's metric curves (PNG) into RUN/plots")
+    p.add_argument("run_dir", help="run directory holding metrics.jsonl")
+    p.add_argument("--metrics", nargs="+", default=None, help="metric names (default: every numeric metric logged)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memlab.errors import MemlabError
+    from memlab.plots import plot_metrics, read_metrics
+
+    path = Path(args.run_dir) / "metrics.jsonl"
+    records = read_metrics(path)
+    if not records:
+        raise MemlabError(f"{path}: no metrics to plot")
+    keys = args.metrics or sorted({k for r in records for k, v in r.items()
+                                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch")})
+    for f in plot_metrics(path, Path(args.run_dir) / "plots", tuple(keys)):
+        print(f)
+    return 0

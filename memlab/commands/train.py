@@ -1,0 +1,43 @@
+"""memlab train CONFIG [key=value ...]: train an experiment into a run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train an experiment from a YAML config",
+                       description="Train an experiment from a YAML config into a run directory "
+                                   "(config.yaml, metrics.jsonl, summary.json, checkpoints/, plots/).")
+    p.add_argument("config", nargs="?", help="YAML experiment (configs/...); optional with --resume")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 data.seq_len=64")
+    p.add_argument("--out", help="run directory (default runs/NAME-TIMESTAMP); must be new or empty")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its latest checkpoint (exactly)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memlab.config import load_config
+    from memlab.errors import ConfigError
+    from memlab.train.run import run_experiment
+
+    overrides = list(args.overrides)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if args.config and "=" in args.config:  # `train --resume RUN key=value`
+            overrides.insert(0, args.config)
+        elif args.config:
+            raise ConfigError("with --resume the config is the run's own config.yaml; pass only overrides")
+        cfg = load_config(run_dir / "config.yaml", overrides)
+        summary = run_experiment(cfg, run_dir, resume=True)
+    else:
+        if not args.config:
+            raise ConfigError("give a config file (e.g. configs/token_lm/toy.yaml) or --resume RUN")
+        cfg = load_config(args.config, overrides)
+        summary = run_experiment(cfg, Path(args.out) if args.out else None)
+    ev = summary.get("eval") or {}
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in ev.items() if isinstance(v, (int, float)))
+    print(f"run: {summary['run_dir']}  steps: {summary['steps']}  eval: {shown or 'none'}")
+    print(json.dumps({k: summary[k] for k in ("tokens_per_s", "mfu") if k in summary}))
+    return 0

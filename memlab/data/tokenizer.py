@@ -1,0 +1,97 @@
+"""Tokenizers: any Hugging Face tokenizer by name or path, or a byte-level BPE
+trained with ``tokenizers`` on the training split (the offline default).
+
+Trained BPEs are cached under ``$MEMLAB_CACHE`` (default ``~/.cache/memlab``)
+by a hash of their training text and vocabulary size, and saved into each run
+directory, so a run can be reloaded without the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable
+
+from memlab.errors import DataError
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEMLAB_CACHE", Path.home() / ".cache" / "memlab"))
+
+
+def train_bpe(texts: list[str], vocab_size: int, out_dir: str | Path | None = None):
+    """Train (or fetch from cache) a byte-level BPE on ``texts``; returns a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if not texts or not any(t.strip() for t in texts):
+        raise DataError("cannot train a tokenizer on an empty corpus")
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise DataError(f"a byte-level BPE needs vocab_size >= {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
+    h = hashlib.sha256()
+    h.update(str(vocab_size).encode())
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    key = h.hexdigest()[:16]
+    cached = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{key}"
+    if not (cached / "tokenizer.json").is_file():
+        tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS.values()),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        fast.save_pretrained(str(tmp))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, cached)
+        except OSError:  # another process won the race
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    tok = load_tokenizer(str(cached))
+    if out_dir is not None:
+        tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def load_tokenizer(name_or_path: str):
+    """Load an HF tokenizer by local path or hub name (hub only with a network or a warm cache).
+
+    ``trust_remote_code`` stays off. A tokenizer without a pad token gets its
+    EOS token as pad.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        where = "local path" if Path(name_or_path).exists() else "name"
+        raise DataError(
+            f"tokenizer '{name_or_path}' could not be loaded ({where}; offline, only local paths and cached hub names work): "
+            f"{str(e).splitlines()[0][:200]}"
+        ) from None
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise DataError(f"tokenizer '{name_or_path}' has neither a pad nor an EOS token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_tokenizer(spec: str, train_texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
+    """``bpe`` -> train a byte-level BPE on ``train_texts``; else load ``spec`` as an HF tokenizer."""
+    if spec == "bpe":
+        return train_bpe(list(train_texts), vocab_size, out_dir)
+    tok = load_tokenizer(spec)
+    if out_dir is not None:
+        tok.save_pretrained(str(out_dir))
+    return tok

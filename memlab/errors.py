@@ -1,0 +1,23 @@
+"""User-facing errors.
+
+A :class:`MemlabError` is a mistake in what the user asked for (a bad config
+key, a missing corpus, an unknown model offline). The CLI prints its message
+as one line and exits with status 2, without a traceback; anything else is a
+bug and keeps its traceback.
+"""
+
+
+class MemlabError(Exception):
+    """A user error: printed as one line by the CLI, exit status 2."""
+
+
+class ConfigError(MemlabError):
+    """A config file or override that does not fit the config dataclasses."""
+
+
+class DataError(MemlabError):
+    """A corpus, tokenizer or dataset that cannot be used as asked."""
+
+
+class ModelError(MemlabError):
+    """A model or space that cannot be built, loaded or combined as asked."""

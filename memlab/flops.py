@@ -1,0 +1,35 @@
+"""Analytic FLOP counts used for throughput and model FLOPs utilisation (MFU).
+
+Conventions (stated so MFU figures can be compared): a multiply-add is 2 FLOPs;
+training costs 3x the forward pass (forward + backward); the forward pass of a
+Transformer costs ``2 * N`` FLOPs per token for its ``N`` matrix parameters
+(input embeddings excluded, an output head included) plus ``4 * L * T * d``
+per token for attention scores and values over a context of ``T`` (full, not
+halved for causal masks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def matrix_params(model: torch.nn.Module, exclude_embeddings: bool = True) -> int:
+    """Parameters that take part in matrix multiplies: 2-D weights, minus input embeddings."""
+    emb = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} if exclude_embeddings else set()
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    head_id = id(head.weight) if head is not None else None
+    total = 0
+    for p in model.parameters():
+        if p.ndim >= 2 and (id(p) not in emb or id(p) == head_id):
+            total += p.numel()
+    return total
+
+
+def transformer_forward_flops(n_matrix_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Forward FLOPs for one sequence of ``seq_len`` tokens."""
+    return 2.0 * n_matrix_params * seq_len + 4.0 * n_layers * seq_len * seq_len * d_model
+
+
+def transformer_train_flops(n_matrix_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training (forward + backward) FLOPs for one sequence."""
+    return 3.0 * transformer_forward_flops(n_matrix_params, n_layers, d_model, seq_len)

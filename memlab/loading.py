@@ -1,0 +1,50 @@
+"""Load what a run saved: a model (and tokenizer) from a run directory or checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memlab.errors import ModelError
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A run directory -> its latest checkpoint; a ``save_pretrained`` folder -> itself."""
+    from memlab.train.checkpoint import latest_checkpoint
+
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    if (p / "checkpoints").is_dir():
+        last = latest_checkpoint(p)
+        if last is not None:
+            return last
+    raise ModelError(f"{p}: neither a saved model (config.json) nor a run directory with a checkpoint")
+
+
+def load_pretrained(path: str | Path, model_class=None):
+    """Load a model saved by memlab (safetensors; ``trust_remote_code`` stays off).
+
+    Without ``model_class`` the class comes from the registered family whose
+    model class name matches the saved ``architectures`` entry.
+    """
+    import json
+
+    from memlab.registry import FAMILIES
+
+    d = resolve_model_dir(path)
+    if model_class is None:
+        arch = (json.loads((d / "config.json").read_text()).get("architectures") or [None])[0]
+        for name in FAMILIES.names():
+            fam = FAMILIES.get(name)
+            if fam.model_class.__name__ == arch:
+                model_class = fam.model_class
+                break
+        if model_class is None:
+            raise ModelError(f"{d}: no registered model family builds '{arch}'")
+    return model_class.from_pretrained(str(d))
+
+
+def load_run_tokenizer(path: str | Path):
+    from memlab.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(resolve_model_dir(path)))

@@ -1,0 +1,71 @@
+"""The one interface: an embedding space.
+
+A space maps token sequences to vectors and vectors back to tokens. A memory
+autoencoder is a space; SONAR is a pretrained space; a fitted inversion probe
+is a space; SONAR-LLM and the LCM baselines are sequence models over the
+vectors of any space.
+
+Teacher forcing convention
+--------------------------
+``decoder_inputs(input_ids, attention_mask)`` turns tokenized text (in the
+space's tokenizer, without special tokens) into ``(decoder_input_ids,
+labels)``: the decoder's inputs start with the space's start token(s), and
+``labels[:, t]`` is the token the decoder must predict after reading
+``decoder_input_ids[:, : t + 1]``; padding and positions that must not be
+scored hold ``-100``. So for any space::
+
+    logits = space.decode_logits(z, decoder_input_ids)          # (B, T, V)
+    loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
+
+:func:`reconstruction_loss` is that computation.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class EmbeddingSpace(Protocol):
+    dim: int
+    """Width D of an embedding."""
+    tokenizer: object
+    """The space's tokenizer (a ``PreTrainedTokenizerBase``)."""
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` token ids -> ``(B, D)`` (or ``(B, K, D)`` for K memory vectors)."""
+        ...
+
+    def decoder_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenized targets ``(B, T)`` -> ``(decoder_input_ids, labels)``, both ``(B, T')``."""
+        ...
+
+    def decode_logits(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits ``(B, T', V)`` of the decoder reading ``z`` and ``decoder_input_ids``."""
+        ...
+
+    def generate(self, z: torch.Tensor, max_new_tokens: int = 64, **search) -> list[str]:
+        """Decode embeddings to text; ``search`` may hold ``num_beams``, ``do_sample``, ``temperature``, ``top_p``."""
+        ...
+
+    def encode_text(self, sentences: list[str]) -> torch.Tensor:
+        """Tokenize and encode sentences: ``(B, D)`` or ``(B, K, D)``."""
+        ...
+
+
+def reconstruction_loss(space: EmbeddingSpace, z: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        reduction: str = "mean") -> torch.Tensor:
+    """Token cross-entropy of the space's decoder rebuilding ``input_ids`` from ``z``."""
+    dec_in, labels = space.decoder_inputs(input_ids, attention_mask)
+    logits = space.decode_logits(z, dec_in)  # (B, T', V)
+    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction=reduction)
+
+
+def tokenize(space: EmbeddingSpace, sentences: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sentences -> ``(input_ids, attention_mask)`` in the space's tokenizer, right-padded, no special tokens."""
+    tok = space.tokenizer
+    enc = tok(list(sentences), add_special_tokens=False, padding=True, truncation=max_length is not None,
+              max_length=max_length, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]

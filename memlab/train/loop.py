@@ -1,0 +1,332 @@
+"""The training loop, on accelerate.
+
+One loop for every family: device placement, mixed precision where the
+hardware has it, gradient accumulation, clipping, AdamW, warmup + cosine,
+periodic evaluation, ``metrics.jsonl`` / ``summary.json``, a progress bar,
+atomic checkpoints, and exact resume.
+
+Data order is a seeded permutation per epoch; a global batch is a slice of
+it, shared out over processes (``rank::world``) and then over accumulation
+steps. The data position (epoch, batch) is checkpointed, so a resumed run
+sees exactly the batches that an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.train import checkpoint as ckpt
+from memlab.train.setup import StepOutput, TrainSetup
+
+
+def _mixed_precision(choice: str, cpu: bool) -> str:
+    if choice != "auto":
+        return choice
+    if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
+
+
+def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters)."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = bool(decay) and all(p.is_cuda for p in decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+
+
+def lr_lambda(cfg):
+    """Linear warmup to 1, then cosine decay to ``min_lr_ratio`` at ``max_steps``."""
+
+    def f(step: int) -> float:
+        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, cfg.max_steps - cfg.warmup_steps)
+        t = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return f
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
+    """FLOP/s of an ``n x n`` matrix multiply on ``device``, measured now (the MFU reference)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def _to_float(v: Any) -> float:
+    return float(v.detach().float().item()) if torch.is_tensor(v) else float(v)
+
+
+class Trainer:
+    """Runs a :class:`TrainSetup` under an experiment's ``train`` config into a run directory."""
+
+    def __init__(self, setup: TrainSetup, cfg, run_dir: Path):
+        from accelerate import Accelerator
+
+        self.setup, self.cfg, self.run_dir = setup, cfg, Path(run_dir)
+        mp = _mixed_precision(cfg.mixed_precision, cfg.cpu)
+        self.acc = Accelerator(cpu=cfg.cpu, mixed_precision=mp)
+        world = self.acc.num_processes
+        if cfg.batch_size % (world * cfg.grad_accum):
+            raise MemlabError(
+                f"train.batch_size={cfg.batch_size} must be divisible by processes ({world}) x grad_accum ({cfg.grad_accum})"
+            )
+        self.micro = cfg.batch_size // (world * cfg.grad_accum)
+        n = len(setup.train_data)
+        if n < cfg.batch_size:
+            raise MemlabError(f"the training data has {n} examples, fewer than one batch of {cfg.batch_size}")
+        self.batches_per_epoch = n // cfg.batch_size
+        self.optimizer = make_optimizer(setup.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.model, self.optimizer = self.acc.prepare(setup.model, self.optimizer)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.best_eval: float | None = None
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ data
+    def _collate(self, items: list) -> dict:
+        if self.setup.collate_fn is not None:
+            return self.setup.collate_fn(items)
+        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+    def _global_batch_indices(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.cfg.seed * 100003 + self.epoch)
+        perm = torch.randperm(len(self.setup.train_data), generator=g)
+        b = self.batch_in_epoch
+        return perm[b * self.cfg.batch_size : (b + 1) * self.cfg.batch_size].tolist()
+
+    def _micro_batches(self) -> list[dict]:
+        idx = self._global_batch_indices()[self.acc.process_index :: self.acc.num_processes]  # this process's share
+        out = []
+        for a in range(self.cfg.grad_accum):
+            items = [self.setup.train_data[i] for i in idx[a * self.micro : (a + 1) * self.micro]]
+            out.append({k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()})
+        return out
+
+    def _advance_data(self) -> None:
+        self.batch_in_epoch += 1
+        if self.batch_in_epoch >= self.batches_per_epoch:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def eval_batches(self) -> Iterator[dict]:
+        data = self.setup.eval_data
+        if data is None:
+            return
+        size = self.micro * self.cfg.grad_accum
+        n = min(len(data), self.cfg.eval_batches * size * self.acc.num_processes)
+        idx = list(range(n))[self.acc.process_index :: self.acc.num_processes]
+        for s in range(0, len(idx), size):
+            items = [data[i] for i in idx[s : s + size]]
+            yield {k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()}
+
+    # ------------------------------------------------------------------ logging
+    def _reduce_mean(self, sums: dict[str, float], weight: float) -> dict[str, float]:
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64, device=self.acc.device)
+        t = self.acc.reduce(t, reduction="sum") if self.acc.num_processes > 1 else t
+        w = t[-1].item() or 1.0
+        return {k: t[i].item() / w for i, k in enumerate(keys)}
+
+    def _log(self, record: dict[str, Any]) -> None:
+        for cb in self.setup.callbacks:
+            record.update(cb.log_fields())
+        if self.acc.is_main_process:
+            with open(self.metrics_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        if self.setup.eval_data is None:
+            return {}
+        model = self.model
+        model.eval()
+        sums: dict[str, float] = {}
+        weight = 0.0
+        for batch in self.eval_batches():
+            with self.acc.autocast():
+                out: StepOutput = self.setup.loss_fn(model, batch)
+            vals = {"loss": out.loss, **out.metrics}
+            for k, v in vals.items():
+                sums[k] = sums.get(k, 0.0) + _to_float(v) * out.weight
+            weight += out.weight
+        metrics = self._reduce_mean(sums, weight)
+        if self.setup.eval_fn is not None:
+            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), self.eval_batches()))
+        model.train()
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path | None:
+        self.acc.wait_for_everyone()
+        rng = torch.get_rng_state()
+        gathered = {self.acc.process_index: rng}
+        path = None
+        if self.acc.is_main_process:
+            state = {
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+                "best_eval": self.best_eval,
+                "callbacks": [cb.state_dict() for cb in self.setup.callbacks],
+            }
+            path = ckpt.save_checkpoint(
+                self.run_dir, self.step, self.acc.unwrap_model(self.model), self.optimizer, self.scheduler,
+                state, tokenizer=self.setup.tokenizer, keep=self.cfg.keep_checkpoints, rank_rng=gathered,
+            )
+        self.acc.wait_for_everyone()
+        return path
+
+    def resume(self, path: Path) -> None:
+        """Restore model, optimizer, scheduler, RNG, callbacks and data position from a checkpoint."""
+        ckpt.load_model_weights(self.acc.unwrap_model(self.model), path)
+        self.optimizer.load_state_dict(ckpt.load_torch(path / "optimizer.pt"))
+        self.scheduler.load_state_dict(ckpt.load_torch(path / "scheduler.pt"))
+        state = ckpt.load_trainer_state(path)
+        self.step = state["step"]
+        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+        self.best_eval = state.get("best_eval")
+        for cb, st in zip(self.setup.callbacks, state.get("callbacks", [])):
+            cb.load_state_dict(st)
+        ckpt.set_rng_state(state["rng"])
+        rng_file = path / f"rng-{self.acc.process_index}.pt"
+        if rng_file.is_file():
+            torch.set_rng_state(ckpt.load_torch(rng_file))
+        if self.acc.is_main_process and self.metrics_path.is_file():  # drop records past the checkpoint
+            keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
+            self.metrics_path.write_text("".join(k + "\n" for k in keep))
+
+    # ------------------------------------------------------------------ main loop
+    def train(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        model = self.model
+        model.train()
+        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (show and self.acc.is_main_process),
+                   desc="train", dynamic_ncols=True)
+        matmul = measure_matmul_flops(self.acc.device) if self.setup.flops_per_example else 0.0
+        t_start = time.perf_counter()
+        t_window, examples_window = time.perf_counter(), 0
+        steps_done, examples_total = 0, 0
+        sums: dict[str, float] = {}
+        weight = 0.0
+        params = [p for p in model.parameters() if p.requires_grad]
+        while self.step < cfg.max_steps:
+            for cb in self.setup.callbacks:
+                cb.on_step_start(self.step)
+            micro = self._micro_batches()
+            for i, batch in enumerate(micro):
+                last = i == len(micro) - 1
+                ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else _null()
+                with ctx:
+                    with self.acc.autocast():
+                        out: StepOutput = self.setup.loss_fn(model, batch)
+                    if not torch.isfinite(out.loss):
+                        last_ck = ckpt.latest_checkpoint(self.run_dir)
+                        raise MemlabError(
+                            f"the loss became {out.loss.item()} at step {self.step}; lower train.lr or check the data "
+                            f"(last checkpoint: {last_ck or 'none'})"
+                        )
+                    self.acc.backward(out.loss / cfg.grad_accum)
+                for k, v in {"loss": out.loss, **out.metrics}.items():
+                    sums[k] = sums.get(k, 0.0) + _to_float(v) * out.weight
+                weight += out.weight
+            grad_norm = None
+            if cfg.clip_grad > 0:
+                grad_norm = self.acc.clip_grad_norm_(params, cfg.clip_grad)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            steps_done += 1
+            self._advance_data()
+            examples_window += cfg.batch_size
+            examples_total += cfg.batch_size
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                m = self._reduce_mean(sums, weight)
+                dt = time.perf_counter() - t_window
+                rec = {"step": self.step, "split": "train", **m, "lr": self.scheduler.get_last_lr()[0],
+                       "examples_per_s": examples_window / dt, "epoch": self.epoch}
+                if grad_norm is not None:
+                    rec["grad_norm"] = _to_float(grad_norm)
+                if self.setup.tokens_per_example:
+                    rec["tokens_per_s"] = examples_window * self.setup.tokens_per_example / dt
+                if matmul:
+                    rec["mfu"] = examples_window * self.setup.flops_per_example / dt / (matmul * self.acc.num_processes)
+                self._log(rec)
+                bar.set_postfix(loss=f"{m['loss']:.3f}")
+                sums, weight = {}, 0.0
+                t_window, examples_window = time.perf_counter(), 0
+            if self.step % cfg.eval_every == 0 or self.step == cfg.max_steps:
+                self._run_eval()
+            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
+                self.save()
+        bar.close()
+        wall = time.perf_counter() - t_start
+        summary = {
+            "steps": self.step,
+            "wall_seconds": wall,
+            "examples_per_s": examples_total / wall if wall > 0 else None,
+            "eval": self.last_eval,
+            "best_eval_loss": self.best_eval,
+            "processes": self.acc.num_processes,
+            "device": str(self.acc.device),
+            "mixed_precision": self.acc.mixed_precision,
+            "parameters": sum(p.numel() for p in self.acc.unwrap_model(model).parameters()),
+            **self.setup.summary,
+        }
+        if self.setup.tokens_per_example and wall > 0:
+            summary["tokens_per_s"] = examples_total * self.setup.tokens_per_example / wall
+        if matmul and wall > 0:
+            summary["matmul_flops_per_s"] = matmul
+            summary["mfu"] = examples_total * self.setup.flops_per_example / wall / (matmul * self.acc.num_processes)
+        return summary
+
+    def _run_eval(self) -> None:
+        metrics = self.evaluate()
+        if not metrics:
+            return
+        extra: dict[str, Any] = {}
+        for cb in self.setup.callbacks:
+            extra.update(cb.on_eval(self.step, metrics) or {})
+        self.last_eval = metrics
+        if self.best_eval is None or metrics["loss"] < self.best_eval:
+            self.best_eval = metrics["loss"]
+        self._log({"step": self.step, "split": "eval", **metrics, **extra})
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

@@ -1,0 +1,76 @@
+"""What a recipe hands the training loop.
+
+A *recipe* (registered in ``memlab.registry.RECIPES``) turns an
+:class:`~memlab.config.ExperimentConfig` into a :class:`TrainSetup`: the
+model, map-style datasets, a loss function and optional callbacks (for
+example a curriculum that switches objectives). The loop knows nothing else
+about the model family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    """A loss to minimise and scalar metrics to log (tensors or floats)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0
+    """Weight of this batch when metrics are averaged (e.g. its number of target tokens)."""
+
+
+class Callback:
+    """Hooks into the loop. State returned by :meth:`state_dict` is checkpointed and restored on resume."""
+
+    def on_step_start(self, step: int) -> None:
+        """Called before every optimizer step."""
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> dict[str, Any]:
+        """Called after every evaluation; returns extra fields to log."""
+        return {}
+
+    def log_fields(self) -> dict[str, Any]:
+        """Extra fields added to every metrics.jsonl record (e.g. the curriculum phase)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class TrainSetup:
+    model: torch.nn.Module
+    """A transformers ``PreTrainedModel`` (saved with ``save_pretrained``)."""
+    train_data: torch.utils.data.Dataset
+    eval_data: torch.utils.data.Dataset | None
+    loss_fn: Callable[[torch.nn.Module, dict], StepOutput]
+    """``loss_fn(model, batch) -> StepOutput``; used for training and (under no_grad) for evaluation."""
+    collate_fn: Callable | None = None
+    eval_fn: Callable[[torch.nn.Module, Any], dict[str, float]] | None = None
+    """Optional extra evaluation ``eval_fn(model, eval_batches) -> metrics`` (e.g. generation metrics)."""
+    callbacks: list[Callback] = field(default_factory=list)
+    tokenizer: Any = None
+    """Saved beside the model in every checkpoint."""
+    tokens_per_example: int = 0
+    """For throughput: tokens the model processes per example."""
+    flops_per_example: float = 0.0
+    """For model FLOPs utilisation: training FLOPs (forward + backward) per example, 0 if unknown."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Extra facts recorded in summary.json (data sizes, parameter counts)."""
+
+
+class Recipe(Protocol):
+    name: str
+    options_class: type | None
+
+    def setup(self, cfg: Any, run_dir: Path) -> TrainSetup: ...

@@ -1,0 +1,74 @@
+"""Recipe ``lm``: next-token training of a causal LM on fixed token chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
+from memlab.errors import ConfigError
+from memlab.flops import matrix_params, transformer_train_flops
+from memlab.registry import FAMILIES, RECIPES
+from memlab.train.setup import StepOutput, TrainSetup
+
+
+def causal_lm_step(model, batch: dict) -> StepOutput:
+    """Next-token cross-entropy and token accuracy on a batch of chunks (no padding in chunks)."""
+    ids = batch["input_ids"]  # (B, T)
+    logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
+    target = ids[:, 1:]  # (B, T-1)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+    acc = (logits.argmax(-1) == target).float().mean()
+    return StepOutput(loss=loss, metrics={"token_accuracy": acc}, weight=float(target.numel()))
+
+
+def build_model_for_tokenizer(cfg, tokenizer, seq_len: int):
+    """Build the configured family with the tokenizer's vocabulary and special ids."""
+    family = FAMILIES.get(cfg.model.family)
+    over = dict(cfg.model.overrides)
+    over.setdefault("vocab_size", len(tokenizer))
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        over.setdefault(name, getattr(tokenizer, name))
+    config = family.make_config(cfg.model.preset, **over)
+    if config.vocab_size < len(tokenizer):
+        raise ConfigError(f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None and seq_len > max_pos:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the model allows (max_position_embeddings={max_pos})")
+    if cfg.model.init_from:
+        from memlab.loading import load_pretrained
+
+        return load_pretrained(cfg.model.init_from, family.model_class)
+    return family.model_class(config)
+
+
+class LMRecipe:
+    """Next-token prediction on token chunks (token-level LM baseline)."""
+
+    name = "lm"
+    options_class = None
+
+    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
+        tok = corpus.tokenizer
+        train = token_chunks(corpus.texts("train"), tok, cfg.data.seq_len)  # (N, T)
+        val_texts = corpus.texts("validation")
+        val = token_chunks(val_texts, tok, cfg.data.seq_len) if val_texts else None
+        model = build_model_for_tokenizer(cfg, tok, cfg.data.seq_len)
+        c = model.config
+        flops = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, cfg.data.seq_len)
+        return TrainSetup(
+            model=model,
+            train_data=ChunkDataset(train),
+            eval_data=ChunkDataset(val) if val is not None else None,
+            loss_fn=causal_lm_step,
+            tokenizer=tok,
+            tokens_per_example=cfg.data.seq_len,
+            flops_per_example=flops,
+            summary={"train_chunks": int(train.shape[0]), "eval_chunks": int(val.shape[0]) if val is not None else 0,
+                     "vocab_size": len(tok)},
+        )
+
+
+RECIPES.register("lm", LMRecipe(), description=LMRecipe.__doc__)

@@ -1,0 +1,1 @@
+"""Inversion probes: hidden-state capture and decoders trained on frozen embeddings."""

