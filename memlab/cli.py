@@ -15,7 +15,7 @@ import sys
 from memlab import __version__
 from memlab.errors import MemlabError
 
-VERBS = ("train", "generate", "plot", "list")
+VERBS = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,15 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # dotted overrides may follow options: `train CFG --out D key=value`
+            if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+                args.overrides = list(args.overrides) + extra
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # argparse's usage errors (exit 2) and --help/--version (exit 0)
+        return int(e.code or 0)
     if args.verb is None:
         parser.print_help()
         return 0

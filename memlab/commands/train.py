@@ -36,6 +36,10 @@ def run(args) -> int:
             raise ConfigError("give a config file (e.g. configs/token_lm/toy.yaml) or --resume RUN")
         cfg = load_config(args.config, overrides)
         summary = run_experiment(cfg, Path(args.out) if args.out else None)
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return 0
     ev = summary.get("eval") or {}
     shown = ", ".join(f"{k}={v:.4g}" for k, v in ev.items() if isinstance(v, (int, float)))
     print(f"run: {summary['run_dir']}  steps: {summary['steps']}  eval: {shown or 'none'}")

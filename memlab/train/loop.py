@@ -27,6 +27,12 @@ from memlab.train import checkpoint as ckpt
 from memlab.train.setup import StepOutput, TrainSetup
 
 
+def use_cpu(cfg) -> bool:
+    """CPU when asked, or when no accelerator is present (so that `accelerate launch --multi_gpu
+    --num_processes N` on a CPU machine runs N gloo processes)."""
+    return bool(cfg.cpu) or not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
 def _mixed_precision(choice: str, cpu: bool) -> str:
     if choice != "auto":
         return choice
@@ -61,8 +67,9 @@ def lr_lambda(cfg):
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
     """FLOP/s of an ``n x n`` matrix multiply on ``device``, measured now (the MFU reference)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)  # private: the global RNG stream stays untouched
+    a = torch.randn(n, n, generator=g, dtype=dtype).to(device)
+    b = torch.randn(n, n, generator=g, dtype=dtype).to(device)
     for _ in range(2):
         a @ b
     if device.type == "cuda":
@@ -87,8 +94,8 @@ class Trainer:
         from accelerate import Accelerator
 
         self.setup, self.cfg, self.run_dir = setup, cfg, Path(run_dir)
-        mp = _mixed_precision(cfg.mixed_precision, cfg.cpu)
-        self.acc = Accelerator(cpu=cfg.cpu, mixed_precision=mp)
+        cpu = use_cpu(cfg)
+        self.acc = Accelerator(cpu=cpu, mixed_precision=_mixed_precision(cfg.mixed_precision, cpu))
         world = self.acc.num_processes
         if cfg.batch_size % (world * cfg.grad_accum):
             raise MemlabError(

@@ -49,10 +49,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     """Train ``cfg`` into ``run_dir``; with ``resume``, continue from its latest checkpoint."""
     from accelerate import PartialState
 
-    from memlab.train.loop import Trainer
+    from memlab.train.loop import Trainer, use_cpu
 
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    state = PartialState(cpu=cfg.train.cpu)
+    state = PartialState(cpu=use_cpu(cfg.train))
     start = None
     if state.is_main_process:
         start = prepare_run_dir(run_dir, resume)

@@ -52,10 +52,10 @@ class LMRecipe:
     def setup(self, cfg, run_dir: Path) -> TrainSetup:
         corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
         tok = corpus.tokenizer
+        model = build_model_for_tokenizer(cfg, tok, cfg.data.seq_len)  # checks seq_len against the model first
         train = token_chunks(corpus.texts("train"), tok, cfg.data.seq_len)  # (N, T)
         val_texts = corpus.texts("validation")
         val = token_chunks(val_texts, tok, cfg.data.seq_len) if val_texts else None
-        model = build_model_for_tokenizer(cfg, tok, cfg.data.seq_len)
         c = model.config
         flops = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, cfg.data.seq_len)
         return TrainSetup(

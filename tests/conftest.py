@@ -1,0 +1,57 @@
+"""Shared fixtures: an offline environment, a shared tokenizer cache and a small corpus."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _memlab_cache(tmp_path_factory):
+    """A per-session tokenizer cache, so tests never read or write the user's."""
+    cache = tmp_path_factory.mktemp("memlab-cache")
+    old = os.environ.get("MEMLAB_CACHE")
+    os.environ["MEMLAB_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("MEMLAB_CACHE", None)
+    else:
+        os.environ["MEMLAB_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    """Two short 'novels' cut from the bundled Austen text, with chapter headings: a fast local corpus."""
+    from memlab.data.corpus import load_corpus, split_chapters
+
+    out = tmp_path_factory.mktemp("corpus")
+    for doc in load_corpus("austen")[:2]:
+        chapters = split_chapters(doc)[:6]
+        text = "".join(f"\n\nCHAPTER {i + 1}\n\n{c.text[:6000]}" for i, c in enumerate(chapters))
+        (out / f"{doc.id}.txt").write_text(f"{doc.id.upper()}\n{text}")
+    return out
+
+
+def write_config(path: Path, corpus: Path, **sections) -> Path:
+    """Write a toy token-LM experiment config on ``corpus`` with section overrides."""
+    import yaml
+
+    cfg = {
+        "name": "test",
+        "recipe": "lm",
+        "model": {"family": "token_lm", "preset": "toy"},
+        "data": {"corpus": str(corpus), "vocab_size": 300, "seq_len": 32, "val_fraction": 0.1, "test_fraction": 0.1},
+        "train": {"max_steps": 20, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 10,
+                  "eval_batches": 2, "save_every": 10, "log_every": 1},
+    }
+    for k, v in sections.items():
+        cfg.setdefault(k, {}).update(v) if isinstance(v, dict) else cfg.__setitem__(k, v)
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -1,0 +1,143 @@
+"""The training loop: end to end on the bundled corpus, exact resume after SIGKILL,
+2 processes == 1 process, and user errors at the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import write_config
+from memlab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _losses(run: Path) -> list[float]:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in recs if r["split"] == "train"]
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+
+
+def test_shipped_toy_config_on_bundled_corpus(tmp_path):
+    run = tmp_path / "run"
+    rc = main(["train", str(ROOT / "configs/token_lm/toy.yaml"), "--out", str(run),
+               "train.max_steps=60", "train.eval_every=30", "train.save_every=30", "train.log_every=10"])
+    assert rc == 0
+    for f in ("config.yaml", "metrics.jsonl", "summary.json", "plots/loss.png", "tokenizer/tokenizer.json"):
+        assert (run / f).is_file(), f
+    ck = run / "checkpoints" / "step-00000060"
+    for f in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "trainer_state.json", "tokenizer.json"):
+        assert (ck / f).is_file(), f
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 60 and summary["eval"]["loss"] > 0 and summary["tokens_per_s"] > 0
+    losses = _losses(run)
+    assert losses[-1] < losses[0] - 0.5, losses  # it learns
+    evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [30, 60]
+    # the saved model reloads and generates
+    assert main(["generate", "--run", str(run), "--prompt", "It was", "--max-new-tokens", "5"]) == 0
+
+
+def _train_cmd(cfg: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "memlab.cli", "train", str(cfg), *extra]
+
+
+def test_resume_after_sigkill_gives_identical_weights(tmp_path, small_corpus):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus,
+                       train={"max_steps": 120, "save_every": 10, "eval_every": 1000, "log_every": 5, "keep_checkpoints": 3},
+                       model={"overrides": {"attention_dropout": 0.1}})
+    ref = tmp_path / "ref"
+    subprocess.run(_train_cmd(cfg, "--out", str(ref)), check=True, env=_env(), capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(cfg, "--out", str(killed)), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        done = sorted((killed / "checkpoints").glob("step-000000[2-9]0")) if (killed / "checkpoints").exists() else []
+        if done:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "checkpoints" / "step-00000120").exists(), "the run finished before it could be killed"
+    assert not (killed / "summary.json").exists()
+    r = subprocess.run([sys.executable, "-m", "memlab.cli", "train", "--resume", str(killed)], env=_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = _weights(ref, 120), _weights(killed, 120)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _losses(ref) == pytest.approx(_losses(killed), rel=0, abs=0)
+
+
+def test_two_processes_match_one(tmp_path, small_corpus):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus,
+                       train={"max_steps": 12, "batch_size": 8, "save_every": 100, "eval_every": 6, "log_every": 1})
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(_train_cmd(cfg, "--out", str(one)), check=True, env=_env(), capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        "-m", "memlab.cli", "train", str(cfg), "--out", str(two)],
+                       env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((two / "summary.json").read_text())["processes"] == 2
+    l1, l2 = _losses(one), _losses(two)
+    assert len(l1) == len(l2) == 12
+    assert l1 == pytest.approx(l2, rel=2e-4)
+    assert l1[-1] < l1[0]
+
+
+def test_user_errors_exit_2_without_traceback(tmp_path, small_corpus, capsys):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus)
+    assert main(["train", str(cfg), "train.lrr=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memlab: error: unknown config key 'train.lrr'") and "Traceback" not in err
+    assert err.count("\n") == 1
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["train", str(cfg), f"data.corpus={empty}", "--out", str(tmp_path / "r0")]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["train", str(cfg), "data.seq_len=100000", "--out", str(tmp_path / "r1")]) == 2
+    assert "longer than the model allows" in capsys.readouterr().err
+    assert main(["train", str(cfg), "data.tokenizer=no-such-org/nothing-here", "--out", str(tmp_path / "r2")]) == 2
+    assert "could not be loaded" in capsys.readouterr().err
+
+
+def test_existing_run_is_never_overwritten(tmp_path, small_corpus, capsys):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus, train={"max_steps": 4, "save_every": 4, "eval_every": 4})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run)]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["train", str(cfg), "--out", str(run)]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert before == {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+def test_resume_can_extend_a_finished_run(tmp_path, small_corpus):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus, train={"max_steps": 6, "save_every": 3, "eval_every": 3})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "train.max_steps=9"]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 9
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert steps == list(range(1, 10))
