@@ -82,6 +82,9 @@ class ModelFamily:
     model_class: type
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     description: str = ""
+    example_inputs: Callable[[Any, int], dict] | None = None
+    """``example_inputs(config, batch_size)`` -> keyword arguments for which ``model(**kwargs).loss``
+    is a training loss; the registry-wide tests use it (shapes, one-batch loss drop, save/load)."""
 
     def __post_init__(self) -> None:
         if "toy" not in self.presets:

@@ -130,3 +130,8 @@ def test_unknown_tokenizer_offline():
 def test_sentence_documents():
     docs = [Document("a", "One sentence. Two sentences."), Document("b", "Only one.")]
     assert sentence_documents(docs, min_sentences=2) == [["One sentence.", "Two sentences."]]
+
+
+def test_hub_dataset_offline_is_a_clear_error():
+    with pytest.raises(DataError, match="needs a network"):
+        load_corpus("hf:no-such-org/no-such-dataset")

@@ -17,6 +17,15 @@ PRESETS = {
                  num_key_value_heads=12, max_position_embeddings=4096, vocab_size=32000, tie_word_embeddings=True),
 }
 
+def example_inputs(config: LlamaConfig, batch_size: int = 2) -> dict:
+    """Random token chunks with labels: ``model(**inputs).loss`` is the next-token loss."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (batch_size, 16), generator=g)  # (B, T)
+    return {"input_ids": ids, "labels": ids}
+
+
 FAMILY = register_family(
     ModelFamily(
         name="token_lm",
@@ -24,6 +33,7 @@ FAMILY = register_family(
         model_class=LlamaForCausalLM,
         presets=PRESETS,
         description="Llama-style causal token LM (transformers LlamaForCausalLM)",
+        example_inputs=example_inputs,
     )
 )
 
