@@ -1,0 +1,119 @@
+"""Decoding SONAR embeddings to token ids: greedy, sampling and beam search,
+with a key/value cache (the cross-attention keys of the sentence vector are
+computed once)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memlab.errors import ModelError
+
+
+def _step(model, ids: torch.Tensor, mkv: list, caches: list[dict], start: int) -> torch.Tensor:
+    """Feed ``ids`` (N, t) at position ``start``; return the last position's log-probs (N, V)."""
+    logits = model.decoder(ids, mkv, caches, start)  # (N, t, V)
+    return F.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
+
+
+def _filter(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    logits = logp / max(temperature, 1e-6)  # (N, V)
+    if top_k and top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return logits
+
+
+@torch.no_grad()
+def generate_ids(model, z: torch.Tensor, prefix: list[int], eos_id: int, max_new_tokens: int = 64, num_beams: int = 1,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 length_penalty: float = 1.0) -> list[list[int]]:
+    """Decode ``z`` ((B, D) or (B, S, D)) after the forced ``prefix`` (e.g. ``[</s>, lang]``).
+
+    Returns the new token ids of each row, without the prefix and the final ``</s>``.
+    """
+    if max_new_tokens < 1:
+        raise ModelError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_beams < 1:
+        raise ModelError(f"num_beams must be >= 1, got {num_beams}")
+    if num_beams > 1 and do_sample:
+        raise ModelError("choose beam search (num_beams > 1) or sampling (do_sample=True), not both")
+    memory = (z[:, None] if z.dim() == 2 else z).to(model.decoder.embed_tokens.weight)  # (B, S, D)
+    if num_beams > 1:
+        return _beam(model, memory, prefix, eos_id, max_new_tokens, num_beams, length_penalty)
+    B = memory.shape[0]
+    mkv = model.decoder.memory_kv(memory)
+    caches: list[dict] = [{} for _ in model.decoder.layers]
+    ids = torch.tensor([prefix], device=memory.device).expand(B, -1)  # (B, P)
+    logp = _step(model, ids, mkv, caches, 0)  # (B, V)
+    out = torch.empty(B, 0, dtype=torch.long, device=memory.device)
+    done = torch.zeros(B, dtype=torch.bool, device=memory.device)
+    for t in range(max_new_tokens):
+        if do_sample:
+            nxt = torch.multinomial(_filter(logp, temperature, top_k, top_p).softmax(-1), 1)[:, 0]  # (B,)
+        else:
+            nxt = logp.argmax(-1)  # (B,)
+        nxt = nxt.masked_fill(done, eos_id)
+        out = torch.cat([out, nxt[:, None]], 1)  # (B, t + 1)
+        done = done | (nxt == eos_id)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        logp = _step(model, nxt[:, None], mkv, caches, len(prefix) + t)
+    return [_strip(row, eos_id) for row in out.tolist()]
+
+
+def _strip(row: list[int], eos_id: int) -> list[int]:
+    return row[: row.index(eos_id)] if eos_id in row else row
+
+
+def _beam(model, memory: torch.Tensor, prefix: list[int], eos_id: int, max_new: int, K: int, alpha: float) -> list[list[int]]:
+    """Beam search; finished hypotheses are scored by ``sum log p / length ** alpha`` (fairseq's rule)."""
+    B, dev = memory.shape[0], memory.device
+    memory = memory.repeat_interleave(K, 0)  # (B*K, S, D)
+    mkv = model.decoder.memory_kv(memory)
+    caches: list[dict] = [{} for _ in model.decoder.layers]
+    ids = torch.tensor([prefix], device=dev).expand(B * K, -1)  # (B*K, P)
+    logp = _step(model, ids, mkv, caches, 0)  # (B*K, V)
+    V = logp.shape[-1]
+    scores = torch.full((B, K), float("-inf"), device=dev)
+    scores[:, 0] = 0.0  # all beams start identical: keep one
+    seqs = [[[] for _ in range(K)] for _ in range(B)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    for t in range(max_new):
+        cand = (scores[..., None] + logp.view(B, K, V)).view(B, K * V)  # (B, K*V)
+        top_s, top_i = cand.topk(2 * K, dim=-1)  # (B, 2K)
+        new_scores = torch.full((B, K), float("-inf"), device=dev)
+        src = torch.zeros(B, K, dtype=torch.long, device=dev)
+        toks = torch.full((B, K), eos_id, dtype=torch.long, device=dev)
+        new_seqs = [[[] for _ in range(K)] for _ in range(B)]
+        for b in range(B):
+            if len(finished[b]) >= K:
+                continue
+            j = 0
+            for s, i in zip(top_s[b].tolist(), top_i[b].tolist()):
+                if s == float("-inf"):
+                    break
+                beam, tok = divmod(i, V)
+                hyp = seqs[b][beam]
+                if tok == eos_id or t == max_new - 1:
+                    body = hyp if tok == eos_id else hyp + [tok]
+                    if len(finished[b]) < K:
+                        finished[b].append((s / (len(body) + 1) ** alpha, body))
+                    continue
+                if j < K:
+                    new_scores[b, j], src[b, j], toks[b, j] = s, beam, tok
+                    new_seqs[b][j] = hyp + [tok]
+                    j += 1
+        scores, seqs = new_scores, new_seqs
+        if all(len(f) >= K for f in finished) or t == max_new - 1:
+            break
+        order = (torch.arange(B, device=dev)[:, None] * K + src).view(-1)  # (B*K,)
+        for c in caches:
+            c["k"], c["v"] = c["k"][order], c["v"][order]
+        logp = _step(model, toks.view(-1, 1), mkv, caches, len(prefix) + t)
+    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
