@@ -291,12 +291,14 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
         raise ConfigError("a config must be a YAML mapping")
     data = dict(data)
     options = data.pop("options", None)
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"'options' must be a mapping, got {options!r}")
     cfg = from_dict(ExperimentConfig, data)
     recipe = RECIPES.get(cfg.recipe)
     opt_cls = getattr(recipe, "options_class", None)
     if opt_cls is None:
         if options:
-            raise ConfigError(f"recipe '{cfg.recipe}' takes no options, got: {', '.join(options)}")
+            raise ConfigError(f"recipe '{cfg.recipe}' takes no options, got: {', '.join(map(str, options))}")
         cfg.options = None
     else:
         cfg.options = from_dict(opt_cls, options or {}, prefix="options.")
@@ -310,10 +312,24 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
         raise ConfigError(f"'data.split_by' must be 'chapter' or 'document', got {cfg.data.split_by!r}")
     if cfg.train.mixed_precision not in ("auto", "no", "bf16", "fp16"):
         raise ConfigError(f"'train.mixed_precision' must be auto, no, bf16 or fp16, got {cfg.train.mixed_precision!r}")
-    for k in ("max_steps", "batch_size", "grad_accum", "seq_len"):
-        sec = cfg.data if k == "seq_len" else cfg.train
-        if getattr(sec, k) < 1:
-            raise ConfigError(f"'{'data' if sec is cfg.data else 'train'}.{k}' must be >= 1")
+    t = cfg.train
+    for k in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "save_every", "log_every"):
+        if getattr(t, k) < 1:
+            raise ConfigError(f"'train.{k}' must be >= 1, got {getattr(t, k)}")
+    if cfg.data.seq_len < 1:
+        raise ConfigError(f"'data.seq_len' must be >= 1, got {cfg.data.seq_len}")
+    if cfg.data.max_documents is not None and cfg.data.max_documents < 1:
+        raise ConfigError(f"'data.max_documents' must be >= 1 (or null), got {cfg.data.max_documents}")
+    import math
+
+    if not (math.isfinite(t.lr) and t.lr > 0):
+        raise ConfigError(f"'train.lr' must be a positive number, got {t.lr}")
+    checks = {"warmup_steps": t.warmup_steps >= 0, "keep_checkpoints": t.keep_checkpoints >= 0,
+              "min_lr_ratio": 0.0 <= t.min_lr_ratio <= 1.0, "clip_grad": t.clip_grad >= 0,
+              "weight_decay": t.weight_decay >= 0, "beta1": 0.0 <= t.beta1 < 1.0, "beta2": 0.0 <= t.beta2 < 1.0}
+    for k, ok in checks.items():
+        if not ok:
+            raise ConfigError(f"'train.{k}' is out of range: {getattr(t, k)}")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise ConfigError("'train.batch_size' must be a multiple of 'train.grad_accum'")
     return cfg

@@ -17,7 +17,7 @@ from memlab.errors import MemlabError
 
 T = TypeVar("T")
 
-PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula")
+PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula", "memlab.eval")
 _plugins_loaded = False
 
 
@@ -103,7 +103,11 @@ class ModelFamily:
             raise MemlabError(
                 f"unknown key 'model.{unknown[0]}' for family '{self.name}'; valid keys: {', '.join(sorted(valid))}"
             )
-        return self.config_class(**{**self.presets[preset], **overrides})
+        try:
+            return self.config_class(**{**self.presets[preset], **overrides})
+        except Exception as e:  # TypeError/ValueError, or huggingface_hub's strict-dataclass validation errors
+            detail = " ".join(str(e).split())[:300]
+            raise MemlabError(f"model config of family '{self.name}' rejects these values: {detail}") from None
 
     def make_model(self, preset: str = "toy", **overrides: Any):
         return self.model_class(self.make_config(preset, **overrides))

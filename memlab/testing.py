@@ -43,6 +43,10 @@ def _no_grad_checks(space: EmbeddingSpace, sentences: list[str], atol: float) ->
     assert dec_in.shape == labels.shape and dec_in.shape[0] == len(sentences)
     n_targets = (labels != -100).sum(1)
     assert (n_targets >= mask.sum(1)).all(), "every real token must be a target"
+    for i in range(len(sentences)):  # the labels are the row's tokens, in order (end tokens may follow)
+        real = labels[i][labels[i] != -100]
+        row = ids[i][mask[i].bool()]
+        assert torch.equal(real[: len(row)], row), f"labels of row {i} are not its tokens in order"
     logits = space.decode_logits(z, dec_in)
     assert logits.shape[:2] == dec_in.shape, f"logits {tuple(logits.shape)} vs decoder inputs {tuple(dec_in.shape)}"
     assert logits.shape[-1] > int(ids.max()), "vocabulary smaller than the token ids"
@@ -59,6 +63,16 @@ def _no_grad_checks(space: EmbeddingSpace, sentences: list[str], atol: float) ->
         changed[:, t:] = (changed[:, t:] + 1) % logits.shape[-1]
         l2 = space.decode_logits(z, changed)
         assert torch.allclose(l2[:, :t].float(), logits[:, :t].float(), atol=atol * 10), "the decoder must be causal"
+    # no leak: the decoder inputs up to the position that predicts token 0 do not contain token 0
+    swapped = ids.clone()
+    swapped[:, 0] = ids[:, 0].roll(1)
+    if not torch.equal(swapped, ids):
+        dec2, _ = space.decoder_inputs(swapped, mask)
+        l4 = space.decode_logits(z, dec2)
+        for i in range(len(sentences)):
+            p = int((labels[i] != -100).nonzero()[0])
+            assert torch.allclose(l4[i, : p + 1].float(), logits[i, : p + 1].float(), atol=atol * 10), (
+                f"row {i}: the decoder input already holds the token it must predict (labels not shifted)")
     # embeddings matter: a different z changes the logits
     l3 = space.decode_logits(z.flip(0), dec_in)
     assert not torch.allclose(l3.float(), logits.float()), "the decoder ignores the embedding"

@@ -32,6 +32,28 @@ def test_non_causal_decoder_fails(tok):
         check_embedding_space(ToySpace(tok, causal=False))
 
 
+def test_unshifted_labels_fail(tok):
+    class Unshifted(ToySpace):
+        def decoder_inputs(self, input_ids, attention_mask):
+            dec_in, labels = super().decoder_inputs(input_ids, attention_mask)
+            return labels.clamp(min=0), labels  # the decoder sees the token it must predict
+
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError, match="labels not shifted"):
+        check_embedding_space(Unshifted(tok))
+
+
+def test_labels_that_are_not_the_tokens_fail(tok):
+    class Reversed(ToySpace):
+        def decoder_inputs(self, input_ids, attention_mask):
+            dec_in, labels = super().decoder_inputs(input_ids, attention_mask)
+            return dec_in, labels.flip(1)
+
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError, match="not its tokens in order"):
+        check_embedding_space(Reversed(tok))
+
+
 def test_missing_member_fails(tok):
     class NoGenerate:
         dim = 4

@@ -107,6 +107,49 @@ def test_two_processes_match_one(tmp_path, small_corpus):
     assert l1[-1] < l1[0]
 
 
+def _launch2(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "-m", "memlab.cli", "train", *args], env=_env(), capture_output=True, text=True)
+
+
+def test_two_process_resume_is_exact(tmp_path, small_corpus):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus,
+                       train={"max_steps": 6, "save_every": 3, "eval_every": 100, "min_lr_ratio": 1.0, "warmup_steps": 0},
+                       model={"overrides": {"attention_dropout": 0.2}})
+    full, split = tmp_path / "full", tmp_path / "split"
+    for r in (_launch2(str(cfg), "--out", str(full)), _launch2(str(cfg), "--out", str(split), "train.max_steps=3"),
+              _launch2("--resume", str(split), "train.max_steps=6")):
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert (split / "checkpoints" / "step-00000003" / "rng-1.pt").is_file()
+    a, b = _weights(full, 6), _weights(split, 6)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_guards(tmp_path, small_corpus, capsys):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus, train={"max_steps": 3, "save_every": 3, "eval_every": 3})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run)]) == 0
+    config_before = (run / "config.yaml").read_text()
+    summary_before = (run / "summary.json").read_text()
+    assert main(["train", "--resume", str(run), "data.seq_len=16"]) == 2
+    assert "cannot change when a run resumes" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "already finished at step 3" in capsys.readouterr().err
+    assert (run / "config.yaml").read_text() == config_before
+    assert (run / "summary.json").read_text() == summary_before
+
+
+def test_failed_start_leaves_no_run_dir(tmp_path, small_corpus, capsys):
+    cfg = write_config(tmp_path / "c.yaml", small_corpus)
+    run = tmp_path / "new" / "run"
+    assert main(["train", str(cfg), "--out", str(run), "data.tokenizer=no-such-org/none"]) == 2
+    capsys.readouterr()
+    assert not run.exists()
+    assert main(["train", str(cfg), "--out", str(run), "train.max_steps=2", "train.save_every=2"]) == 0
+
+
 def test_user_errors_exit_2_without_traceback(tmp_path, small_corpus, capsys):
     cfg = write_config(tmp_path / "c.yaml", small_corpus)
     assert main(["train", str(cfg), "train.lrr=1"]) == 2

@@ -31,6 +31,12 @@ def run(args) -> int:
     from memlab.loading import resolve_model_dir
     from memlab.registry import FAMILIES, GENERATORS
 
+    if args.max_new_tokens < 1 or args.num_beams < 1 or args.max_sentences < 1:
+        raise MemlabError("--max-new-tokens, --num-beams and --max-sentences must be >= 1")
+    if args.sample and args.temperature <= 0:
+        raise MemlabError("--temperature must be > 0 when sampling")
+    if not 0 < args.top_p <= 1:
+        raise MemlabError("--top-p must be in (0, 1]")
     d = resolve_model_dir(args.run)
     torch.manual_seed(args.seed)
     arch = (json.loads((d / "config.json").read_text()).get("architectures") or [""])[0]
@@ -49,6 +55,7 @@ def causal_generate(model_dir, prompts: list[str], args) -> list[str]:
     """Continue prompts with a causal token LM saved with its tokenizer."""
     import torch
 
+    from memlab.errors import MemlabError
     from memlab.loading import load_pretrained, load_run_tokenizer
 
     model = load_pretrained(model_dir).eval()
@@ -56,6 +63,10 @@ def causal_generate(model_dir, prompts: list[str], args) -> list[str]:
     outs = []
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and ids.shape[1] + args.max_new_tokens > limit:
+            raise MemlabError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the model's "
+                              f"{limit} positions")
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                                  temperature=args.temperature, top_p=args.top_p, num_beams=args.num_beams,

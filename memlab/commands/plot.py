@@ -22,6 +22,10 @@ def run(args) -> int:
         raise MemlabError(f"{path}: no metrics to plot")
     keys = args.metrics or sorted({k for r in records for k, v in r.items()
                                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch")})
+    logged = {k for r in records for k in r}
+    unknown = [k for k in keys if k not in logged]
+    if unknown:
+        raise MemlabError(f"metric '{unknown[0]}' was never logged in {path}; logged: {', '.join(sorted(logged))}")
     for f in plot_metrics(path, Path(args.run_dir) / "plots", tuple(keys)):
         print(f)
     return 0

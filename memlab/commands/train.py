@@ -29,6 +29,9 @@ def run(args) -> int:
             overrides.insert(0, args.config)
         elif args.config:
             raise ConfigError("with --resume the config is the run's own config.yaml; pass only overrides")
+        from memlab.train.run import check_resume_overrides
+
+        check_resume_overrides(overrides)
         cfg = load_config(run_dir / "config.yaml", overrides)
         summary = run_experiment(cfg, run_dir, resume=True)
     else:

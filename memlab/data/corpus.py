@@ -10,6 +10,7 @@ documents), never over lines, reproducibly from a seed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -53,7 +54,17 @@ def _suffix(path: Path) -> str:
     return s[-1] if s else ""
 
 
-def _load_files(files: list[Path], text_field: str) -> list[Document]:
+def _doc_stem(f: Path, root: Path | None) -> str:
+    """Id of a file's documents: its path below the corpus root, without suffixes."""
+    rel = f.relative_to(root) if root is not None and root in f.parents else Path(f.name)
+    name = rel.name
+    for suf in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(suf)
+    name = name.rsplit(".", 1)[0] if "." in name else name
+    return str(rel.with_name(name).as_posix())
+
+
+def _load_files(files: list[Path], text_field: str, root: Path | None = None) -> list[Document]:
     import datasets
 
     datasets.disable_progress_bars()
@@ -90,7 +101,7 @@ def _load_files(files: list[Path], text_field: str) -> list[Document]:
                 raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
             if field not in ds.column_names:
                 raise DataError(f"{f}: no field '{field}' (fields: {', '.join(ds.column_names)}); set data.text_field")
-            stem = f.name.split(".")[0]
+            stem = _doc_stem(f, root)
             for i, rec in enumerate(ds):
                 text = rec[field]
                 if not isinstance(text, str):
@@ -103,6 +114,8 @@ def _load_hub(spec: str, text_field: str, split: str, streaming: bool, max_docum
     import datasets
 
     name, _, config = spec.partition(":")
+    if streaming and max_documents is None:
+        raise DataError("a streamed hub dataset needs data.max_documents (memlab splits a finite list of documents)")
     try:
         ds = datasets.load_dataset(name, config or None, split=split, streaming=streaming)
     except Exception as e:
@@ -110,12 +123,17 @@ def _load_hub(spec: str, text_field: str, split: str, streaming: bool, max_docum
             f"hub dataset '{name}' could not be loaded ({type(e).__name__}); it needs a network or a local cache"
         ) from None
     docs = []
-    for i, rec in enumerate(ds):
-        if max_documents is not None and i >= max_documents:
-            break
-        if text_field not in rec:
-            raise DataError(f"hub dataset '{name}': no field '{text_field}' (fields: {', '.join(rec)})")
-        docs.append(Document(id=f"{name}/{i}", text=rec[text_field], group=name))
+    try:
+        for i, rec in enumerate(ds):
+            if max_documents is not None and i >= max_documents:
+                break
+            if text_field not in rec:
+                raise DataError(f"hub dataset '{name}': no field '{text_field}' (fields: {', '.join(rec)})")
+            docs.append(Document(id=f"{name}/{i}", text=rec[text_field] or "", group=name))
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"hub dataset '{name}' failed while reading ({type(e).__name__}: {str(e)[:200]})") from None
     return docs
 
 
@@ -144,10 +162,12 @@ def load_corpus(
                 f"corpus '{spec}' not found: not a bundled corpus ({', '.join(CORPORA.names())}), "
                 "not a local path; use hf:NAME for a hub dataset"
             )
-        files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith("."))
+        files = [p] if p.is_file() else sorted(
+            q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
+        )
         if not files:
             raise DataError(f"corpus folder {p} has no files")
-        docs = _load_files(files, text_field)
+        docs = _load_files(files, text_field, root=p if p.is_dir() else None)
     if max_documents is not None:
         docs = docs[:max_documents]
     docs = [d for d in docs if d.text.strip()]
@@ -194,32 +214,45 @@ def units(docs: Iterable[Document], split_by: str) -> list[Document]:
     raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
 
 
+def _unit_draw(seed: int, unit_id: str) -> float:
+    """A uniform number in [0, 1) fixed by (seed, unit id) alone."""
+    h = hashlib.sha256(f"{seed}:{unit_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
 def make_splits(
     docs: list[Document], val_fraction: float, test_fraction: float, seed: int
 ) -> dict[str, list[Document]]:
-    """Assign whole units to train/validation/test with a seeded permutation.
+    """Assign whole units to train/validation/test.
 
-    The permutation runs over unit ids in sorted order, so the same corpus,
-    fractions and seed always give the same splits. With at least three
-    units, each non-zero held-out fraction gets at least one unit.
+    Each unit's split depends only on the seed and its own id (a hash drawn in
+    [0, 1): validation below ``val_fraction``, test below ``val_fraction +
+    test_fraction``), so adding or removing other documents never moves a unit
+    between training and held-out data. With at least three units, each
+    non-zero held-out fraction gets at least one unit (the units with the
+    lowest draws above the threshold).
     """
     ids = sorted({d.id for d in docs})
     if len(ids) != len(docs):
-        raise DataError("document ids must be unique to split a corpus")
+        seen: set[str] = set()
+        dup = next(d.id for d in docs if d.id in seen or seen.add(d.id))  # type: ignore[func-returns-value]
+        raise DataError(f"document ids must be unique to split a corpus; '{dup}' appears twice")
     n = len(ids)
-    rng = np.random.default_rng(seed)
-    order = [ids[i] for i in rng.permutation(n)]
-    n_val = int(round(n * val_fraction))
-    n_test = int(round(n * test_fraction))
+    draw = {i: _unit_draw(seed, i) for i in ids}
+    val_ids = {i for i in ids if draw[i] < val_fraction}
+    test_ids = {i for i in ids if val_fraction <= draw[i] < val_fraction + test_fraction}
     if n >= 3:
-        n_val = max(n_val, 1 if val_fraction > 0 else 0)
-        n_test = max(n_test, 1 if test_fraction > 0 else 0)
+        rest = sorted((i for i in ids if i not in val_ids and i not in test_ids), key=draw.get)
+        if val_fraction > 0 and not val_ids:
+            val_ids.add(rest.pop(0))
+        if test_fraction > 0 and not test_ids:
+            test_ids.add(rest.pop(0))
+    n_val, n_test = len(val_ids), len(test_ids)
     if n_val + n_test >= n:
         raise DataError(
             f"cannot hold out {n_val}+{n_test} of {n} units and keep any for training; "
             "use a larger corpus or smaller fractions"
         )
-    val_ids, test_ids = set(order[:n_val]), set(order[n_val : n_val + n_test])
     out: dict[str, list[Document]] = {"train": [], "validation": [], "test": []}
     for d in docs:
         key = "validation" if d.id in val_ids else "test" if d.id in test_ids else "train"

@@ -35,12 +35,27 @@ def clean_text(text: str) -> str:
     return "\n".join(paragraphs(text))
 
 
-def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None) -> PreparedCorpus:
-    """Load, cut and split the corpus, then build the tokenizer on the training split."""
+def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
+                   tokenizer_spec: str | None = None) -> PreparedCorpus:
+    """Load, cut and split the corpus, then build the tokenizer on the training split.
+
+    ``tokenizer_spec`` replaces ``cfg.tokenizer`` (a model started from saved
+    weights must keep the tokenizer it was trained with).
+    """
+    import sys
+
     docs = load_corpus(cfg.corpus, cfg.text_field, cfg.hf_split, cfg.streaming, cfg.max_documents)
     splits = make_splits(units(docs, cfg.split_by), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
+    if cfg.val_fraction > 0 and not splits["validation"]:
+        print(f"memlab: warning: corpus '{cfg.corpus}' has too few units to hold any out; no validation data",
+              file=sys.stderr)
     train_texts = [clean_text(d.text) for d in splits["train"]]
-    tok = build_tokenizer(cfg.tokenizer, train_texts, cfg.vocab_size, tokenizer_dir)
+    if tokenizer_dir is not None and (Path(tokenizer_dir) / "tokenizer_config.json").is_file():
+        from memlab.data.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(str(tokenizer_dir))  # a resumed run keeps the tokenizer it saved
+    else:
+        tok = build_tokenizer(tokenizer_spec or cfg.tokenizer, train_texts, cfg.vocab_size, tokenizer_dir)
     return PreparedCorpus(splits=splits, tokenizer=tok)
 
 

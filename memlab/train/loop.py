@@ -41,14 +41,14 @@ def _mixed_precision(choice: str, cpu: bool) -> str:
     return "no"
 
 
-def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters)."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = bool(decay) and all(p.is_cuda for p in decay)
+    fused = device is not None and device.type == "cuda"  # parameters move there in accelerate's prepare
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
@@ -106,7 +106,7 @@ class Trainer:
         if n < cfg.batch_size:
             raise MemlabError(f"the training data has {n} examples, fewer than one batch of {cfg.batch_size}")
         self.batches_per_epoch = n // cfg.batch_size
-        self.optimizer = make_optimizer(setup.model, cfg)
+        self.optimizer = make_optimizer(setup.model, cfg, self.acc.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.model, self.optimizer = self.acc.prepare(setup.model, self.optimizer)
         self.step = 0
@@ -115,6 +115,7 @@ class Trainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.best_eval: float | None = None
         self.last_eval: dict[str, float] = {}
+        self._permutation: tuple[int, list[int]] | None = None
 
     # ------------------------------------------------------------------ data
     def _collate(self, items: list) -> dict:
@@ -123,10 +124,11 @@ class Trainer:
         return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
     def _global_batch_indices(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.cfg.seed * 100003 + self.epoch)
-        perm = torch.randperm(len(self.setup.train_data), generator=g)
+        if self._permutation is None or self._permutation[0] != self.epoch:  # one permutation per epoch
+            g = torch.Generator().manual_seed(self.cfg.seed * 100003 + self.epoch)
+            self._permutation = (self.epoch, torch.randperm(len(self.setup.train_data), generator=g).tolist())
         b = self.batch_in_epoch
-        return perm[b * self.cfg.batch_size : (b + 1) * self.cfg.batch_size].tolist()
+        return self._permutation[1][b * self.cfg.batch_size : (b + 1) * self.cfg.batch_size]
 
     def _micro_batches(self) -> list[dict]:
         idx = self._global_batch_indices()[self.acc.process_index :: self.acc.num_processes]  # this process's share
@@ -146,9 +148,11 @@ class Trainer:
         data = self.setup.eval_data
         if data is None:
             return
-        size = self.micro * self.cfg.grad_accum
-        n = min(len(data), self.cfg.eval_batches * size * self.acc.num_processes)
-        idx = list(range(n))[self.acc.process_index :: self.acc.num_processes]
+        size, world = self.micro, self.acc.num_processes
+        n = min(len(data), self.cfg.eval_batches * size * world)
+        # every process gets the same number of examples (wrapping around a tiny eval set), so none is idle
+        n = -(-n // world) * world
+        idx = [i % len(data) for i in range(n)][self.acc.process_index :: world]
         for s in range(0, len(idx), size):
             items = [data[i] for i in idx[s : s + size]]
             yield {k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()}
@@ -193,19 +197,24 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path | None:
         self.acc.wait_for_everyone()
-        rng = torch.get_rng_state()
-        gathered = {self.acc.process_index: rng}
+        rngs = [ckpt.rng_state()]
+        if self.acc.num_processes > 1:  # every process's RNG streams, so a resumed run is exact on each
+            from accelerate.utils import gather_object
+
+            rngs = gather_object(rngs)
         path = None
         if self.acc.is_main_process:
             state = {
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
                 "best_eval": self.best_eval,
+                "last_eval": self.last_eval,
                 "callbacks": [cb.state_dict() for cb in self.setup.callbacks],
             }
             path = ckpt.save_checkpoint(
                 self.run_dir, self.step, self.acc.unwrap_model(self.model), self.optimizer, self.scheduler,
-                state, tokenizer=self.setup.tokenizer, keep=self.cfg.keep_checkpoints, rank_rng=gathered,
+                state, tokenizer=self.setup.tokenizer, keep=self.cfg.keep_checkpoints, rank_rng=rngs,
+                scaler=self.acc.scaler,
             )
         self.acc.wait_for_everyone()
         return path
@@ -219,12 +228,18 @@ class Trainer:
         self.step = state["step"]
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         self.best_eval = state.get("best_eval")
+        self.last_eval = state.get("last_eval") or {}
         for cb, st in zip(self.setup.callbacks, state.get("callbacks", [])):
             cb.load_state_dict(st)
-        ckpt.set_rng_state(state["rng"])
         rng_file = path / f"rng-{self.acc.process_index}.pt"
-        if rng_file.is_file():
-            torch.set_rng_state(ckpt.load_torch(rng_file))
+        if not rng_file.is_file():
+            raise MemlabError(f"{path} holds no RNG state for process {self.acc.process_index}; "
+                              "resume with the number of processes the run was saved with")
+        ckpt.set_rng_state(ckpt.load_torch(rng_file))
+        if self.acc.scaler is not None and (path / "scaler.pt").is_file():
+            self.acc.scaler.load_state_dict(ckpt.load_torch(path / "scaler.pt"))
+        if self.acc.is_main_process:
+            ckpt.remove_partial_checkpoints(self.run_dir)
         if self.acc.is_main_process and self.metrics_path.is_file():  # drop records past the checkpoint
             keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
             self.metrics_path.write_text("".join(k + "\n" for k in keep))
@@ -234,12 +249,16 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        if self.step >= cfg.max_steps:
+            raise MemlabError(f"the run already finished at step {self.step}; resume with train.max_steps=N (N > {self.step}) to extend it")
         model = self.model
         model.train()
         show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
         bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (show and self.acc.is_main_process),
                    desc="train", dynamic_ncols=True)
-        matmul = measure_matmul_flops(self.acc.device) if self.setup.flops_per_example else 0.0
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(self.acc.mixed_precision), torch.float32)
+        size = 4096 if self.acc.device.type == "cuda" else 1024
+        matmul = measure_matmul_flops(self.acc.device, dtype, n=size) if self.setup.flops_per_example else 0.0
         t_start = time.perf_counter()
         t_window, examples_window = time.perf_counter(), 0
         steps_done, examples_total = 0, 0
@@ -269,6 +288,7 @@ class Trainer:
             grad_norm = None
             if cfg.clip_grad > 0:
                 grad_norm = self.acc.clip_grad_norm_(params, cfg.clip_grad)
+            lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -281,7 +301,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 m = self._reduce_mean(sums, weight)
                 dt = time.perf_counter() - t_window
-                rec = {"step": self.step, "split": "train", **m, "lr": self.scheduler.get_last_lr()[0],
+                rec = {"step": self.step, "split": "train", **m, "lr": lr,
                        "examples_per_s": examples_window / dt, "epoch": self.epoch}
                 if grad_norm is not None:
                     rec["grad_norm"] = _to_float(grad_norm)

@@ -24,23 +24,30 @@ def causal_lm_step(model, batch: dict) -> StepOutput:
 
 
 def build_model_for_tokenizer(cfg, tokenizer, seq_len: int):
-    """Build the configured family with the tokenizer's vocabulary and special ids."""
+    """Build the configured family with the tokenizer's vocabulary and special ids
+    (or load ``model.init_from``, whose saved tokenizer the recipe must use)."""
     family = FAMILIES.get(cfg.model.family)
+    if cfg.model.init_from:
+        from memlab.loading import load_pretrained
+
+        model = load_pretrained(cfg.model.init_from, family.model_class)
+        _check_fits(model.config, tokenizer, seq_len)
+        return model
     over = dict(cfg.model.overrides)
     over.setdefault("vocab_size", len(tokenizer))
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         over.setdefault(name, getattr(tokenizer, name))
     config = family.make_config(cfg.model.preset, **over)
+    _check_fits(config, tokenizer, seq_len)
+    return family.model_class(config)
+
+
+def _check_fits(config, tokenizer, seq_len: int) -> None:
     if config.vocab_size < len(tokenizer):
-        raise ConfigError(f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+        raise ConfigError(f"the model has {config.vocab_size} embeddings for the tokenizer's {len(tokenizer)} tokens")
     max_pos = getattr(config, "max_position_embeddings", None)
     if max_pos is not None and seq_len > max_pos:
         raise ConfigError(f"data.seq_len={seq_len} is longer than the model allows (max_position_embeddings={max_pos})")
-    if cfg.model.init_from:
-        from memlab.loading import load_pretrained
-
-        return load_pretrained(cfg.model.init_from, family.model_class)
-    return family.model_class(config)
 
 
 class LMRecipe:
@@ -50,7 +57,11 @@ class LMRecipe:
     options_class = None
 
     def setup(self, cfg, run_dir: Path) -> TrainSetup:
-        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
+        init = cfg.model.init_from
+        from memlab.loading import resolve_model_dir
+
+        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
+                                tokenizer_spec=str(resolve_model_dir(init)) if init else None)
         tok = corpus.tokenizer
         model = build_model_for_tokenizer(cfg, tok, cfg.data.seq_len)  # checks seq_len against the model first
         train = token_chunks(corpus.texts("train"), tok, cfg.data.seq_len)  # (N, T)

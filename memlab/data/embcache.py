@@ -1,0 +1,195 @@
+"""Sentence-embedding cache: documents of sentences -> frozen-encoder vectors, computed once.
+
+Sentence models (SONAR-LLM, the LCM baselines) train on the embeddings of a
+frozen encoder and on the token ids of the same sentences. Both are computed
+once per (space, corpus, split) and stored with ``datasets`` (Arrow,
+``save_to_disk``) under ``CACHE_ROOT/<fingerprint>/``, so training never
+re-encodes. The fingerprint hashes the space's identity (its spec, its width
+and its embeddings of a fixed probe sentence, which catch a changed set of
+weights behind the same spec), the documents' text, the split and the token
+limit. Loading a cache checks the same identity and raises a
+:class:`~memlab.errors.DataError` naming what differs.
+
+Layout of one cache folder::
+
+    meta.json           space spec, embedding shape, probe embedding, split, sizes
+    data/               a datasets.Dataset: doc (int), embedding (list[float32] E), input_ids (list[int])
+
+Embeddings are stored flat: an embedding of shape ``(K, D)`` (K memory
+vectors) is stored as ``E = K * D`` numbers and ``meta.json`` keeps the shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from memlab.errors import DataError
+
+PROBE_SENTENCES = ["It is a truth universally acknowledged.", "End of sequence."]
+
+
+@dataclass
+class SentenceSplit:
+    """One split as flat arrays: documents are consecutive runs of sentences."""
+
+    embeddings: torch.Tensor
+    """``(N, E)`` float32: one flattened embedding per sentence."""
+    input_ids: torch.Tensor
+    """``(N, L)`` long: each sentence's token ids in the space's tokenizer, right-padded with 0."""
+    lengths: torch.Tensor
+    """``(N,)`` long: real tokens of each sentence."""
+    doc_offsets: torch.Tensor
+    """``(M + 1,)`` long: document ``m`` holds sentences ``doc_offsets[m] : doc_offsets[m + 1]``."""
+    meta: dict[str, Any]
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_offsets.numel() - 1)
+
+
+def space_device(space) -> torch.device:
+    for obj in [space, *vars(space).values()]:
+        if isinstance(obj, torch.nn.Module):
+            p = next(obj.parameters(), None)
+            if p is not None:
+                return p.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def space_identity(space, spec: str) -> dict[str, Any]:
+    """What identifies a space for the cache: spec, embedding shape and the probe sentences' embeddings."""
+    z = space.encode_text(PROBE_SENTENCES).float().cpu()  # (2, D) or (2, K, D)
+    return {"space": spec, "shape": list(z.shape[1:]), "probe": [round(x, 5) for x in z.flatten().tolist()]}
+
+
+def check_identity(meta: dict[str, Any], ident: dict[str, Any], where: str, atol: float = 1e-2) -> None:
+    """Raise a DataError naming the first difference between a cache's space and ``ident``."""
+    if meta.get("shape") != ident["shape"]:
+        raise DataError(f"embedding cache {where} was built with space '{meta.get('space')}' of embedding shape "
+                        f"{meta.get('shape')}; this run's space '{ident['space']}' has shape {ident['shape']}")
+    a, b = np.asarray(meta.get("probe", []), dtype=np.float64), np.asarray(ident["probe"], dtype=np.float64)
+    if a.shape != b.shape or not np.allclose(a, b, atol=atol * max(1.0, float(np.abs(b).max(initial=0)))):
+        raise DataError(f"embedding cache {where} was built with space '{meta.get('space')}'; this run's space "
+                        f"'{ident['space']}' embeds the probe sentences differently (other weights): rebuild the cache")
+
+
+def documents_hash(documents: list[list[str]]) -> str:
+    h = hashlib.sha256()
+    for doc in documents:
+        h.update(str(len(doc)).encode())
+        for s in doc:
+            h.update(hashlib.sha256(s.encode()).digest())
+    return h.hexdigest()
+
+
+def cache_key(ident: dict[str, Any], documents: list[list[str]], split: str, max_tokens: int) -> str:
+    probe = [round(x, 3) for x in ident["probe"]]
+    blob = json.dumps({"space": ident["space"], "shape": ident["shape"], "probe": probe, "split": split,
+                       "max_tokens": max_tokens, "docs": documents_hash(documents)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@torch.no_grad()
+def encode_sentences(space, sentences: list[str], max_tokens: int, batch_size: int = 64) -> tuple[np.ndarray, list[list[int]], int]:
+    """Tokenize (truncating at ``max_tokens``) and encode unique sentences, longest first in batches.
+
+    Returns ``(embeddings (N, E) float32, token ids per sentence, number truncated)``.
+    """
+    tok = space.tokenizer
+    ids_all = tok(list(sentences), add_special_tokens=False)["input_ids"]
+    truncated = sum(len(x) > max_tokens for x in ids_all)
+    ids_all = [x[:max_tokens] for x in ids_all]
+    empty = [i for i, x in enumerate(ids_all) if not x]
+    if empty:
+        raise DataError(f"sentence {empty[0]} has no tokens in the space's tokenizer: {sentences[empty[0]]!r}")
+    order = sorted(range(len(ids_all)), key=lambda i: -len(ids_all[i]))
+    dev = space_device(space)
+    out: np.ndarray | None = None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        L = max(len(ids_all[i]) for i in idx)
+        ids = torch.full((len(idx), L), pad, dtype=torch.long)
+        mask = torch.zeros(len(idx), L, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, : len(ids_all[i])] = torch.tensor(ids_all[i])
+            mask[r, : len(ids_all[i])] = 1
+        z = space.encode(ids.to(dev), mask.to(dev)).float().flatten(1).cpu().numpy()  # (b, E)
+        if out is None:
+            out = np.zeros((len(ids_all), z.shape[1]), dtype=np.float32)
+        out[idx] = z
+    assert out is not None
+    return out, ids_all, truncated
+
+
+def build_or_load(space, spec: str, documents: list[list[str]], split: str, cache_root: str | Path,
+                  max_tokens: int = 64, batch_size: int = 64, path: str | Path | None = None) -> SentenceSplit:
+    """The cached split of ``documents`` under ``space``: loaded when present, else encoded and saved.
+
+    ``path`` names the cache folder explicitly (default ``cache_root/<fingerprint>``); an
+    existing folder built with another space raises a DataError.
+    """
+    if not documents:
+        raise DataError(f"split '{split}' holds no documents to embed")
+    ident = space_identity(space, spec)
+    folder = Path(path) if path else Path(cache_root) / f"{split}-{cache_key(ident, documents, split, max_tokens)}"
+    if (folder / "meta.json").is_file():
+        got = load_split(folder, ident)
+        if path and got.meta.get("docs") != documents_hash(documents):
+            raise DataError(f"embedding cache {folder} holds other documents than this run's '{split}' split")
+        return got
+    unique = sorted({s for d in documents for s in d})
+    emb, ids, truncated = encode_sentences(space, unique, max_tokens, batch_size)
+    where = {s: i for i, s in enumerate(unique)}
+    rows = [where[s] for d in documents for s in d]
+    doc_col = [m for m, d in enumerate(documents) for _ in d]
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = datasets.Dataset.from_dict({"doc": doc_col, "embedding": emb[rows], "input_ids": [ids[r] for r in rows]})
+    meta = dict(ident, split=split, max_tokens=max_tokens, docs=documents_hash(documents), documents=len(documents),
+                sentences=len(rows), unique_sentences=len(unique), truncated_sentences=truncated)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds.save_to_disk(str(tmp / "data"))
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return load_split(folder, ident)
+
+
+def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> SentenceSplit:
+    """Load a cache folder; with ``ident`` (see :func:`space_identity`) check that the same space built it."""
+    import datasets
+
+    folder = Path(folder)
+    if not (folder / "meta.json").is_file():
+        raise DataError(f"{folder} is not an embedding cache (no meta.json)")
+    meta = json.loads((folder / "meta.json").read_text())
+    if ident is not None:
+        check_identity(meta, ident, str(folder))
+    ds = datasets.load_from_disk(str(folder / "data"))
+    emb = torch.from_numpy(np.asarray(ds.with_format("numpy")["embedding"], dtype=np.float32))  # (N, E)
+    ids = ds["input_ids"]
+    lengths = torch.tensor([len(x) for x in ids], dtype=torch.long)  # (N,)
+    L = int(lengths.max()) if len(ids) else 0
+    padded = torch.zeros(len(ids), L, dtype=torch.long)  # (N, L)
+    for i, x in enumerate(ids):
+        padded[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+    doc = torch.tensor(ds["doc"], dtype=torch.long)
+    counts = torch.bincount(doc, minlength=meta["documents"])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    return SentenceSplit(embeddings=emb, input_ids=padded, lengths=lengths, doc_offsets=offsets, meta=meta)
