@@ -1,0 +1,60 @@
+"""Part (c): training model FLOPs utilisation of each family against a matrix multiply timed in
+the same run (the training loop's ``measure_matmul_flops``).
+
+Each family's config trains for a few steps through the ordinary loop (recipe, accelerate,
+AdamW) into ``OUT/mfu/<label>``. MFU = analytic training FLOPs per second (the recipe's
+``flops_per_example``, conventions of :mod:`memlab.flops`) / the matmul's FLOP/s. The
+steady-state figure is the loop's last logged window (the first window holds start-up
+costs); the whole-run figure is kept too. On CPU mixed precision is turned off, so the
+reference matmul (float32) and the training run use the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIGS = {
+    "token_lm": "configs/token_lm/small.yaml",
+    "memory": "configs/memory/ae_small.yaml",
+    "memory_combined": "configs/memory/combined_small.yaml",
+    "sonar_llm": "configs/sonar_llm/toy.yaml",
+}
+"""Family label -> the small config whose MFU is measured (skipped when the file is absent)."""
+
+
+def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 12, cpu: bool = True,
+            overrides: list[str] | None = None, log=print) -> dict[str, Any]:
+    from memlab.config import load_config
+    from memlab.errors import MemlabError
+    from memlab.train.run import run_experiment
+
+    results: dict[str, Any] = {}
+    half = max(1, steps // 2)
+    for label, path in (configs or DEFAULT_CONFIGS).items():
+        if not Path(path).is_file():
+            results[label] = {"skipped": f"{path} not found"}
+            continue
+        ov = [f"train.max_steps={steps}", f"train.log_every={half}", f"train.eval_every={10 * steps}",
+              f"train.save_every={10 * steps}", "train.eval_batches=1", "train.warmup_steps=1"]
+        if cpu:
+            ov += ["train.mixed_precision='no'", "train.cpu=true"]
+        ov += list(overrides or [])
+        run_dir = Path(out_dir) / "mfu" / label
+        try:
+            cfg = load_config(path, ov)
+            summary = run_experiment(cfg, run_dir)
+        except (MemlabError, RuntimeError) as e:
+            results[label] = {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}", "config": path}
+            log(f"mfu {label}: {results[label]['error']}")
+            continue
+        recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        train = [r for r in recs if r.get("split") == "train" and "mfu" in r]
+        res = {"config": path, "steps": steps, "mfu_steady": train[-1]["mfu"] if train else None,
+               "mfu_run": summary.get("mfu"), "matmul_flops_per_s": summary.get("matmul_flops_per_s"),
+               "tokens_per_s": summary.get("tokens_per_s"), "parameters": summary.get("parameters"),
+               "device": summary.get("device"), "mixed_precision": summary.get("mixed_precision")}
+        results[label] = res
+        log(f"mfu {label}: steady {res['mfu_steady']}, run {res['mfu_run']}, matmul {res['matmul_flops_per_s']}")
+    return results

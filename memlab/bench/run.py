@@ -1,0 +1,81 @@
+"""Run the benchmark parts into one run directory: ``bench.json``, ``plots/*.png`` and ``README.md``
+(a table of the results with the command that made them)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memlab.errors import MemlabError
+
+PARTS = ("flops", "prefill", "generation", "mfu", "probe")
+"""Known parts, in run order."""
+
+QUICK = {"prefill_lengths": [128, 256], "generation_contexts": [64, 128], "mfu_steps": 2,
+         "width": 32, "layers": 2, "heads": 2, "ff": 64, "sentence_len": 8, "new_tokens": 2}
+"""Tiny sizes for the harness test (no timing meaning)."""
+
+
+def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, quick: bool = False,
+              prefill_lengths: list[int] | None = None, generation_contexts: list[int] | None = None,
+              mfu_steps: int = 12, mfu_configs: dict[str, str] | None = None, command: str = "",
+              log=print) -> dict[str, Any]:
+    from memlab.bench.measure import device_of
+
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise MemlabError(f"unknown bench part '{unknown[0]}'; known: {', '.join(PARTS)}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise MemlabError(f"bench directory {out} already holds files; choose another --out")
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    dev = device_of(device)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    q = QUICK if quick else {}
+    res: dict[str, Any] = {"command": command, "device": str(dev), "torch": torch.__version__,
+                           "threads": torch.get_num_threads(), "machine": platform.platform(),
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "parts": {}}
+    for part in [p for p in PARTS if p in parts]:
+        t0 = time.perf_counter()
+        if part == "flops":
+            from memlab.analysis import flops_model as fm
+
+            r = fm.sonar_vs_token_lm()
+            fm.plot_flops({"token LM (1.2B)": (r["tokens"], r["token_lm"]),
+                           "SONAR-LLM (1B + SONAR enc/dec)": (r["tokens"], r["sonar_llm"])},
+                          out / "plots" / "flops.png", crossover_at=r["crossover_tokens"])
+        elif part == "prefill":
+            from memlab.bench.prefill import plot_prefill, run_prefill
+
+            lengths = prefill_lengths or q.get("prefill_lengths") or [1024, 2048, 4096, 8192, 16384, 32768]
+            r = run_prefill(lengths, dev, chunk_len=32 if quick else 64, repeats=1 if quick else 2, log=log)
+            plot_prefill(r, out / "plots" / "prefill.png")
+        elif part == "generation":
+            from memlab.bench.generation import plot_generation, run_generation
+
+            ctx = generation_contexts or q.get("generation_contexts") or [256, 1024, 2048, 4096, 8192, 16384]
+            shape = {k: q[k] for k in ("width", "layers", "heads", "ff", "sentence_len", "new_tokens")} if quick else {}
+            r = run_generation(ctx, dev, log=log, **shape)
+            plot_generation(r, out / "plots" / "generation.png")
+        elif part == "mfu":
+            from memlab.bench.mfu import run_mfu
+
+            r = run_mfu(out, mfu_configs, steps=q.get("mfu_steps", mfu_steps), cpu=dev.type == "cpu",
+                        overrides=["data.seq_len=32", "train.batch_size=4", "model.preset=toy"] if quick else None, log=log)
+        else:  # probe
+            from memlab.bench.probe import run_probe_split
+
+            r = run_probe_split(dev, quick=quick, log=log)
+        r["seconds"] = round(time.perf_counter() - t0, 1)
+        res["parts"][part] = r
+        (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
+    from memlab.bench.report import write_readme
+
+    write_readme(res, out / "README.md")
+    return res

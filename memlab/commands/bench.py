@@ -1,0 +1,69 @@
+"""memlab bench: performance measured side by side in one run (see docs/evaluation.md).
+
+    memlab bench --out runs/bench                      # every part, full sizes
+    memlab bench --parts prefill,mfu --out runs/b      # some parts
+    memlab bench --quick --out /tmp/b                  # tiny sizes: checks the harness only
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def _ints(text: str | None) -> list[int] | None:
+    from memlab.errors import MemlabError
+
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MemlabError(f"expected integers separated by commas, got {text!r}") from None
+
+
+def add_parser(sub) -> None:
+    from memlab.bench.run import PARTS
+
+    p = sub.add_parser("bench", help="measure performance side by side (prefill, generation, MFU, probe, FLOPs)",
+                       description="Benchmarks measured side by side in one run; writes bench.json, plots/ and a "
+                                   "README.md table into --out. Parts: " + ", ".join(PARTS) + ".")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts (default: all)")
+    p.add_argument("--out", default=None, help="run directory (default runs/bench-TIMESTAMP); must be new")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: check the harness, numbers mean nothing")
+    p.add_argument("--prefill-lengths", default=None, help="comma-separated token counts (default 1k..32k)")
+    p.add_argument("--generation-contexts", default=None, help="comma-separated context lengths (default 256..16k)")
+    p.add_argument("--mfu-steps", type=int, default=12, help="training steps per family for MFU")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+    from pathlib import Path
+
+    from memlab.bench.run import run_bench
+
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("memlab", "memlab/cli.py")) else ["bench"] + [a for a in _argv(args)]
+    command = "memlab " + " ".join(shlex.quote(a) for a in argv)
+    run_bench(out, [p.strip() for p in args.parts.split(",") if p.strip()], device=args.device, quick=args.quick,
+              prefill_lengths=_ints(args.prefill_lengths), generation_contexts=_ints(args.generation_contexts),
+              mfu_steps=args.mfu_steps, command=command, log=lambda s: print(s, file=sys.stderr))
+    print((out / "README.md").read_text())
+    print(f"wrote {out / 'bench.json'}")
+    return 0
+
+
+def _argv(args) -> list[str]:
+    """A reconstruction of the command line (when called through main(argv) in tests)."""
+    out = ["--parts", args.parts]
+    if args.out:
+        out += ["--out", args.out]
+    if args.quick:
+        out.append("--quick")
+    for flag, v in (("--device", args.device), ("--prefill-lengths", args.prefill_lengths),
+                    ("--generation-contexts", args.generation_contexts)):
+        if v:
+            out += [flag, v]
+    return out

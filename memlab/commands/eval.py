@@ -1,0 +1,74 @@
+"""memlab eval: run evaluation tasks on trained models (one table), or a scaling sweep.
+
+    memlab eval --run RUN_A --run RUN_B --task hellaswag --task needle --out runs/eval
+    memlab eval --scaling configs/scaling/token_lm_cpu.yaml --out runs/scaling
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate trained models on tasks, or run a scaling sweep",
+                       description="Evaluate one or more trained runs on registered tasks (memlab list tasks) and "
+                                   "write eval.json / eval.md; or, with --scaling, train a sweep of sizes and fit "
+                                   "L(N) = a N^-alpha + b.")
+    p.add_argument("--run", action="append", default=[], help="run directory or saved model (repeat to compare)")
+    p.add_argument("--task", action="append", default=[], help="task name (repeat); default: all tasks")
+    p.add_argument("--data", default=None, help="'local' (default: small local sets), 'hub' (datasets, needs a "
+                                                "network) or a .jsonl file")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--needle-lengths", default="256,448", help="comma-separated haystack lengths (tokens)")
+    p.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the LLM judge (off by default; "
+                                                     "key from MEMLAB_JUDGE_API_KEY)")
+    p.add_argument("--judge-model", default="gpt-4o")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scaling", metavar="SWEEP", help="run a scaling sweep config (configs/scaling/*.yaml) instead")
+    p.add_argument("--out", default=None, help="output directory (default runs/eval-TIMESTAMP)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+    from pathlib import Path
+
+    from memlab.errors import MemlabError
+
+    command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/cli.py")) else ""
+    out = Path(args.out or f"runs/{'scaling' if args.scaling else 'eval'}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.scaling:
+        from memlab.analysis.scaling import format_table, load_sweep_config, run_sweep
+
+        res = run_sweep(load_sweep_config(args.scaling), out)
+        table = format_table(res)
+        (out / "scaling.md").write_text(table + "\n")
+        print(table)
+        print(f"wrote {out / 'scaling.json'} and {out / 'scaling.png'}")
+        return 0
+    if not args.run:
+        raise MemlabError("give at least one --run (or --scaling SWEEP)")
+    from memlab.eval.adapters import load_adapter
+    from memlab.eval.runner import evaluate_models, format_table, write_results
+    from memlab.eval.tasks import TaskOptions
+    from memlab.registry import TASKS
+
+    import memlab.eval  # noqa: F401  (registers the tasks)
+
+    try:
+        lengths = tuple(int(x) for x in args.needle_lengths.split(",") if x.strip())
+    except ValueError:
+        raise MemlabError(f"--needle-lengths must be integers separated by commas, got {args.needle_lengths!r}") from None
+    opts = TaskOptions(data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       needle_lengths=lengths, judge_url=args.judge_url, judge_model=args.judge_model)
+    tasks = args.task or TASKS.names()
+    for t in tasks:
+        TASKS.get(t)  # unknown names: one clear error before loading any model
+    adapters = [load_adapter(r) for r in args.run]
+    results = evaluate_models(adapters, tasks, opts, log=lambda s: print(s, file=sys.stderr))
+    path = write_results(results, out, command)
+    print(format_table(results))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,72 @@
+"""The bench harness on tiny sizes: structure of bench.json, README and plots (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from memlab.errors import MemlabError
+
+
+def test_cost_exponent_and_timer():
+    from memlab.bench.measure import PeakMemory, cost_exponent, time_call
+
+    T = np.array([1024, 2048, 4096, 8192])
+    assert cost_exponent(T, 3e-9 * T**2) == pytest.approx(2.0)
+    assert cost_exponent(T, 5e-6 * T**1.2 + 0) == pytest.approx(1.2)
+    assert time_call(lambda: sum(range(1000)), repeats=3) > 0
+    with PeakMemory("cpu") as pm:
+        x = torch.ones(64, 1024, 1024)  # 256 MiB, touched
+        x += 1
+    assert pm.peak_bytes >= 0
+
+
+def test_bench_quick_harness(tmp_path, small_corpus):
+    from memlab.bench.run import run_bench
+    from tests.conftest import write_config
+
+    cfg = write_config(tmp_path / "lm.yaml", small_corpus)
+    out = tmp_path / "bench"
+    res = run_bench(out, ["flops", "prefill", "generation", "mfu", "probe"], device="cpu", quick=True,
+                    mfu_configs={"token_lm": str(cfg), "missing": str(tmp_path / "nope.yaml")}, command="memlab bench --quick",
+                    log=lambda s: None)
+    P = res["parts"]
+    assert 2048 <= P["flops"]["crossover_tokens"] <= 8192
+    rows = P["prefill"]["rows"]
+    assert [r["tokens"] for r in rows] == [128, 256]
+    assert all(r["full_attention"]["seconds"] > 0 for r in rows)
+    if P["prefill"]["memory_family"]:
+        assert all(r["memory"]["seconds"] > 0 and r["speedup"] > 0 for r in rows)
+        assert np.isfinite(P["prefill"]["memory_exponent"])
+    g = P["generation"]["rows"]
+    assert [r["context_tokens"] for r in g] == [64, 128] and all(r["sonar_llm_s_per_token"] > 0 for r in g)
+    m = P["mfu"]["token_lm"]
+    assert 0 < m["mfu_steady"] < 1.5 and m["matmul_flops_per_s"] > 1e6
+    assert "skipped" in P["mfu"]["missing"]
+    pr = P["probe"]
+    assert "encode_s" in pr or "skipped" in pr or "error" in pr
+    if "encode_s" in pr:
+        assert pr["encode_s"] > 0 and pr["decoder_train_s"] > 0 and 0 < pr["encode_share"] < 1
+    saved = json.loads((out / "bench.json").read_text())
+    assert set(saved["parts"]) == {"flops", "prefill", "generation", "mfu", "probe"}
+    readme = (out / "README.md").read_text()
+    assert "memlab bench --quick" in readme and "(a) Prefill" in readme and "(c) Training MFU" in readme
+    for p in ("flops", "prefill", "generation"):
+        assert (out / "plots" / f"{p}.png").stat().st_size > 1000
+    with pytest.raises(MemlabError, match="already holds files"):
+        run_bench(out, ["flops"])
+    with pytest.raises(MemlabError, match="unknown bench part 'speed'"):
+        run_bench(tmp_path / "b2", ["speed"])
+
+
+def test_bench_cli_flops_only(tmp_path, capsys):
+    from memlab.cli import main
+
+    assert main(["bench", "--parts", "flops", "--out", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    assert "crossover" not in text or "tokens" in text
+    assert "SONAR-LLM becomes cheaper" in text
+    assert main(["bench", "--parts", "flops", "--prefill-lengths", "1k", "--out", str(tmp_path / "c")]) == 2
