@@ -1,0 +1,27 @@
+"""SONAR-LLM: a Llama-style decoder over sentence embeddings of any EmbeddingSpace, trained with
+token-level cross-entropy through the space's frozen decoder (family and recipe ``sonar_llm``).
+
+Importing this package registers the family, the ``sonar_llm`` recipe, its generator for
+``memlab generate`` and the ``toy_ae`` test space.
+"""
+
+from memlab.models.sonar_llm import toy_space  # noqa: F401  (registers the 'toy_ae' space)
+from memlab.models.sonar_llm.configuration_sonar_llm import SHARED_PRESETS, SonarLLMConfig
+from memlab.models.sonar_llm.examples import sonar_llm_example_inputs
+from memlab.models.sonar_llm.generation import sentence_generator
+from memlab.models.sonar_llm.modeling_sonar_llm import SonarLLMModel
+from memlab.registry import GENERATORS, ModelFamily, register_family
+
+FAMILY = register_family(
+    ModelFamily(
+        name="sonar_llm",
+        config_class=SonarLLMConfig,
+        model_class=SonarLLMModel,
+        presets={k: dict(v, embed_dim=32) for k, v in SHARED_PRESETS.items()},
+        description="SONAR-LLM: Llama decoder over sentence embeddings, CE through the space's frozen decoder",
+        example_inputs=sonar_llm_example_inputs,
+    )
+)
+GENERATORS.register("sonar_llm", sentence_generator, description="sentence-by-sentence generation (SONAR-LLM)")
+
+from memlab.models.sonar_llm import recipe  # noqa: E402,F401  (registers the 'sonar_llm' recipe)

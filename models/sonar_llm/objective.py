@@ -1,0 +1,80 @@
+"""The SONAR-LLM objective: token cross-entropy of the next sentence through the space's decoder.
+
+For a document of sentences ``s_0 .. s_{n-1}`` (the last is the end sentence)
+with embeddings ``e_0 .. e_{n-1}``, the model reads ``e_0 .. e_{n-2}`` and
+predicts ``p_0 .. p_{n-2}``; each ``p_i`` goes to the space's (frozen)
+decoder, teacher forced with the true tokens of ``s_{i+1}``, and the loss is
+the mean cross-entropy over all non-padding target tokens of the batch::
+
+    L = - (1 / #tokens) * sum_i sum_t log P_dec(s_{i+1, t} | p_i, s_{i+1, <t})
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memlab.train.setup import StepOutput
+
+
+def next_sentence_targets(batch: dict, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sentences to predict in a collated batch: ``valid (B, S-1)`` and their ``ids, mask (N, L)``."""
+    smask = batch["sentence_mask"]
+    return select_targets(batch["input_ids"][:, 1:], batch["token_mask"][:, 1:] * smask[:, 1:, None], pad_id)
+
+
+def decoder_cross_entropy(space, shape: list[int], z: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                          chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed token cross-entropy, correct-token count and target-token count of ``space``'s decoder
+    rebuilding ``ids (N, L)`` from flattened embeddings ``z (N, E)`` (reshaped to ``(N, *shape)``),
+    in chunks of ``chunk`` sentences."""
+    total = z.new_zeros((), dtype=torch.float32)
+    correct = z.new_zeros((), dtype=torch.float32)
+    count = 0
+    for a in range(0, z.shape[0], chunk):
+        dec_in, labels = space.decoder_inputs(ids[a : a + chunk], mask[a : a + chunk])  # (n, T'), (n, T')
+        zz = z[a : a + chunk]
+        logits = space.decode_logits(zz.reshape(zz.shape[0], *shape), dec_in)  # (n, T', V)
+        labels = labels.to(logits.device)
+        total = total + F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="sum")
+        keep = labels != -100
+        correct = correct + ((logits.argmax(-1) == labels) & keep).sum()
+        count += int(keep.sum())
+    return total, correct, torch.tensor(float(count))
+
+
+def select_targets(next_input_ids: torch.Tensor, next_token_mask: torch.Tensor, pad_id: int,
+                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(B, S, L)`` next-sentence tokens -> ``valid (B, S)`` and the valid rows' ``ids, mask (N, L')``."""
+    valid = next_token_mask.sum(-1) > 0  # (B, S)
+    if attention_mask is not None:
+        valid &= attention_mask.bool()
+    ids, mask = next_input_ids[valid], next_token_mask[valid]  # (N, L)
+    L = max(int(mask.sum(1).max()) if mask.numel() else 1, 1)
+    ids, mask = ids[:, :L], mask[:, :L]
+    return valid, torch.where(mask.bool(), ids, torch.full_like(ids, pad_id)), mask
+
+
+class SonarLLMLoss:
+    """``loss_fn(model, batch)`` for SONAR-LLM; ``handle`` is the (frozen or trainable) space."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self._device = None
+
+    def _place(self, model) -> None:
+        dev = next(model.parameters()).device
+        if self._device != dev and getattr(model, "space", None) is None:
+            self.handle.to(dev)
+        self._device = dev
+
+    def __call__(self, model, batch: dict) -> StepOutput:
+        self._place(model)
+        smask = batch["sentence_mask"]  # (B, S)
+        out = model(batch["embeddings"][:, :-1], smask[:, :-1], next_input_ids=batch["input_ids"][:, 1:],
+                    next_token_mask=batch["token_mask"][:, 1:] * smask[:, 1:, None], space=self.handle.space)
+        valid = smask[:, 1:].bool()  # (B, S-1)
+        cos = F.cosine_similarity(out.predictions[valid].detach().float(), batch["embeddings"][:, 1:][valid].float(), dim=-1)
+        n = out.num_tokens.clamp(min=1)
+        return StepOutput(loss=out.loss, metrics={"token_accuracy": out.correct_tokens / n, "cosine": cos.mean()},
+                          weight=float(out.num_tokens))

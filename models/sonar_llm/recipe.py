@@ -1,0 +1,193 @@
+"""Recipes over sentence embeddings: ``sonar_llm`` here; ``lcm_mse`` and ``lcm_diffusion`` reuse
+:class:`SentenceRecipe` with their own family and loss.
+
+Data path: corpus -> units (chapters) -> splits -> Punkt sentences -> windows of
+``window_sentences`` + the end sentence -> embeddings and token ids, cached once
+per (space, corpus, split) with ``datasets`` (:mod:`memlab.data.embcache`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from memlab.data import embcache
+from memlab.data.corpus import load_corpus, make_splits, units
+from memlab.data.views import sentence_documents
+from memlab.errors import ConfigError
+from memlab.flops import matrix_params, transformer_train_flops
+from memlab.models.sonar_llm.data import SentenceDocDataset, collate_documents, make_documents
+from memlab.models.sonar_llm.objective import SonarLLMLoss
+from memlab.models.sonar_llm.spaces import SpaceHandle, load_space, normalize_spec
+from memlab.registry import FAMILIES, RECIPES
+from memlab.train.setup import TrainSetup
+
+
+@dataclass
+class SentenceOptions:
+    """Options of the sentence-level recipes (sonar_llm, lcm_mse, lcm_diffusion)."""
+
+    space: str = "toy_ae"
+    """Embedding space spec ``NAME[:ARG]``: ``memory_ae:RUN_DIR`` (this machine's default), ``sonar:NAME`` (real
+    SONAR, GPU + network), ``toy_ae[:DIR]`` (tests)."""
+    window_sentences: int = 16
+    """Sentences per training document: long units (chapters) are cut into windows of this many (0 = whole units)."""
+    end_sentence: str = "End of sequence."
+    """Sentence appended to every document; generation stops when it is predicted."""
+    max_sentence_tokens: int = 64
+    """Sentences longer than this many tokens (space tokenizer; at most the space's ``max_tokens``) are truncated
+    (counted in summary.json)."""
+    short_documents: str = "drop"
+    """A unit of fewer than two sentences: ``drop`` it (counted) or raise an ``error``."""
+    cache_dir: str | None = None
+    """Root of the embedding cache (default ``$MEMLAB_CACHE/embeddings``)."""
+    embedding_cache: str | None = None
+    """Explicit cache folder (holds ``train/`` and ``validation/``); it must have been built with this space."""
+    encode_batch_size: int = 64
+    """Sentences per batch when the frozen encoder fills the cache."""
+    unfreeze_decoder: bool = False
+    """SONAR-LLM only: train the space's decoder too (its weights are saved beside the model)."""
+    stop_cosine: float = 0.98
+    """Generation stops when cosine(embedding, end sentence embedding) reaches this."""
+
+
+def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[str]]], dict[str, int]]:
+    """Split -> documents (windows, each ending with the end sentence), and units dropped per split.
+
+    Punkt over a whole corpus is slow on a busy machine, so the result is cached (JSON under
+    ``$MEMLAB_CACHE/sentences/``) by a hash of the split units' text and the windowing options.
+    """
+    import hashlib
+
+    from memlab.data.tokenizer import cache_dir
+
+    d = cfg.data
+    docs = load_corpus(d.corpus, d.text_field, d.hf_split, d.streaming, d.max_documents)
+    splits = make_splits(units(docs, d.split_by), d.val_fraction, d.test_fraction, d.split_seed)
+    h = hashlib.sha256(json.dumps([opts.window_sentences, opts.end_sentence, opts.short_documents]).encode())
+    for name in sorted(splits):
+        h.update(name.encode())
+        for u in splits[name]:
+            h.update(hashlib.sha256(u.text.encode()).digest())
+    cached = cache_dir() / "sentences" / f"{h.hexdigest()[:20]}.json"
+    if cached.is_file():
+        got = json.loads(cached.read_text())
+        return got["docs"], got["dropped"]
+    out, dropped = {}, {}
+    for name, part in splits.items():
+        if not part:
+            continue
+        out[name], dropped[name] = make_documents(sentence_documents(part), opts.window_sentences, opts.end_sentence,
+                                                  opts.short_documents)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"docs": out, "dropped": dropped}))
+    os.replace(tmp, cached)
+    return out, dropped
+
+
+def embedded_splits(handle: SpaceHandle, docs: dict[str, list[list[str]]], opts: SentenceOptions,
+                    names=("train", "validation")) -> dict[str, embcache.SentenceSplit]:
+    from memlab.data.tokenizer import cache_dir
+
+    root = Path(opts.cache_dir) if opts.cache_dir else cache_dir() / "embeddings"
+    max_tokens = min(opts.max_sentence_tokens, int(getattr(handle.space, "max_tokens", None) or opts.max_sentence_tokens))
+    out = {}
+    for name in names:
+        if name not in docs:
+            continue
+        path = Path(opts.embedding_cache) / name if opts.embedding_cache else None
+        out[name] = embcache.build_or_load(handle.space, handle.spec, docs[name], name, root, max_tokens,
+                                           opts.encode_batch_size, path)
+    return out
+
+
+class SentenceRecipe:
+    """Shared setup of the sentence-level recipes; subclasses set the family and the loss."""
+
+    name = "sonar_llm"
+    family = "sonar_llm"
+    options_class = SentenceOptions
+
+    def make_loss(self, handle: SpaceHandle, model, opts: SentenceOptions):
+        return SonarLLMLoss(handle)
+
+    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+        opts: SentenceOptions = cfg.options or SentenceOptions()
+        if opts.short_documents not in ("drop", "error"):
+            raise ConfigError(f"options.short_documents must be 'drop' or 'error', got '{opts.short_documents}'")
+        if cfg.model.family != self.family:
+            raise ConfigError(f"recipe '{self.name}' trains family '{self.family}', not model.family='{cfg.model.family}'")
+        spec = normalize_spec(opts.space)
+        handle = SpaceHandle(load_space(spec), spec, freeze=True)
+        docs, dropped = corpus_documents(cfg, opts)
+        splits = embedded_splits(handle, docs, opts)
+        train = splits["train"]
+        model = self.build_model(cfg, handle, opts, train)
+        if opts.unfreeze_decoder:
+            self.attach_trainable_space(model, handle)
+        longest = max(int((s.doc_offsets[1:] - s.doc_offsets[:-1]).max()) for s in splits.values())
+        if longest - 1 > model.config.max_position_embeddings:
+            raise ConfigError(f"a document holds {longest} sentences; the model reads at most "
+                              f"max_position_embeddings={model.config.max_position_embeddings} (lower window_sentences)")
+        self.write_space_file(run_dir, handle, train)
+        c = model.config
+        mean_len = train.embeddings.shape[0] / max(train.num_documents, 1)
+        flops = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, int(mean_len))
+        val = splits.get("validation")
+        return TrainSetup(
+            model=model,
+            train_data=SentenceDocDataset(train),
+            eval_data=SentenceDocDataset(val) if val is not None else None,
+            loss_fn=self.make_loss(handle, model, opts),
+            collate_fn=collate_documents,
+            tokens_per_example=int(mean_len),
+            flops_per_example=flops,
+            summary={"space": spec, "embedding_shape": handle.shape, "train_documents": train.num_documents,
+                     "train_sentences": int(train.embeddings.shape[0]),
+                     "eval_documents": val.num_documents if val is not None else 0,
+                     "truncated_sentences": train.meta.get("truncated_sentences", 0), "dropped_units": dropped},
+        )
+
+    def build_model(self, cfg, handle: SpaceHandle, opts: SentenceOptions, train: embcache.SentenceSplit):
+        family = FAMILIES.get(cfg.model.family)
+        if cfg.model.init_from:
+            from memlab.loading import load_pretrained
+
+            model = load_pretrained(cfg.model.init_from, family.model_class)
+            handle.check_width(model.config.embed_dim, f"the model in {cfg.model.init_from}")
+            return model
+        over = dict(cfg.model.overrides)
+        if over.get("embed_dim", handle.width) != handle.width:
+            handle.check_width(int(over["embed_dim"]), "model.overrides.embed_dim")
+        over.update(embed_dim=handle.width, space_shape=handle.shape, space=handle.spec,
+                    end_sentence=opts.end_sentence, stop_cosine=opts.stop_cosine)
+        model = family.make_model(cfg.model.preset, **over)
+        model.backbone.normalizer.fit(train.embeddings)
+        return model
+
+    def attach_trainable_space(self, model, handle: SpaceHandle) -> None:
+        import torch
+
+        if self.family != "sonar_llm":
+            raise ConfigError("options.unfreeze_decoder applies to sonar_llm only (LCM losses never reach the decoder)")
+        if not isinstance(handle.space, torch.nn.Module):
+            raise ConfigError(f"space '{handle.spec}' is not an nn.Module, so its decoder cannot be trained")
+        model.space = handle.space  # a submodule: optimised, moved and saved (as 'space.*') with the model
+        handle.space.requires_grad_(True)  # the encoder gets no gradient (embeddings are cached), AdamW skips it
+        model.config.decoder_trained = True
+
+    @staticmethod
+    def write_space_file(run_dir: Path, handle: SpaceHandle, train: embcache.SentenceSplit) -> None:
+        """``RUN/space.json``: what rebuilds the space (its spec) and what identifies it."""
+        meta = {k: train.meta[k] for k in ("space", "shape", "probe") if k in train.meta}
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f"space.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, run_dir / "space.json")
+
+
+RECIPES.register("sonar_llm", SentenceRecipe(), description="SONAR-LLM: next-sentence embedding, token CE through the space's frozen decoder")
