@@ -1,3 +1,7 @@
 """Model families (transformers style). Importing this package registers them."""
 
 from memlab.models import token_lm  # noqa: F401
+from memlab.models import sonar  # noqa: F401
+from memlab.models import memory  # noqa: F401
+from memlab.models import sonar_llm  # noqa: F401
+from memlab.models import lcm  # noqa: F401

@@ -1,0 +1,209 @@
+"""Objectives: batch transforms plus losses, for any model with the memory-model interface
+(``encode_chunks(ids, mask) -> (B, C, K, M)`` and ``decode(memories, decoder_input_ids, mode) -> (B, C, L, V)``).
+
+A batch holds ``input_ids`` ``(B, C, T)`` (or ``(B, T)``), optionally ``attention_mask`` (padded
+sentences) and ``memories`` (cached outputs of a frozen encoder).
+
+* ``next_token``: chunk ``c`` predicts its tokens from the memories of chunks ``< c`` and its own
+  earlier tokens (teacher forced; the first token is predicted from memory alone).
+* ``copy``: the same teacher-forced prediction, but reading the chunk's *own* memory.
+* ``blank_copy``: rebuild the chunk from its own memory with every token input blanked, so nothing
+  leaks from the inputs (the autoencoder).
+* ``causal_lm``: next token with no memory at all (the baseline decoder).
+* ``combined``: ``L = L_next_token + weight * L_copy`` on one encoder pass (``copy`` names the copy objective).
+
+Token accuracy is the share of non-padding targets where the argmax equals the true token.
+With an ``attention_mask`` (padded sentences), targets are the tokens followed by the end token,
+as in the :mod:`memlab.space` teacher-forcing convention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memlab.errors import MemlabError
+from memlab.registry import OBJECTIVES
+from memlab.train.setup import StepOutput
+
+
+def _cfg_ids(model) -> tuple[int, int, int, int]:
+    c = model.config
+    return c.bos_token_id, c.eos_token_id, (c.pad_token_id or 0), c.blank_id
+
+
+def shifted_targets(model, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher forcing: ``([bos, x_0 ..], [x_0 .., (eos)])``, both ``(B, C, L)``."""
+    bos, eos, pad, _ = _cfg_ids(model)
+    b, c, t = ids.shape
+    start = torch.full((b, c, 1), bos, dtype=ids.dtype, device=ids.device)
+    if mask is None:
+        return torch.cat([start, ids[..., :-1]], -1), ids  # (B, C, T) each
+    lengths = mask.long().sum(-1)  # (B, C)
+    real = mask.bool()
+    dec = torch.cat([start, ids.masked_fill(~real, pad)], -1)  # (B, C, T+1)
+    labels = torch.cat([ids.masked_fill(~real, -100), torch.full_like(start, -100)], -1)  # (B, C, T+1)
+    labels.scatter_(-1, lengths[..., None], eos)
+    return dec, labels
+
+
+def blank_targets(model, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blank copy: every decoder input is the blank id; labels as in :func:`shifted_targets`."""
+    dec, labels = shifted_targets(model, ids, mask)
+    return torch.full_like(dec, _cfg_ids(model)[3]), labels
+
+
+def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Mean CE over targets != -100, token accuracy, number of targets."""
+    flat, lab = logits.float().flatten(0, -2), labels.flatten()  # (N, V), (N,)
+    loss = F.cross_entropy(flat, lab, ignore_index=-100)
+    keep = lab != -100
+    n = keep.sum()
+    acc = ((flat.argmax(-1) == lab) & keep).sum() / n.clamp(min=1)
+    return loss, acc, float(n.item())
+
+
+def _ids(batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ids, mask = batch["input_ids"], batch.get("attention_mask")
+    if ids.dim() == 2:
+        ids = ids[:, None]
+        mask = mask[:, None] if mask is not None else None
+    return ids, mask
+
+
+def memories_for(model, batch: dict) -> torch.Tensor:
+    """Cached memories when the batch carries them (frozen encoder), else one parallel encoder call."""
+    if batch.get("memories") is not None:
+        return batch["memories"]
+    ids, mask = _ids(batch)
+    return model.encode_chunks(ids, mask)  # (B, C, K, M)
+
+
+class Objective:
+    """A batch transform (``targets``) plus a decoder memory mode; calling it gives a StepOutput.
+
+    ``length``: train on the first ``length`` tokens of every chunk only (chunk-length curricula,
+    e.g. blank copy of 8, then 16, then 32 tokens); the encoder sees only those tokens.
+    """
+
+    name = "objective"
+    mode = "own"
+    uses_memory = True
+
+    def __init__(self, length: int | None = None):
+        if length is not None and length < 1:
+            raise MemlabError(f"objective '{self.name}': length must be >= 1, got {length}")
+        self.length = length
+
+    def batch_view(self, batch: dict) -> dict:
+        """The batch cut to ``length`` tokens per chunk (cached memories cannot be cut)."""
+        if not self.length:
+            return batch
+        if batch.get("memories") is not None:
+            raise MemlabError(f"objective '{self.name}': 'length' cannot be used with cached (frozen-encoder) memories")
+        out = {"input_ids": batch["input_ids"][..., : self.length]}
+        if batch.get("attention_mask") is not None:
+            out["attention_mask"] = batch["attention_mask"][..., : self.length]
+        return out
+
+    def targets(self, model, ids, mask):
+        return shifted_targets(model, ids, mask)
+
+    def decode_loss(self, model, batch: dict, memories) -> tuple[torch.Tensor, torch.Tensor, float]:
+        ids, mask = _ids(batch)
+        dec, labels = self.targets(model, ids, mask)
+        logits = model.decode(memories if self.uses_memory else None, dec, self.mode)  # (B, C, L, V)
+        return token_stats(logits, labels)
+
+    def __call__(self, model, batch: dict, memories=None) -> StepOutput:
+        batch = self.batch_view(batch)
+        if memories is None and self.uses_memory:
+            memories = memories_for(model, batch)
+        loss, acc, n = self.decode_loss(model, batch, memories)
+        return StepOutput(loss=loss, metrics={"token_accuracy": acc, f"{self.name}_loss": loss,
+                                              f"{self.name}_accuracy": acc}, weight=n)
+
+    decoder_passes = 1
+
+
+class NextToken(Objective):
+    """Next token from the memories of earlier chunks (the memory LM)."""
+
+    name, mode = "next_token", "previous"
+
+
+class Copy(Objective):
+    """Teacher-forced rebuilding of a chunk from its own memory."""
+
+    name, mode = "copy", "own"
+
+
+class BlankCopy(Objective):
+    """Rebuild a chunk from its own memory with blanked token inputs (the autoencoder)."""
+
+    name, mode = "blank_copy", "own"
+
+    def targets(self, model, ids, mask):
+        return blank_targets(model, ids, mask)
+
+
+class CausalLM(Objective):
+    """Next token with no memory (the decoder as a plain causal LM; the baseline)."""
+
+    name, mode, uses_memory = "causal_lm", "none", False
+
+
+class Combined(Objective):
+    """``L = L_next_token + weight * L_copy`` sharing one encoder pass."""
+
+    name = "combined"
+    decoder_passes = 2
+
+    def __init__(self, weight: float = 1.0, copy: str = "blank_copy", length: int | None = None):
+        super().__init__(length)
+        if copy not in ("copy", "blank_copy"):
+            raise MemlabError(f"combined: copy objective must be 'copy' or 'blank_copy', got {copy!r}")
+        self.weight = float(weight)
+        self.ntp, self.copy = NextToken(), OBJECTIVES.get(copy)()
+
+    def __call__(self, model, batch: dict, memories=None) -> StepOutput:
+        batch = self.batch_view(batch)
+        memories = memories if memories is not None else memories_for(model, batch)
+        l_ntp, a_ntp, n = self.ntp.decode_loss(model, batch, memories)
+        l_cp, a_cp, _ = self.copy.decode_loss(model, batch, memories)
+        c = self.copy.name
+        return StepOutput(loss=l_ntp + self.weight * l_cp, weight=n, metrics={
+            "token_accuracy": a_ntp, "next_token_loss": l_ntp, "next_token_accuracy": a_ntp,
+            f"{c}_loss": l_cp, f"{c}_accuracy": a_cp})
+
+
+for _cls in (NextToken, Copy, BlankCopy, CausalLM, Combined):
+    OBJECTIVES.register(_cls.name, _cls, description=_cls.__doc__)
+
+
+def make_objective(name: str, **kwargs) -> Objective:
+    """Build a registered objective; unknown names and options are a MemlabError."""
+    cls = OBJECTIVES.get(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise MemlabError(f"objective '{name}' does not take these options: {', '.join(kwargs)} ({e})") from None
+
+
+@torch.no_grad()
+def evaluate_objectives(model, batches, names=("blank_copy", "copy", "next_token")) -> dict[str, float]:
+    """Mean loss and token accuracy of each named objective over ``batches`` (target-weighted)."""
+    objs = [make_objective(n) for n in names]
+    sums = {o.name: [0.0, 0.0, 0.0] for o in objs}
+    for batch in batches:
+        mem = memories_for(model, batch) if any(o.uses_memory for o in objs) else None
+        for o in objs:
+            loss, acc, n = o.decode_loss(model, batch, mem)
+            s = sums[o.name]
+            s[0] += loss.item() * n
+            s[1] += acc.item() * n
+            s[2] += n
+    out = {}
+    for name, (l, a, n) in sums.items():
+        out[f"{name}_loss"], out[f"{name}_accuracy"] = l / max(n, 1), a / max(n, 1)
+    return out

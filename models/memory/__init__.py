@@ -1,0 +1,42 @@
+"""Parallel encoder-decoder memory models (family ``memory``), their recipe and the ``memory_ae`` space."""
+
+from memlab.models.memory.configuration_memory import MemoryConfig
+from memlab.models.memory.modeling_memory import MemoryModel, MemoryModelOutput
+from memlab.registry import GENERATORS, SPACES, ModelFamily, register_family
+
+PRESETS = {
+    "toy": dict(chunk_len=16, encoder_hidden_size=48, encoder_layers=2, encoder_heads=4, encoder_intermediate_size=96,
+                hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=4096),
+    "small": dict(chunk_len=32, encoder_hidden_size=256, encoder_layers=4, encoder_heads=4, encoder_intermediate_size=704,
+                  hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=704, vocab_size=4096),
+    "paper": dict(chunk_len=64, max_chunks=16, encoder_hidden_size=1024, encoder_layers=16, encoder_heads=16,
+                  encoder_intermediate_size=2816, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                  intermediate_size=2816, vocab_size=8000),
+}
+
+FAMILY = register_family(
+    ModelFamily(name="memory", config_class=MemoryConfig, model_class=MemoryModel, presets=PRESETS,
+                description="parallel encoder-decoder memory model (Transformer/Mixer encoder, K memories per chunk)")
+)
+
+
+def _load_space(spec=None, **kw):
+    """Trained memory autoencoder (run dir or save_pretrained folder with its tokenizer)."""
+    from memlab.models.memory.space import load
+
+    return load(spec, **kw)
+
+
+def _reconstruct(model_dir, prompts, args):
+    """memlab generate: rebuild each prompt from its memory."""
+    from memlab.models.memory.space import reconstruct
+
+    return reconstruct(model_dir, prompts, args)
+
+
+SPACES.register("memory_ae", _load_space, description="trained memory autoencoder (run dir or saved folder)")
+GENERATORS.register("memory", _reconstruct, description="rebuild prompts from their memories")
+
+from memlab.models.memory import recipe  # noqa: E402,F401  (registers the 'memory' recipe)
+
+__all__ = ["MemoryConfig", "MemoryModel", "MemoryModelOutput"]

@@ -1,0 +1,249 @@
+"""The parallel encoder-decoder memory model.
+
+Every chunk of ``T`` tokens is encoded to ``K`` memory vectors, all chunks of
+a batch in one call (``(B, C, T) -> (B*C, T)``, no loop, no recurrence). A
+Llama-style causal decoder reads projected memories as prefix slots before
+its tokens. Three memory modes (``memory_mode``):
+
+* ``own``: chunk ``c`` reads its own memory (copy and blank copy: the autoencoder);
+* ``previous``: chunk ``c`` reads the memories of chunks ``< c`` (the memory LM), all chunks at once
+  under one attention mask;
+* ``none``: no memory (a plain causal LM of the same decoder; the baseline).
+
+Memory slots carry a learned *distance* embedding (0 = own chunk, 1 = the chunk before, ...).
+With ``memory_injection="unrolled"`` the nearest visible memory is also projected to
+``T x d`` and added to the token positions, so the decoder need not read position out of a
+single prefix vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
+
+from memlab.errors import ModelError
+from memlab.models.memory.configuration_memory import MemoryConfig
+from memlab.models.memory.layers import Attention, Block, MixerBlock
+
+MODES = ("own", "previous", "none")
+
+
+@dataclass
+class MemoryModelOutput(ModelOutput):
+    """``loss`` (mean token CE over labels != -100), ``logits`` ``(B, C, L, V)``, ``memories`` ``(B, C, K, M)``."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    memories: torch.Tensor | None = None
+
+
+class MemoryEncoder(nn.Module):
+    """Bidirectional Transformer or masked Mixer over one chunk, pooled to K memory vectors."""
+
+    def __init__(self, cfg: MemoryConfig):
+        super().__init__()
+        d, k = cfg.encoder_hidden_size, cfg.num_memories
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, d)
+        self.pos = nn.Embedding(cfg.chunk_len, d)
+        if cfg.encoder_type == "mixer":
+            self.layers = nn.ModuleList(MixerBlock(d, cfg.encoder_heads, cfg.encoder_intermediate_size, cfg.chunk_len,
+                                                   cfg.rms_norm_eps) for _ in range(cfg.encoder_layers))
+        else:
+            self.layers = nn.ModuleList(Block(d, cfg.encoder_heads, cfg.encoder_intermediate_size, cfg.rms_norm_eps)
+                                        for _ in range(cfg.encoder_layers))
+        self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        if cfg.pooling == "query":
+            self.queries = nn.Parameter(torch.zeros(k, d))
+            self.pool_attn = Attention(d, cfg.encoder_heads)
+        elif cfg.pooling == "flatten":  # straight to the memory width: no rank limit at the encoder width
+            self.flat = nn.Linear(cfg.chunk_len * d, k * cfg.space_dim, bias=False)
+        elif k > 1:
+            self.expand = nn.Linear(d, k * d, bias=False)
+        wide = cfg.memory_dim and cfg.pooling != "flatten"
+        self.bottleneck = nn.Linear(d, cfg.memory_dim, bias=False) if wide else nn.Identity()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        n, t = input_ids.shape
+        if t > self.cfg.chunk_len:
+            raise ModelError(f"a chunk of {t} tokens does not fit the encoder (chunk_len={self.cfg.chunk_len})")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        keep = attention_mask.bool()  # (N, T)
+        x = self.embed(input_ids) + self.pos.weight[:t]  # (N, T, D)
+        attn_mask = keep[:, None, None, :] if not bool(keep.all()) else None  # (N, 1, 1, T) keys
+        for layer in self.layers:
+            x = layer(x, mask=attn_mask, pad=keep)
+        x = self.norm(x)  # (N, T, D)
+        k = self.cfg.num_memories
+        if self.cfg.pooling == "query":
+            q = self.queries.expand(n, -1, -1)  # (N, K, D)
+            mem = self.pool_attn(q, mask=keep[:, None, None, :], context=x)  # (N, K, D)
+        elif self.cfg.pooling == "flatten":
+            x = x * keep[..., None].to(x.dtype)  # (N, T, D) padding zeroed
+            x = F.pad(x, (0, 0, 0, self.cfg.chunk_len - t))  # (N, T_max, D)
+            return self.flat(x.flatten(1)).view(n, k, -1)  # (N, K, M)
+        else:
+            if self.cfg.pooling == "last":
+                last = (keep.long().sum(1) - 1).clamp(min=0)  # (N,)
+                pooled = x[torch.arange(n, device=x.device), last]  # (N, D)
+            else:
+                w = keep[..., None].to(x.dtype)  # (N, T, 1)
+                pooled = (x * w).sum(1) / w.sum(1).clamp(min=1.0)  # (N, D)
+            mem = self.expand(pooled).view(n, k, -1) if k > 1 else pooled[:, None]  # (N, K, D)
+        return self.bottleneck(mem)  # (N, K, M)
+
+
+class MemoryDecoder(nn.Module):
+    """Llama-style causal Transformer that reads memory slots before its tokens."""
+
+    def __init__(self, cfg: MemoryConfig):
+        super().__init__()
+        d, m, k = cfg.hidden_size, cfg.space_dim, cfg.num_memories
+        self.cfg = cfg
+        self.max_len = cfg.chunk_len + 1  # room for an end token after a full sentence
+        self.embed = nn.Embedding(cfg.vocab_size, d)
+        self.pos = nn.Embedding(self.max_len, d)
+        self.dist = nn.Embedding(cfg.max_chunks + 1, d)
+        self.slot = nn.Embedding(k, d)
+        self.mem_proj = nn.Linear(m, d, bias=False)
+        self.mem_norm = nn.LayerNorm(d)
+        if cfg.memory_injection == "unrolled":
+            self.unroll = nn.Linear(k * m, self.max_len * d, bias=False)
+            self.unroll_norm = nn.LayerNorm(d)
+            self.unroll_norm.is_unroll_norm = True  # initial gain: config.injection_scale
+        self.layers = nn.ModuleList(Block(d, cfg.num_attention_heads, cfg.intermediate_size, cfg.rms_norm_eps)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+
+    def _unrolled(self, mem: torch.Tensor, length: int) -> torch.Tensor:
+        n = mem.shape[0]
+        u = self.unroll(mem.flatten(1)).view(n, self.max_len, -1)[:, :length]  # (N, L, d)
+        return self.unroll_norm(u)
+
+    def forward(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, mode: str) -> torch.Tensor:
+        b, c, length = decoder_input_ids.shape
+        if length > self.max_len:
+            raise ModelError(f"{length} decoder positions do not fit the decoder (chunk_len + 1 = {self.max_len})")
+        if mode not in MODES:
+            raise ModelError(f"unknown memory mode {mode!r}; choose one of {', '.join(MODES)}")
+        k, d = self.cfg.num_memories, self.cfg.hidden_size
+        tok = self.embed(decoder_input_ids.reshape(b * c, length)) + self.pos.weight[:length]  # (BC, L, d)
+        mask, causal = None, True
+        if mode == "none":
+            x = tok
+        else:
+            if memories is None:
+                raise ModelError(f"memory mode {mode!r} needs memories")
+            if c > self.cfg.max_chunks:
+                raise ModelError(f"{c} chunks per example exceed model.max_chunks={self.cfg.max_chunks}")
+            mem = self.mem_norm(self.mem_proj(memories)) + self.slot.weight  # (B, C, K, d)
+            if mode == "own":
+                prefix = (mem + self.dist.weight[0]).reshape(b * c, k, d)  # (BC, K, d)
+                if self.cfg.memory_injection == "unrolled":
+                    tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length)
+            else:
+                idx = torch.arange(c, device=tok.device)
+                dist = (idx[:, None] - idx[None, :]).clamp(0, self.cfg.max_chunks)  # (C, C) row chunk - slot chunk
+                slots = mem[:, None] + self.dist(dist)[None, :, :, None]  # (B, C, C, K, d)
+                prefix = slots.reshape(b * c, c * k, d)  # (BC, CK, d)
+                if self.cfg.memory_injection == "unrolled":
+                    prev = torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], 1)  # (B, C, K, M)
+                    u = self._unrolled(prev.reshape(b * c, k, -1), length).view(b, c, length, d)
+                    u = u * (idx > 0).to(u.dtype)[None, :, None, None]  # chunk 0 has no previous memory
+                    tok = tok + u.reshape(b * c, length, d)
+                s = c * k + length
+                allowed = torch.zeros(c, s, s, dtype=torch.bool, device=tok.device)  # (C, S, S)
+                slot_chunk = idx.repeat_interleave(k)  # (CK,)
+                allowed[:, : c * k, : c * k] = torch.eye(c * k, dtype=torch.bool, device=tok.device)
+                allowed[:, c * k:, : c * k] = (slot_chunk[None, :] < idx[:, None])[:, None, :]  # earlier chunks only
+                allowed[:, c * k:, c * k:] = torch.ones(length, length, dtype=torch.bool, device=tok.device).tril()
+                mask = allowed[None].expand(b, c, s, s).reshape(b * c, 1, s, s)
+                causal = False
+            x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, P + L, d)
+        for layer in self.layers:
+            x = layer(x, mask=mask, causal=causal)
+        h = self.norm(x[:, -length:])  # (BC, L, d)
+        logits = F.linear(h, self.embed.weight)  # (BC, L, V) head tied to the input embedding
+        return logits.view(b, c, length, -1)
+
+
+class MemoryPreTrainedModel(PreTrainedModel):
+    config_class = MemoryConfig
+    base_model_prefix = "memory"
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, MixerBlock):
+            nn.init.normal_(module.mix, mean=0.0, std=1.0 / module.mix.shape[-1])
+        elif isinstance(module, MemoryEncoder) and hasattr(module, "queries"):
+            nn.init.normal_(module.queries, mean=0.0, std=std)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            gain = self.config.injection_scale if getattr(module, "is_unroll_norm", False) else 1.0
+            nn.init.constant_(module.weight, gain)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
+class MemoryModel(MemoryPreTrainedModel):
+    """Encoder -> K memories per chunk -> decoder (autoencoder, memory LM, or both)."""
+
+    def __init__(self, config: MemoryConfig):
+        super().__init__(config)
+        config.validate_memory()
+        self.encoder = MemoryEncoder(config)
+        self.decoder = MemoryDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.decoder.embed
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, T)`` chunks -> ``(N, K, M)`` memories."""
+        return self.encoder(input_ids, attention_mask)
+
+    def encode_chunks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, C, T)`` -> ``(B, C, K, M)``: every chunk of the batch in one encoder call."""
+        b, c, t = input_ids.shape
+        flat_mask = attention_mask.reshape(b * c, t) if attention_mask is not None else None
+        mem = self.encoder(input_ids.reshape(b * c, t), flat_mask)  # (BC, K, M)
+        return mem.view(b, c, *mem.shape[1:])
+
+    def decode(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, memory_mode: str = "own") -> torch.Tensor:
+        """Memories ``(B, C, K, M)`` + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``."""
+        return self.decoder(memories, decoder_input_ids, memory_mode)
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                memory_mode: str = "own", memories: torch.Tensor | None = None, **kwargs) -> MemoryModelOutput:
+        """Chunks ``(B, T)`` or ``(B, C, T)``; without decoder inputs the decoder blank-copies them."""
+        squeeze = input_ids is not None and input_ids.dim() == 2
+        if squeeze:
+            input_ids = input_ids[:, None]
+            attention_mask = attention_mask[:, None] if attention_mask is not None else None
+        if memories is None and memory_mode != "none":
+            memories = self.encode_chunks(input_ids, attention_mask)  # (B, C, K, M)
+        if decoder_input_ids is None:
+            decoder_input_ids = torch.full_like(input_ids, self.config.blank_id)
+            if labels is None:
+                labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, -100)
+        elif decoder_input_ids.dim() == 2:
+            decoder_input_ids = decoder_input_ids[:, None]
+        logits = self.decode(memories, decoder_input_ids, memory_mode)  # (B, C, L, V)
+        loss = None
+        if labels is not None:
+            labels = labels.view(logits.shape[:3])
+            loss = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), ignore_index=-100)
+        if squeeze:
+            logits = logits[:, 0]
+        return MemoryModelOutput(loss=loss, logits=logits, memories=memories)

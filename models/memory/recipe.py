@@ -1,0 +1,250 @@
+"""Recipe ``memory``: train a memory model on chunks (or padded sentences) with an objective or a curriculum.
+
+Chunk view: an example is ``data.seq_len`` tokens cut into ``C = seq_len / model.chunk_len`` chunks
+``(C, T)``. Sentence view: an example is one sentence, padded to ``data.seq_len <= model.chunk_len``.
+With ``options.encoder_from`` the encoder comes from a trained model and is frozen; its memories are
+computed once and cached with the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from memlab.data.views import prepare_corpus, sentence_documents, token_chunks
+from memlab.errors import ConfigError, DataError, ModelError
+from memlab.flops import transformer_train_flops
+from memlab.registry import CURRICULA, FAMILIES, RECIPES
+from memlab.train.setup import TrainSetup
+
+
+@dataclass
+class MemoryOptions:
+    """Options of the ``memory`` recipe."""
+
+    view: str = "chunks"
+    """``chunks`` (``data.seq_len`` tokens = C chunks of ``model.chunk_len``) or ``sentences`` (one padded sentence)."""
+    objective: str = "blank_copy"
+    """Objective trained when no curriculum is named: blank_copy, copy, next_token, causal_lm, combined."""
+    copy_weight: float = 1.0
+    """lambda of the combined objective ``L = L_ntp + lambda * L_copy``."""
+    copy_objective: str = "blank_copy"
+    """Copy term of the combined objective: ``blank_copy`` or ``copy``."""
+    curriculum: str | None = None
+    """Registered curriculum (``phases``, ``blank_copy_then_next_token``); overrides ``objective``."""
+    phases: list = field(default_factory=list)
+    """Phases of the ``phases`` curriculum: mappings with objective, steps, metric, threshold, patience, mode, options."""
+    switch_threshold: float = 0.9
+    """``blank_copy_then_next_token``: blank-copy accuracy that ends the first phase."""
+    switch_max_steps: int | None = None
+    """``blank_copy_then_next_token``: the first phase ends after at most this many steps."""
+    encoder_from: str | None = None
+    """Run directory or saved model whose encoder is loaded (the frozen-encoder strategy)."""
+    freeze_encoder: bool = True
+    """With ``encoder_from``: freeze the loaded encoder (and cache its memories)."""
+    eval_objectives: list = field(default_factory=lambda: ["blank_copy", "copy", "next_token"])
+    """Objectives whose loss and accuracy every evaluation reports (``<name>_accuracy``)."""
+    max_examples: int | None = None
+    """Keep at most this many training examples (quick runs)."""
+
+
+class CachedDataset(torch.utils.data.Dataset):
+    """Examples ``{"input_ids": (C, T)[, "attention_mask": (C, T)][, "memories": (C, K, M)]}``."""
+
+    def __init__(self, ids: torch.Tensor, mask: torch.Tensor | None = None, memories: torch.Tensor | None = None):
+        self.ids, self.mask, self.memories = ids, mask, memories
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        out = {"input_ids": self.ids[i]}
+        if self.mask is not None:
+            out["attention_mask"] = self.mask[i]
+        if self.memories is not None:
+            out["memories"] = self.memories[i]
+        return out
+
+
+def chunk_view(texts: list[str], tok, seq_len: int, chunk_len: int) -> torch.Tensor:
+    """Texts -> ``(N, C, T)`` token chunks."""
+    return token_chunks(texts, tok, seq_len).view(-1, seq_len // chunk_len, chunk_len)  # (N, C, T)
+
+
+def sentence_view(docs, tok, max_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Documents -> padded sentences ``(N, 1, T)`` and masks; sentences longer than ``max_len`` are dropped."""
+    sents = [s for doc in sentence_documents(docs) for s in doc]
+    if not sents:
+        raise DataError("the corpus split holds no sentences")
+    enc = tok(sents, add_special_tokens=False)["input_ids"]
+    keep = [e for e in enc if 0 < len(e) <= max_len]
+    if not keep:
+        raise DataError(f"no sentence fits in {max_len} tokens")
+    ids = torch.full((len(keep), max_len), tok.pad_token_id, dtype=torch.long)  # (N, T)
+    mask = torch.zeros(len(keep), max_len, dtype=torch.long)  # (N, T)
+    for i, e in enumerate(keep):
+        ids[i, : len(e)] = torch.tensor(e)
+        mask[i, : len(e)] = 1
+    return ids[:, None], mask[:, None], len(enc) - len(keep)
+
+
+@torch.no_grad()
+def cache_memories(model, ids: torch.Tensor, mask: torch.Tensor | None, batch: int = 256) -> torch.Tensor:
+    """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)``."""
+    out = [model.encode_chunks(ids[i: i + batch], None if mask is None else mask[i: i + batch])
+           for i in range(0, ids.shape[0], batch)]
+    return torch.cat(out)
+
+
+def load_frozen_encoder(model, path: str, freeze: bool):
+    """Copy a trained model's encoder into ``model``; the encoder configs must agree."""
+    from memlab.loading import load_pretrained
+    from memlab.models.memory.configuration_memory import ENCODER_KEYS
+
+    src = load_pretrained(path)
+    if not hasattr(src, "encoder") or not hasattr(src.config, "space_dim"):
+        raise ModelError(f"{path}: not a memory model, it has no memory encoder")
+    if src.config.space_dim != model.config.space_dim:
+        raise ModelError(f"the frozen encoder's memory width {src.config.space_dim} does not match this model's "
+                         f"{model.config.space_dim} (model.memory_dim / encoder_hidden_size)")
+    for k in ENCODER_KEYS:
+        if getattr(src.config, k) != getattr(model.config, k):
+            raise ModelError(f"the frozen encoder has {k}={getattr(src.config, k)}, this model {getattr(model.config, k)}; "
+                             "set model.overrides to match it")
+    model.encoder.load_state_dict(src.encoder.state_dict())
+    if freeze:
+        model.encoder.requires_grad_(False)
+    return model
+
+
+def memory_flops(model, objective_passes: float, prefix: int, length: int, chunks: int, encoder_trained: bool) -> float:
+    """Training FLOPs per example (conventions of memlab.flops): encoder over C chunks + decoder passes.
+
+    Per-token matrices (blocks, output head) cost ``2 N`` per position; per-chunk matrices (pooling,
+    memory projections, the unrolled projection) cost ``2 N`` once per chunk; x3 for training.
+    """
+    c = model.config
+
+    def mats(module, names) -> int:
+        return sum(p.numel() for n, p in module.named_parameters() if p.ndim == 2 and n.split(".")[0] in names)
+
+    enc_tok = mats(model.encoder, ("layers",))
+    enc_chunk = mats(model.encoder, ("flat", "expand", "bottleneck", "pool_attn"))
+    mix = 2 if c.encoder_type == "mixer" else 4
+    enc = 2.0 * enc_tok * c.chunk_len + c.encoder_layers * c.chunk_len ** 2 * c.encoder_hidden_size * mix + 2.0 * enc_chunk
+    enc *= 3.0 if encoder_trained else 0.0
+    dec_tok = mats(model.decoder, ("layers",)) + c.vocab_size * c.hidden_size
+    dec_chunk = mats(model.decoder, ("mem_proj", "unroll")) if prefix else 0
+    dec = transformer_train_flops(dec_tok, c.num_hidden_layers, c.hidden_size, prefix + length) + 3.0 * 2.0 * dec_chunk
+    return chunks * (enc + objective_passes * dec)
+
+
+class MemoryRecipe:
+    """Memory model: autoencoder (blank copy), memory LM (next token), combined, or a curriculum."""
+
+    name = "memory"
+    options_class = MemoryOptions
+
+    def build_loss(self, opts: MemoryOptions):
+        objective_options = {"combined": {"weight": opts.copy_weight, "copy": opts.copy_objective}}
+        if opts.curriculum:
+            factory = CURRICULA.get(opts.curriculum)
+            if opts.curriculum == "blank_copy_then_next_token":
+                return factory(threshold=opts.switch_threshold, max_steps=opts.switch_max_steps, **objective_options)
+            if not opts.phases:
+                raise ConfigError(f"curriculum '{opts.curriculum}' needs options.phases")
+            return factory(opts.phases, **objective_options)
+        from memlab.curricula.schedules import PhaseSchedule
+
+        return PhaseSchedule([{"objective": opts.objective}], objective_options)
+
+    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+        from memlab.curricula.objectives import evaluate_objectives, make_objective
+
+        opts: MemoryOptions = cfg.options or MemoryOptions()
+        if opts.view not in ("chunks", "sentences"):
+            raise ConfigError(f"options.view must be 'chunks' or 'sentences', got {opts.view!r}")
+        schedule = self.build_loss(opts)  # validates objectives before any data work
+        evals = [make_objective(n).name for n in opts.eval_objectives]
+        family = FAMILIES.get(cfg.model.family)
+        probe = family.make_config(cfg.model.preset, **cfg.model.overrides)
+        t, seq = probe.chunk_len, cfg.data.seq_len
+        if opts.view == "chunks" and seq % t:
+            raise ConfigError(f"data.seq_len={seq} is not a whole number of model chunks (chunk_len={t})")
+        if opts.view == "sentences" and seq > t:
+            raise ConfigError(f"data.seq_len={seq} (longest sentence) does not fit the model's chunk_len={t}")
+        chunks = seq // t if opts.view == "chunks" else 1
+        if chunks > probe.max_chunks:
+            raise ConfigError(f"{chunks} chunks per example exceed model.max_chunks={probe.max_chunks}")
+        probe.validate_memory()
+
+        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
+        tok = corpus.tokenizer
+        if opts.encoder_from:
+            from memlab.loading import load_run_tokenizer
+
+            tok = load_run_tokenizer(opts.encoder_from)
+        over = dict(cfg.model.overrides)
+        over.setdefault("vocab_size", len(tok))
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            over.setdefault(name, getattr(tok, name))
+        over.setdefault("blank_token_id", tok.mask_token_id if tok.mask_token_id is not None else tok.pad_token_id)
+        config = family.make_config(cfg.model.preset, **over)
+        if config.vocab_size < len(tok):
+            raise ConfigError(f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {len(tok)} tokens")
+        if cfg.model.init_from:
+            from memlab.loading import load_pretrained
+
+            model = load_pretrained(cfg.model.init_from)
+        else:
+            model = family.model_class(config)
+        frozen = bool(opts.encoder_from) and opts.freeze_encoder
+        if opts.encoder_from:
+            load_frozen_encoder(model, opts.encoder_from, opts.freeze_encoder)
+
+        def view(split: str):
+            if opts.view == "chunks":
+                texts = corpus.texts(split)
+                return (chunk_view(texts, tok, seq, t), None, 0) if texts else (None, None, 0)
+            docs = corpus.splits[split]
+            return sentence_view(docs, tok, seq) if docs else (None, None, 0)
+
+        train_ids, train_mask, dropped = view("train")
+        if opts.max_examples:
+            train_ids = train_ids[: opts.max_examples]
+            train_mask = train_mask[: opts.max_examples] if train_mask is not None else None
+        val_ids, val_mask, _ = view("validation")
+        train_mem = val_mem = None
+        if frozen:
+            model.eval()
+            train_mem = cache_memories(model, train_ids, train_mask)  # (N, C, K, M)
+            val_mem = cache_memories(model, val_ids, val_mask) if val_ids is not None else None
+            model.train()
+
+        def eval_fn(m, batches):
+            return evaluate_objectives(m, batches, evals)
+
+        obj = schedule.objectives[0]
+        prefix = {"previous": chunks * config.num_memories, "own": config.num_memories}.get(obj.mode, 0)
+        length = t + (1 if opts.view == "sentences" else 0)
+        return TrainSetup(
+            model=model,
+            train_data=CachedDataset(train_ids, train_mask, train_mem),
+            eval_data=CachedDataset(val_ids, val_mask, val_mem) if val_ids is not None else None,
+            loss_fn=schedule,
+            eval_fn=eval_fn,
+            callbacks=[schedule],
+            tokenizer=tok,
+            tokens_per_example=chunks * t,
+            flops_per_example=memory_flops(model, obj.decoder_passes, prefix, length, chunks, not frozen and obj.uses_memory),
+            summary={"train_examples": int(train_ids.shape[0]), "eval_examples": int(val_ids.shape[0]) if val_ids is not None else 0,
+                     "chunks_per_example": chunks, "chunk_len": t, "dropped_sentences": dropped,
+                     "encoder_parameters": sum(p.numel() for p in model.encoder.parameters()),
+                     "decoder_parameters": sum(p.numel() for p in model.decoder.parameters()),
+                     "frozen_encoder": frozen, "vocab_size": len(tok)},
+        )
+
+
+RECIPES.register("memory", MemoryRecipe(), description=MemoryRecipe.__doc__)

@@ -1,0 +1,131 @@
+"""A trained memory autoencoder as an :class:`~memlab.space.EmbeddingSpace` (registered as ``memory_ae``).
+
+``encode`` maps a padded batch of sentences/chunks ``(B, T)`` to their memories
+(``(B, D)`` for one memory vector, ``(B, K, D)`` for several). The decoder
+rebuilds the tokens followed by the end token; a blank-copy model
+(``copy_inputs="blank"``) ignores the teacher-forced token values (it reads
+only blanks and the memory), so it is trivially causal and generates in one
+pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from memlab.errors import ModelError
+from memlab.models.memory.modeling_memory import MemoryModel
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+
+
+class MemorySpace:
+    """Wraps a :class:`MemoryModel` and its tokenizer."""
+
+    def __init__(self, model: MemoryModel, tokenizer):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.dim = int(model.config.space_dim)
+        self.max_tokens = int(model.config.chunk_len)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ encoder half
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] > self.max_tokens:
+            raise ModelError(f"a sequence of {input_ids.shape[1]} tokens is longer than the space allows ({self.max_tokens})")
+        mem = self.model.encode(input_ids.to(self.device), attention_mask.to(self.device))  # (B, K, D)
+        return mem[:, 0] if mem.shape[1] == 1 else mem
+
+    def encode_text(self, sentences: list[str]) -> torch.Tensor:
+        """Tokenize (truncating to the model's chunk length) and encode."""
+        enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, truncation=True,
+                             max_length=self.max_tokens, return_tensors="pt")
+        return self.encode(enc["input_ids"], enc["attention_mask"])
+
+    # ------------------------------------------------------------------ decoder half
+    def decoder_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[bos, x_0 .. x_{n-1}]`` -> labels ``[x_0 .. x_{n-1}, eos]``; padding ``pad`` / ``-100``."""
+        b, t = input_ids.shape
+        cfg = self.config
+        lengths = attention_mask.long().sum(1)  # (B,)
+        dec = torch.full((b, t + 1), cfg.pad_token_id or 0, dtype=torch.long, device=input_ids.device)  # (B, T+1)
+        labels = torch.full((b, t + 1), -100, dtype=torch.long, device=input_ids.device)  # (B, T+1)
+        dec[:, 0] = cfg.bos_token_id
+        pos = torch.arange(t, device=input_ids.device)[None]  # (1, T)
+        real = pos < lengths[:, None]  # (B, T)
+        dec[:, 1:] = torch.where(real, input_ids, dec[:, 1:])
+        labels[:, :t] = torch.where(real, input_ids, labels[:, :t])
+        labels[torch.arange(b), lengths] = cfg.eos_token_id
+        return dec, labels
+
+    def _memories(self, z: torch.Tensor) -> torch.Tensor:
+        z = z.to(self.device)
+        return (z[:, None] if z.dim() == 2 else z)[:, None]  # (B, 1, K, D)
+
+    def decode_logits(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        dec = decoder_input_ids.to(self.device)
+        if self.config.copy_inputs == "blank":
+            dec = torch.full_like(dec, self.config.blank_id)
+        return self.model.decode(self._memories(z), dec[:, None], "own")[:, 0]  # (B, T', V)
+
+    @torch.no_grad()
+    def generate(self, z: torch.Tensor, max_new_tokens: int = 64, **search) -> list[str]:
+        """Greedy decoding (``do_sample``/``temperature``/``top_p`` sample instead; beams are not supported)."""
+        n = min(max_new_tokens, self.max_tokens + 1)
+        b = z.shape[0]
+        eos = self.config.eos_token_id
+        if self.config.copy_inputs == "blank":
+            dec = torch.full((b, n), self.config.blank_id, dtype=torch.long, device=self.device)
+            out = self._pick(self.decode_logits(z, dec), search)  # (B, n)
+        else:
+            out = torch.full((b, 1), self.config.bos_token_id, dtype=torch.long, device=self.device)
+            for _ in range(n):
+                nxt = self._pick(self.decode_logits(z, out)[:, -1:], search)  # (B, 1)
+                out = torch.cat([out, nxt], 1)
+            out = out[:, 1:]
+        texts = []
+        for row in out.tolist():
+            if eos in row:
+                row = row[: row.index(eos)]
+            texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        return texts
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, search: dict) -> torch.Tensor:
+        if not search.get("do_sample"):
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float() / max(float(search.get("temperature", 1.0)), 1e-5), -1)  # (B, L, V)
+        top_p = float(search.get("top_p", 1.0))
+        if top_p < 1.0:
+            sp, si = probs.sort(-1, descending=True)
+            cut = sp.cumsum(-1) - sp > top_p
+            probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(cut, 0.0))
+        return torch.multinomial(probs.flatten(0, 1), 1).view(probs.shape[:2])
+
+
+def load(spec: str | None = None, device: str | None = None, **kw) -> MemorySpace:
+    """``SPACES.get("memory_ae")(spec)``: ``spec`` is a run directory, a checkpoint or a ``save_pretrained``
+    folder with the tokenizer saved beside the model; ``None`` loads the bundled ``pretrained/`` model."""
+    from memlab.loading import load_run_tokenizer, resolve_model_dir
+
+    path = Path(spec) if spec is not None else PRETRAINED_DIR
+    if spec is None and not (path / "config.json").is_file():
+        raise ModelError(f"no bundled memory autoencoder at {path}; pass a run directory or a saved model folder")
+    d = resolve_model_dir(path)
+    model = MemoryModel.from_pretrained(str(d))
+    if device is not None:
+        model.to(device)
+    return MemorySpace(model, load_run_tokenizer(d))
+
+
+def reconstruct(model_dir, prompts: list[str], args) -> list[str]:
+    """``memlab generate`` for memory models: encode each prompt to its memory and decode it back."""
+    space = load(str(model_dir))
+    z = space.encode_text(prompts)
+    return space.generate(z, max_new_tokens=args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
+                          top_p=args.top_p)
