@@ -14,9 +14,19 @@ PRESETS = {
                   intermediate_size=2816, vocab_size=8000),
 }
 
+def example_inputs(config: MemoryConfig, batch_size: int = 2) -> dict:
+    """Two chunks per example, blank copy: ``model(**inputs).loss`` rebuilds each chunk from its memory."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(8, config.vocab_size, (batch_size, 2, config.chunk_len), generator=g)  # (B, C, T)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 FAMILY = register_family(
     ModelFamily(name="memory", config_class=MemoryConfig, model_class=MemoryModel, presets=PRESETS,
-                description="parallel encoder-decoder memory model (Transformer/Mixer encoder, K memories per chunk)")
+                description="parallel encoder-decoder memory model (Transformer/Mixer encoder, K memories per chunk)",
+                example_inputs=example_inputs)
 )
 
 
