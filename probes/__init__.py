@@ -1,1 +1,29 @@
-"""Inversion probes: hidden-state capture and decoders trained on frozen embeddings."""
+"""Inversion probes: hidden-state capture from any HF model, a trained decoder, and the report."""
+
+from memlab.registry import SPACES
+
+
+def _load_probe_space(spec=None, **kw):
+    from memlab.probes.space import load_probe
+
+    return load_probe(spec, **kw)
+
+
+SPACES.register("probe", _load_probe_space, description="a fitted inversion probe (its run directory)")
+
+
+def _register_recipe():
+    from memlab.probes.inversion import ProbeRecipe
+    from memlab.registry import RECIPES
+
+    RECIPES.register("probe", ProbeRecipe(), description=ProbeRecipe.__doc__)
+
+
+_register_recipe()
+
+
+def probe(*args, **kwargs):
+    """Probe a model: see :func:`memlab.probes.inversion.probe`."""
+    from memlab.probes.inversion import probe as _probe
+
+    return _probe(*args, **kwargs)

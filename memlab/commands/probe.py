@@ -1,0 +1,65 @@
+"""memlab probe --model NAME_OR_PATH [--layer -1 --pool last --seq-len 32 ...]: an inversion probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FLAGS = {  # flag -> (ProbeOptions field, type, help)
+    "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
+    "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
+    "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
+    "--n-train": ("n_train", int, "training chunks (default 2000)"),
+    "--n-eval": ("n_eval", int, "held-out chunks (default 256)"),
+    "--epochs": ("epochs", float, "decoder epochs over the cached embeddings (default 8)"),
+    "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
+    "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
+    "--conditioning": ("conditioning", str, "prefix (memory prefix) or unrolled (added per position)"),
+    "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
+    "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
+    "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),
+    "--cache-dir": ("cache_dir", str, "cache embeddings on disk here (safetensors) and reuse them"),
+    "--device": ("device", str, "cpu or cuda (default cpu)"),
+    "--seed": ("seed", int, "seed (default 0)"),
+    "--dtype": ("encoder_dtype", str, "encoder weights: float32 (default), bfloat16, float16 or auto"),
+    "--threads": ("threads", int, "torch CPU threads (default: torch's)"),
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("probe", help="inversion probe: how much of its input a frozen model keeps",
+                       description="Freeze a model, embed held-out chunks once, train a decoder to rebuild the tokens "
+                                   "from each embedding (and a control decoder on a constant embedding); write "
+                                   "report.json, plots/*.png and the decoder into the run directory.")
+    p.add_argument("--model", help="shortcut (minilm, smollm2), space:NAME[:PATH], local folder/run, or hub name")
+    p.add_argument("--config", help="YAML of probe options (configs/probes/*.yaml)")
+    for flag, (_, tp, hlp) in FLAGS.items():
+        p.add_argument(flag, type=tp, default=None, help=hlp)
+    p.add_argument("--final-norm", action="store_true", default=None, help="read the last layer after the final norm")
+    p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
+    p.add_argument("--no-control", action="store_true", help="skip the control decoder")
+    p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
+    p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP)")
+    p.add_argument("overrides", nargs="*", help="option overrides key=value (e.g. prefix_len=8)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+
+    from memlab.errors import ConfigError
+    from memlab.probes.inversion import load_options, run_probe
+    from memlab.probes.report import format_summary
+
+    kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
+    kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress)
+    if args.no_control:
+        kw["control"] = False
+    opts = load_options(args.config, args.overrides, **kw)
+    if not args.model and not args.config:
+        raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(opts.model).name or opts.model)
+    out = Path(args.out) if args.out else Path("runs") / f"probe-{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    report = run_probe(opts, out)
+    print(format_summary(report))
+    print(f"run: {out}")
+    return 0

@@ -1,0 +1,32 @@
+"""memlab quickstart: probe a memory autoencoder, a small causal LM and MiniLM (and SmolLM2) on the same text."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("quickstart", help="the README's first command: compare what models remember (offline, minutes)",
+                       description="Probe a memory autoencoder, a small causal LM, the packaged MiniLM (and SmolLM2 "
+                                   "where installed) and a random-init floor on the same held-out text; print a "
+                                   "table and write report.json, table.md and a plot into the run directory.")
+    p.add_argument("--out", help="run directory (default runs/quickstart-TIMESTAMP)")
+    p.add_argument("--retrain", action="store_true",
+                   help="train the memory autoencoder and the causal LM from scratch instead of using the shipped checkpoints")
+    p.add_argument("--only", nargs="+", metavar="ENTRY", help="probe only these entries")
+    p.add_argument("--skip", nargs="+", metavar="ENTRY", default=[], help="skip these entries (e.g. smollm2)")
+    p.add_argument("--fast", action="store_true", help="a much smaller run (tests, smoke checks)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from memlab.quickstart import run_quickstart
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    run_quickstart(out=args.out, retrain=args.retrain, only=args.only, skip=args.skip, fast=args.fast,
+                   progress=args.progress)
+    return 0

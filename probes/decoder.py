@@ -1,0 +1,148 @@
+"""The probe's trainable decoder: a small Llama-style causal LM conditioned on one embedding.
+
+Conditioning (``conditioning``):
+
+* ``prefix``: the embedding is projected to ``prefix_len`` vectors of width d
+  that the decoder reads as a memory prefix before its tokens;
+* ``unrolled``: as in the memory-models paper, the embedding is projected to
+  ``max_len * d`` and the t-th slice is added to the t-th token's input.
+
+Embeddings are standardised per dimension with statistics of the training
+cache (buffers ``z_mean``, ``z_std``; each std floored at a tenth of the
+median), so models with huge activations train as easily as small ones.
+
+Compact vocabulary: the output layer covers only the ``K`` token ids seen in
+the training data plus one *other* class whose probability is spread evenly
+over the ``V - K`` unseen ids. :meth:`ProbeDecoder.full_log_probs` gives the
+exact distribution over the whole vocabulary; it is a proper distribution, so
+cross-entropy and H_r stay defined on the full vocabulary V.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
+
+
+class ProbeDecoderConfig(PretrainedConfig):
+    model_type = "memlab_probe_decoder"
+
+    def __init__(self, embed_dim: int = 64, vocab_size: int = 512, kept_ids: list[int] | None = None,
+                 start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
+                 intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
+                 prefix_len: int = 4, **kwargs):
+        self.embed_dim = embed_dim
+        self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
+        self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
+        self.start_id = start_id
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_size = intermediate_size or 4 * hidden_size
+        self.max_len = max_len
+        self.conditioning = conditioning
+        self.prefix_len = prefix_len
+        super().__init__(**kwargs)
+
+
+class ProbeDecoder(PreTrainedModel):
+    config_class = ProbeDecoderConfig
+    base_model_prefix = "body"
+    _supports_sdpa = True
+
+    def __init__(self, config: ProbeDecoderConfig):
+        super().__init__(config)
+        c = config
+        kept = torch.tensor(sorted(set(c.kept_ids) | {c.start_id}), dtype=torch.long)  # (K,)
+        self.num_kept = int(kept.numel())
+        self.has_other = self.num_kept < c.vocab_size
+        to_compact = torch.full((c.vocab_size + 1,), self.num_kept, dtype=torch.long)  # unseen -> other
+        to_compact[kept] = torch.arange(self.num_kept)
+        self.register_buffer("to_compact", to_compact)  # (V+1,)
+        self.register_buffer("to_full", kept)  # (K,)
+        n_classes = self.num_kept + int(self.has_other)
+        n_cond = c.prefix_len if c.conditioning == "prefix" else c.max_len
+        body_cfg = LlamaConfig(vocab_size=self.num_kept + 1, hidden_size=c.hidden_size,
+                               intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
+                               num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
+                               max_position_embeddings=c.max_len + n_cond, use_cache=False)
+        body_cfg._attn_implementation = "sdpa"
+        self.body = LlamaModel(body_cfg)
+        self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
+        # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
+        # Adam then cannot blow the conditioning up into noise that swamps the tokens
+        self.cond_norm = nn.LayerNorm(c.hidden_size)
+        with torch.no_grad():
+            self.cond_norm.weight.fill_(0.02)
+        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
+        self.register_buffer("z_mean", torch.zeros(c.embed_dim))
+        self.register_buffer("z_std", torch.ones(c.embed_dim))
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def set_normalization(self, z: torch.Tensor) -> None:
+        """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
+        self.z_mean.copy_(z.mean(0))
+        std = z.std(0) if z.shape[0] > 1 else torch.ones_like(self.z_std)  # (D,)
+        live = std[std > 0]
+        # dimensions that hardly vary in training must not blow up when they do vary later
+        floor = 0.1 * float(live.median()) if live.numel() else 1.0
+        self.z_std.copy_(std.clamp(min=max(floor, 1e-6)))
+
+    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T)."""
+        c = self.config
+        b, t = decoder_input_ids.shape
+        if t > c.max_len:
+            raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
+        ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
+        x = self.body.embed_tokens(ids)  # (B, T, d)
+        zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)
+        cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
+        if c.conditioning == "prefix":
+            x = torch.cat([cond, x], dim=1)  # (B, P + T, d)
+        else:
+            x = x + cond[:, :t]  # (B, T, d)
+        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P + T or T, d)
+        if c.conditioning == "prefix":
+            h = h[:, c.prefix_len :]  # (B, T, d)
+        return self.lm_head(h)  # (B, T, C)
+
+    def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary labels (B, T) -> compact class ids, keeping -100."""
+        out = self.to_compact[labels.clamp(0, self.config.vocab_size)]  # (B, T)
+        return torch.where(labels == -100, torch.full_like(out, -100), out)
+
+    def other_penalty(self) -> float:
+        """``ln(V - K)``: extra nats for a target in the *other* class (0 without one)."""
+        return math.log(self.config.vocab_size - self.num_kept) if self.has_other else 0.0
+
+    def full_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Compact logits (B, T, C) -> exact log-probabilities over the full vocabulary (B, T, V)."""
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, C)
+        v = self.config.vocab_size
+        if self.has_other:
+            full = (logp[..., -1:] - self.other_penalty()).expand(*logp.shape[:-1], v).clone()  # (B, T, V)
+        else:
+            full = torch.full((*logp.shape[:-1], v), float("-inf"), device=logp.device)  # (B, T, V)
+        full[..., self.to_full] = logp[..., : self.num_kept]
+        return full
+
+    def predict_full(self, logits: torch.Tensor) -> torch.Tensor:
+        """Argmax over the full vocabulary, computed on compact logits: (B, T, C) -> (B, T) token ids."""
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, C)
+        best, idx = logp[..., : self.num_kept].max(-1)  # (B, T)
+        pred = self.to_full[idx]  # (B, T)
+        if self.has_other:
+            other_wins = logp[..., -1] - self.other_penalty() > best  # (B, T)
+            fallback = int(torch.nonzero(self.to_compact[: self.config.vocab_size] == self.num_kept)[0])
+            pred = torch.where(other_wins, torch.full_like(pred, fallback), pred)
+        return pred

@@ -1,0 +1,252 @@
+"""The inversion probe: how much of its input does a frozen model keep in one embedding?
+
+A frozen encoder (any HF model read at one layer and pooled, or any memlab
+space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
+chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
+that cache to rebuild the tokens in the encoder's own tokenizer. A *control*
+decoder, same size and budget, trains on a constant embedding (the mean
+training embedding): it measures what the decoder guesses from language
+alone. Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
+information gain ``(CE_control - CE_probe) / CE_control``, accuracy by
+position, reconstructions.
+
+Python::
+
+    from memlab.probes import probe
+    report = probe("minilm", pool="mean", n_train=2000, out="runs/probe-minilm")
+    report["probe"]["token_accuracy"], report["information_gain"]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from memlab.errors import ConfigError, MemlabError
+from memlab.probes import train as T
+from memlab.probes.capture import POOLS
+from memlab.probes.report import format_summary, peak_memory_mb, write_report
+from memlab.probes.space import FittedProbe
+
+
+@dataclass
+class ProbeOptions:
+    """One probe run (YAML: configs/probes/*.yaml; CLI flags of ``memlab probe``)."""
+
+    model: str = "minilm"
+    """Model to probe: a shortcut (minilm, smollm2), ``space:NAME[:PATH]``, a local folder or run, or a hub name."""
+    layer: int = -1
+    """Hidden state to read: 0 = embeddings, k = output of block k-1; negative counts from the end."""
+    pool: str | None = None
+    """last, second_last, mean or first; default: the shortcut's own (mean for MiniLM) or last."""
+    final_norm: bool = False
+    """Read the last layer after the model's final norm (HF's hidden_states[-1])."""
+    random_init: bool = False
+    """Probe the same architecture with random weights (the floor)."""
+    special_tokens: bool = True
+    """Wrap each chunk in the tokenizer's special tokens ([CLS] ... [SEP]) before encoding."""
+    seq_len: int = 32
+    """Tokens per chunk, in the probed model's tokenizer."""
+    n_train: int = 2000
+    """Training chunks (from the corpus's train split)."""
+    n_eval: int = 256
+    """Held-out chunks (from ``eval_split``)."""
+    corpus: str = "austen"
+    """Corpus (memlab data pipeline): bundled name or local path."""
+    eval_split: str = "test"
+    """Held-out split scored: test (default) or validation."""
+    conditioning: str = "prefix"
+    """How the decoder reads the embedding: prefix (memory prefix) or unrolled (added per position)."""
+    prefix_len: int = 4
+    """Memory prefix vectors (prefix conditioning)."""
+    hidden_size: int = 128
+    """Decoder width."""
+    num_layers: int = 2
+    """Decoder blocks."""
+    num_heads: int = 4
+    """Decoder attention heads."""
+    epochs: float = 8.0
+    """Passes of the decoder over the cached training embeddings."""
+    batch_size: int = 32
+    """Decoder batch size."""
+    lr: float = 2e-3
+    """Peak learning rate (AdamW, warmup then cosine to 10 %)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    control: bool = True
+    """Also train the control decoder on a constant embedding."""
+    compact_vocab: bool = True
+    """Output layer over tokens seen in training plus one 'other' class (exact over V; much faster for large V)."""
+    encode_batch_size: int = 32
+    """Chunks per encoder call."""
+    cache_dir: str | None = None
+    """Cache embeddings on disk (safetensors) here and reuse them; default: in memory only."""
+    n_examples: int = 5
+    """Reconstructions shown beside their inputs."""
+    seed: int = 0
+    """Seed of data sampling and decoder initialisation."""
+    device: str = "cpu"
+    """Device of the encoder and decoder (cpu, cuda)."""
+    encoder_dtype: str = "float32"
+    """Weights of the frozen encoder: float32, bfloat16, float16 or auto (bf16 where native); embeddings are float32."""
+    progress: bool | None = None
+    """Progress bars (default: on a TTY)."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's own); 1 is fastest for small decoders on a busy machine."""
+
+
+def validate(opts: ProbeOptions) -> ProbeOptions:
+    if opts.pool is not None and opts.pool not in POOLS:
+        raise ConfigError(f"'pool' must be one of {', '.join(POOLS)}, got {opts.pool!r}")
+    if opts.conditioning not in ("prefix", "unrolled"):
+        raise ConfigError(f"'conditioning' must be prefix or unrolled, got {opts.conditioning!r}")
+    if opts.eval_split not in ("test", "validation"):
+        raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
+    for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len"):
+        if getattr(opts, k) < 1:
+            raise ConfigError(f"'{k}' must be >= 1")
+    if opts.hidden_size % opts.num_heads:
+        raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
+    if opts.seq_len < 2:
+        raise ConfigError("'seq_len' must be >= 2")
+    return opts
+
+
+def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
+    """ProbeOptions from a YAML file (strict keys), dotted ``key=value`` overrides, then keyword values."""
+    import yaml
+
+    from memlab.config import apply_overrides, from_dict, to_dict
+
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"probe config not found: {p}")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: a probe config must be a YAML mapping")
+        if "recipe" in data:  # an experiment file (recipe: probe): the options section holds the probe
+            from memlab.config import load_config
+
+            over = [o if o.split("=", 1)[0].startswith(("options.", "name")) else f"options.{o}" for o in overrides or []]
+            cfg = load_config(p, over)
+            if cfg.recipe != "probe":
+                raise ConfigError(f"{p}: recipe '{cfg.recipe}' is not a probe (recipe: probe)")
+            data, overrides = to_dict(cfg.options), []
+    apply_overrides(data, overrides or [])
+    data.update({k: v for k, v in kw.items() if v is not None})
+    return validate(from_dict(ProbeOptions, data))
+
+
+class ProbeRecipe:
+    """Inversion probe of a frozen model (run it with ``memlab probe --config``; options: ProbeOptions)."""
+
+    name = "probe"
+    options_class = ProbeOptions
+
+    def setup(self, cfg, run_dir):
+        raise ConfigError("probe configs run with `memlab probe --config PATH` (they train a decoder and a control "
+                          "on cached embeddings and write a report), not with `memlab train`")
+
+
+def encoder_spec(opts: ProbeOptions) -> dict:
+    return {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
+            "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
+
+
+def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False) -> dict:
+    """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``."""
+    from memlab.probes.loading import load_encoder
+
+    validate(opts)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t_start = time.perf_counter()
+    with T.Timer() as t_load:
+        if encoder is None:
+            encoder = load_encoder(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
+                                   random_init=opts.random_init, special_tokens=opts.special_tokens,
+                                   device=opts.device, dtype=opts.encoder_dtype)
+    tok = encoder.tokenizer
+    if encoder.max_length is not None and opts.seq_len > encoder.max_length:
+        raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} tokens "
+                          "besides its special tokens)")
+    train_ids = T.probe_chunks(tok, opts.seq_len, opts.n_train, "train", opts.corpus, opts.seed)  # (N, T)
+    eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed)  # (M, T)
+    key = {**encoder_spec(opts), "enc": encoder.describe()}
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+    with T.Timer() as t_enc:
+        z_train, hit1 = T.cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
+        z_eval, hit2 = T.cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
+
+    dec = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
+    dec.set_normalization(z_train)
+    with T.Timer() as t_train:
+        hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc="probe decoder")
+    probe_metrics = T.evaluate(dec, z_eval, eval_ids)
+
+    control_metrics, hist_c, t_ctrl = None, [], 0.0
+    if opts.control:
+        ctrl = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
+        ctrl.set_normalization(z_train)
+        const = z_train.mean(0, keepdim=True)  # (1, D): the same constant for every chunk
+        with T.Timer() as t_c:
+            hist_c = T.train_decoder(ctrl, const.expand_as(z_train), train_ids, opts, progress=opts.progress,
+                                     desc="control decoder")
+        control_metrics = T.evaluate(ctrl, const.expand_as(z_eval), eval_ids)
+        t_ctrl = t_c.seconds
+
+    fitted = FittedProbe(encoder, dec)
+    k = min(opts.n_examples, eval_ids.shape[0])
+    recon = fitted.generate(z_eval[:k], max_new_tokens=opts.seq_len) if k else []
+    inputs = tok.batch_decode(eval_ids[:k].tolist(), skip_special_tokens=True)
+    report = {
+        "model": opts.model if not opts.random_init else f"{opts.model} (random init)",
+        "encoder": encoder.describe(),
+        "options": {k_: v for k_, v in vars(opts).items()},
+        "vocab_size": len(tok),
+        "seq_len": opts.seq_len,
+        "n_train": int(train_ids.shape[0]),
+        "n_eval": int(eval_ids.shape[0]),
+        "decoder": {"parameters": sum(p.numel() for p in dec.parameters()), "kept_vocab": dec.num_kept,
+                    "conditioning": opts.conditioning},
+        "probe": probe_metrics,
+        "control": control_metrics,
+        "information_gain": T.information_gain(probe_metrics["ce"], control_metrics["ce"]) if control_metrics else None,
+        "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
+        "history": {"probe": hist, "control": hist_c},
+        "timing": {"load_s": t_load.seconds, "encode_s": t_enc.seconds, "encode_cached": bool(hit1 and hit2),
+                   "train_s": t_train.seconds, "control_s": t_ctrl, "total_s": time.perf_counter() - t_start},
+        "memory": peak_memory_mb(),
+        "definitions": {
+            "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
+            "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
+            "entropy_ratio": "H_r = 1 - CE / ln V",
+            "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",
+        },
+    }
+    if run_dir is not None:
+        out = Path(run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        fitted.save(out, encoder_spec(opts))
+        write_report(report, out)
+        report["run_dir"] = str(out)
+    if verbose:
+        print(format_summary(report))
+    report["_fitted"] = fitted
+    return report
+
+
+def probe(model: str = "minilm", out: str | Path | None = None, config: str | Path | None = None, encoder=None,
+          **options) -> dict:
+    """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the report dict.
+
+    ``report["_fitted"]`` is the fitted probe (an EmbeddingSpace).
+    """
+    opts = load_options(config, model=model, **options)
+    return run_probe(opts, out, encoder=encoder)
+

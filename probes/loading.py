@@ -1,0 +1,158 @@
+"""Build a frozen encoder from a name: a shortcut, a memlab space, a local folder or run, or a hub name.
+
+``spec`` forms (tried in this order):
+
+* a shortcut from :mod:`memlab.assets` (``minilm``, ``smollm2``);
+* ``space:NAME[:PATH]``: a registered EmbeddingSpace (``memlab list spaces``),
+  e.g. ``space:memory_ae:runs/ae`` for a memory autoencoder;
+* a local path: a ``save_pretrained`` folder or a memlab run directory (its
+  latest checkpoint); the tokenizer must be saved beside the weights;
+* a Hugging Face hub name, read from the local cache when offline.
+
+``trust_remote_code`` stays off. ``random_init=True`` builds the same
+architecture with fresh random weights (the probe's floor).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from memlab import assets
+from memlab.errors import ModelError
+from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    if Path(folder).is_dir() and not gguf_file and not any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelError(f"{what} has no tokenizer (none of {', '.join(TOKENIZER_FILES)} in {folder}); "
+                         "save one beside the weights")
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kw)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelError(f"{what} has no usable tokenizer ({_first_line(e)}); save one beside the weights") from None
+    if tok is None or not hasattr(tok, "pad_token"):
+        raise ModelError(f"{what} has no tokenizer; save one beside the weights")
+    if tok.pad_token is None:
+        for cand in ("eos_token", "unk_token", "bos_token"):
+            if getattr(tok, cand) is not None:
+                tok.pad_token = getattr(tok, cand)
+                break
+        else:
+            raise ModelError(f"the tokenizer of {what} has no pad, EOS, UNK or BOS token to pad with")
+    tok.padding_side = "right"
+    return tok
+
+
+def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str, dtype=torch.float32):
+    from transformers import AutoConfig, AutoModel
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
+    except (OSError, ValueError, KeyError) as e:
+        msg = _first_line(e)
+        if Path(folder).exists():
+            raise ModelError(f"{what}: not a model transformers can read ({msg})") from None
+        where = "offline, " if _offline() else ""
+        raise ModelError(
+            f"unknown model '{folder}': not a shortcut ({', '.join(sorted(assets.ASSETS))}), not a local path, "
+            f"and {where}not in the Hugging Face cache") from None
+    if random_init:
+        torch.manual_seed(0)
+        model = AutoModel.from_config(config, dtype=dtype)
+    else:
+        try:
+            model = AutoModel.from_pretrained(folder, config=config, dtype=dtype, trust_remote_code=False, **kw)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{what}: the weights could not be loaded ({_first_line(e)})") from None
+    model.config.use_cache = False
+    if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+        enc = model.get_encoder()
+        for name in ("decoder", "lm_head"):
+            if hasattr(model, name) and getattr(model, name) is not enc:
+                setattr(model, name, torch.nn.Identity())  # free the decoder: only the encoder is read
+    return model
+
+
+def _space_encoder(spec: str) -> SpaceEncoder:
+    from memlab.registry import SPACES
+
+    _, _, rest = spec.partition(":")
+    name, _, path = rest.partition(":")
+    space = SPACES.get(name)(path or None)
+    return SpaceEncoder(space, name=spec)
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """``float32``, ``bfloat16``, ``float16`` or ``auto`` (bf16 on CUDA and on CPUs with native bf16 matmuls)."""
+    if name == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = ""
+        return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise ModelError(f"unknown dtype '{name}'; use auto, float32, bfloat16 or float16")
+    return table[name]
+
+
+def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
+                 random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
+                 dtype: str = "float32"):
+    """A frozen encoder for ``spec`` (see the module doc), with ``.tokenizer``, ``.dim``, ``.encode(ids, mask)``.
+
+    ``pool=None`` takes the shortcut's pooling (``mean`` for MiniLM) or
+    ``last`` otherwise. ``dtype`` is the encoder's weight type (``auto``: bf16
+    where the hardware multiplies bf16 natively); embeddings are float32. Returns a :class:`HiddenStateEncoder` or, for
+    ``space:...``, a :class:`SpaceEncoder`.
+    """
+    if spec.startswith("space:"):
+        if random_init:
+            raise ModelError("random_init applies to transformers models, not to memlab spaces")
+        return _space_encoder(spec)
+    gguf_file = None
+    default_pool = "last"
+    if spec in assets.ASSETS:
+        folder, gguf_file, asset = assets.resolve(spec)
+        folder = str(folder)
+        default_pool = asset.pool
+    else:
+        p = Path(os.path.expanduser(spec))
+        if p.exists():
+            from memlab.loading import resolve_model_dir
+
+            folder = str(resolve_model_dir(p))
+        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+            raise ModelError(f"model path '{spec}' does not exist")
+        else:
+            folder = spec
+    model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device))
+    tok = _load_tokenizer(folder, gguf_file, f"model '{spec}'")
+    if len(tok) > getattr(model.config, "vocab_size", len(tok)) + 1024:
+        raise ModelError(f"model '{spec}': its tokenizer has {len(tok)} tokens, more than the model's vocabulary")
+    model.to(device)
+    name = f"{spec} (random init)" if random_init else spec
+    return HiddenStateEncoder(model, tok, layer=layer, pool=pool or default_pool, final_norm=final_norm,
+                              special_tokens=special_tokens, name=name)
+

@@ -1,0 +1,104 @@
+"""The probe report: report.json and PNGs in the run directory, and a printed summary.
+
+report.json holds the probed model and layer, the data, the probe's and the
+control's metrics (see :mod:`memlab.probes.train` for their definitions), the
+information gain ``(CE_control - CE_probe) / CE_control``, a few
+reconstructions beside their inputs, timings (encoder pass, decoder training)
+and the peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+
+
+def peak_memory_mb() -> dict:
+    """Peak resident memory of this process (MB) and, on CUDA, peak allocated GPU memory."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"peak_rss_mb": round(rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024, 1)}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy_by_position(report: dict, path: Path) -> Path:
+    """Token accuracy at each chunk position, probe against control."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key, style in (("probe", "-o"), ("control", "--")):
+        if report.get(key):
+            acc = report[key]["accuracy_by_position"]
+            ax.plot(range(len(acc)), acc, style, ms=3, label=key)
+    ax.set_xlabel("position in chunk")
+    ax.set_ylabel("token accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{report['model']} (layer {report['encoder'].get('layer')}, {report['encoder'].get('pool')})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_training(report: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in ("probe", "control"):
+        hist = report.get("history", {}).get(key) or []
+        if hist:
+            ax.plot([h["step"] for h in hist], [h["loss"] for h in hist], label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train CE (compact vocabulary, nats)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: dict, run_dir: str | Path) -> list[Path]:
+    """Write report.json and plots/*.png into ``run_dir``; returns the files written."""
+    out = Path(run_dir)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    files = [out / "report.json"]
+    files[0].write_text(json.dumps(report, indent=2))
+    files.append(plot_accuracy_by_position(report, out / "plots" / "accuracy_by_position.png"))
+    files.append(plot_training(report, out / "plots" / "training.png"))
+    return files
+
+
+def format_summary(report: dict) -> str:
+    """A few lines for the terminal."""
+    p, c = report["probe"], report.get("control")
+    enc = report["encoder"]
+    lines = [f"model: {report['model']}  layer: {enc.get('layer')}  pool: {enc.get('pool')}  dim: {enc.get('dim')}  "
+             f"V: {report['vocab_size']}  seq_len: {report['seq_len']}",
+             f"probe:   token_accuracy={p['token_accuracy']:.3f}  CE={p['ce']:.3f}  H_r={p['entropy_ratio']:.3f}"]
+    if c:
+        lines.append(f"control: token_accuracy={c['token_accuracy']:.3f}  CE={c['ce']:.3f}  H_r={c['entropy_ratio']:.3f}"
+                     f"  information_gain={report['information_gain']:.3f}")
+    t = report["timing"]
+    lines.append(f"time: encode {t['encode_s']:.1f}s, probe decoder {t['train_s']:.1f}s"
+                 + (f", control {t['control_s']:.1f}s" if c else "") + f"; peak memory {report['memory']}")
+    for ex in report.get("examples", [])[:3]:
+        lines.append(f"  in:  {ex['input']!r}\n  out: {ex['reconstruction']!r}")
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""A fitted probe is an EmbeddingSpace: the frozen encoder's ``encode`` and the trained decoder.
+
+Teacher forcing (see :mod:`memlab.space`): ``decoder_inputs`` puts the start
+token (BOS, else CLS, EOS or pad) before the text and drops its last token;
+labels are the text, ``-100`` on padding. ``decode_logits`` returns exact
+log-probabilities over the tokenizer's full vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from memlab.errors import ModelError
+from memlab.probes.capture import right_pad
+from memlab.probes.decoder import ProbeDecoder
+from memlab.probes.train import shift_right
+
+
+class FittedProbe:
+    """Frozen encoder + trained probe decoder, usable wherever an EmbeddingSpace is."""
+
+    def __init__(self, encoder, decoder: ProbeDecoder):
+        if decoder.config.embed_dim != encoder.dim:
+            raise ModelError(f"the decoder reads embeddings of width {decoder.config.embed_dim}, "
+                             f"the encoder gives {encoder.dim}")
+        self.encoder = encoder
+        self.decoder = decoder.eval()
+        self.tokenizer = encoder.tokenizer
+        self.dim = int(encoder.dim)
+        self.max_length = int(decoder.config.max_len)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder.encode(input_ids, attention_mask)  # (B, D)
+
+    def encode_text(self, sentences: list[str]) -> torch.Tensor:
+        enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, return_tensors="pt")
+        return self.encode(enc["input_ids"], enc["attention_mask"])
+
+    def decoder_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        ids, mask = right_pad(input_ids, attention_mask)
+        if ids.shape[1] > self.max_length:
+            raise ModelError(f"{ids.shape[1]} tokens are more than this probe's decoder rebuilds ({self.max_length})")
+        labels = ids.masked_fill(mask == 0, -100)  # (B, T)
+        return shift_right(ids, int(self.decoder.config.start_id)), labels
+
+    def _check(self, z: torch.Tensor) -> torch.Tensor:
+        if z.dim() != 2 or z.shape[-1] != self.decoder.config.embed_dim:
+            raise ModelError(f"embeddings of shape {tuple(z.shape)} do not fit this probe's decoder "
+                             f"(width {self.decoder.config.embed_dim})")
+        return z
+
+    def decode_logits(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.decoder(self._check(z), decoder_input_ids)  # (B, T, C)
+        return self.decoder.full_log_probs(logits)  # (B, T, V)
+
+    @torch.no_grad()
+    def generate(self, z: torch.Tensor, max_new_tokens: int = 64, num_beams: int = 1, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None) -> list[str]:
+        """Greedy (default), sampling (``do_sample``, ``temperature``, ``top_p``) or beam search (``num_beams``)."""
+        z = self._check(z)
+        steps = min(max_new_tokens, self.max_length)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        b = z.shape[0]
+        start = int(self.decoder.config.start_id)
+        if num_beams > 1:
+            return self._beam(z, steps, num_beams)
+        seq = torch.full((b, 1), start, dtype=torch.long)  # (B, 1)
+        for _ in range(steps):
+            logits = self.decoder(z, seq)[:, -1:]  # (B, 1, C)
+            if do_sample:
+                logp = self.decoder.full_log_probs(logits)[:, 0] / max(temperature, 1e-6)  # (B, V)
+                probs = _top_p(torch.softmax(logp, -1), top_p)
+                nxt = torch.multinomial(probs, 1, generator=gen)  # (B, 1)
+            else:
+                nxt = self.decoder.predict_full(logits)  # (B, 1)
+            seq = torch.cat([seq, nxt], dim=1)
+        return self.tokenizer.batch_decode(seq[:, 1:].tolist(), skip_special_tokens=True)
+
+    def _beam(self, z: torch.Tensor, steps: int, k: int) -> list[str]:
+        b = z.shape[0]
+        start = int(self.decoder.config.start_id)
+        zk = z.repeat_interleave(k, 0)  # (B*k, D)
+        seq = torch.full((b * k, 1), start, dtype=torch.long)  # (B*k, 1)
+        score = torch.full((b, k), float("-inf"))
+        score[:, 0] = 0.0
+        for _ in range(steps):
+            logp = self.decoder.full_log_probs(self.decoder(zk, seq)[:, -1:])[:, 0]  # (B*k, V)
+            v = logp.shape[-1]
+            cand = (score.view(-1, 1) + logp).view(b, k * v)  # (B, k*V)
+            score, flat = cand.topk(k, dim=-1)  # (B, k)
+            beam, tok = flat // v, flat % v
+            rows = (torch.arange(b)[:, None] * k + beam).view(-1)  # (B*k,)
+            seq = torch.cat([seq[rows], tok.view(-1, 1)], dim=1)
+        best = seq.view(b, k, -1)[:, 0, 1:]  # (B, T)
+        return self.tokenizer.batch_decode(best.tolist(), skip_special_tokens=True)
+
+    def save(self, out_dir: str | Path, encoder_spec: dict) -> None:
+        """Write ``decoder/`` (save_pretrained) and ``probe.json`` (how to rebuild the encoder)."""
+        out = Path(out_dir)
+        self.decoder.save_pretrained(str(out / "decoder"))
+        (out / "probe.json").write_text(json.dumps(encoder_spec, indent=2))
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(-1, descending=True)  # (B, V)
+    keep = sorted_p.cumsum(-1) - sorted_p < top_p
+    sorted_p = sorted_p * keep
+    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+
+
+def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
+    """Reload a fitted probe from its run directory (``memlab probe --out DIR``)."""
+    from memlab.probes.loading import load_encoder
+
+    if path is None:
+        raise ModelError("the 'probe' space needs the run directory of a fitted probe")
+    p = Path(path)
+    if not (p / "probe.json").is_file() or not (p / "decoder" / "config.json").is_file():
+        raise ModelError(f"{p}: not a probe run directory (probe.json and decoder/ expected)")
+    spec = json.loads((p / "probe.json").read_text())
+    encoder = load_encoder(spec["model"], layer=spec.get("layer", -1), pool=spec.get("pool"),
+                           final_norm=spec.get("final_norm", False), random_init=spec.get("random_init", False),
+                           special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"))
+    return FittedProbe(encoder, ProbeDecoder.from_pretrained(str(p / "decoder")))

@@ -1,0 +1,229 @@
+"""Probe data, the embedding cache, decoder training and evaluation.
+
+Definitions (all on held-out chunks, nats, over the full vocabulary V of the
+probed model's tokenizer):
+
+* **CE**: mean cross-entropy per target token of the decoder rebuilding the
+  chunk from its embedding (teacher forced).
+* **Token accuracy**: share of target tokens where the decoder's argmax
+  equals the true token.
+* **Entropy ratio** ``H_r = 1 - CE / ln V``: 0 for a decoder no better than
+  uniform, 1 for perfect reconstruction (the memory-models paper's measure).
+* **Accuracy by position**: token accuracy at each position of the chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from memlab.data.corpus import load_corpus, make_splits, units
+from memlab.data.views import clean_text, token_chunks
+from memlab.errors import DataError, MemlabError
+from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
+
+
+def start_token_id(tokenizer) -> int:
+    """The id that starts every decoder input: BOS, else CLS, else EOS, else pad."""
+    for name in ("bos_token_id", "cls_token_id", "eos_token_id", "pad_token_id"):
+        v = getattr(tokenizer, name, None)
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
+    """(B, T) -> (B, T): the start id, then the tokens up to T-1 (teacher forcing)."""
+    start = torch.full_like(ids[:, :1], start_id)  # (B, 1)
+    return torch.cat([start, ids[:, :-1]], dim=1)  # (B, T)
+
+
+@lru_cache(maxsize=2)
+def _split_texts(corpus: str) -> dict[str, list[str]]:
+    """Cleaned texts of each split of a corpus (read once per process)."""
+    splits = make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
+    return {k: [clean_text(d.text) for d in v] for k, v in splits.items()}
+
+
+def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0) -> torch.Tensor:
+    """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``.
+
+    Splits are memlab's (chapter units, 5 % validation and 5 % test, seed 0),
+    so ``test`` is text no model trained by ``memlab train`` on the default
+    data settings has seen. Units are read in a seeded order until there are
+    enough tokens, and ``n`` chunks are drawn from them.
+    """
+    splits = _split_texts(corpus)
+    if split not in splits:
+        raise DataError(f"unknown split '{split}'; use train, validation or test")
+    texts = splits[split]
+    order = np.random.default_rng(seed).permutation(len(texts))
+    chosen, n_chars = [], 0
+    need_chars = 8 * seq_len * n * 2  # about 4 characters a token, twice the need
+    for i in order:
+        chosen.append(texts[i])
+        n_chars += len(texts[i])
+        if n_chars >= need_chars:
+            break
+    chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
+    if chunks.shape[0] < n:
+        raise DataError(f"the {split} split of '{corpus}' holds only {chunks.shape[0]} chunks of {seq_len} tokens; "
+                        f"{n} asked")
+    pick = torch.from_numpy(np.random.default_rng(seed + 1).permutation(chunks.shape[0])[:n])
+    return chunks[pick]  # (n, T)
+
+
+def _bar(total: int, desc: str, progress: bool | None):
+    import sys
+
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if progress is None else progress
+    return tqdm(total=total, desc=desc, disable=not show, leave=False, dynamic_ncols=True)
+
+
+def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
+               desc: str = "encode") -> torch.Tensor:
+    """Run the frozen encoder once over full chunks ``(N, T)`` -> embeddings ``(N, D)`` float32."""
+    out = []
+    bar = _bar(ids.shape[0], desc, progress)
+    with torch.no_grad():
+        for i in range(0, ids.shape[0], batch_size):
+            b = ids[i : i + batch_size]  # (b, T)
+            out.append(encoder.encode(b, torch.ones_like(b)))  # (b, D)
+            bar.update(b.shape[0])
+    bar.close()
+    z = torch.cat(out)  # (N, D)
+    if not torch.isfinite(z).all():
+        raise MemlabError(f"{getattr(encoder, 'name', 'the encoder')} gave non-finite embeddings")
+    return z
+
+
+def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
+    """:func:`encode_all`, memoised on disk (safetensors) under ``cache_dir`` by a hash of ``key`` and the ids."""
+    if not cache_dir:
+        return encode_all(encoder, ids, **kw), False
+    from safetensors.torch import load_file, save_file
+
+    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+    h.update(ids.numpy().tobytes())
+    path = Path(cache_dir) / f"emb-{h.hexdigest()[:20]}.safetensors"
+    if path.is_file():
+        return load_file(str(path))["z"], True
+    z = encode_all(encoder, ids, **kw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
+    tmp.replace(path)
+    return z, False
+
+
+def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
+    """A fresh decoder for ``opts`` (hidden_size, num_layers, num_heads, seq_len, conditioning, prefix_len, seed)."""
+    torch.manual_seed(opts.seed)
+    v = len(tokenizer)
+    kept = sorted(set(torch.unique(train_ids).tolist())) if compact else list(range(v))
+    if kept and kept[-1] >= v:
+        raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
+    cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
+                             hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
+                             max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len)
+    return ProbeDecoder(cfg)
+
+
+def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
+                  desc: str = "train") -> list[dict]:
+    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D) for ``opts.epochs`` epochs; returns the loss curve."""
+    if z.shape[1] != dec.config.embed_dim:
+        raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width {dec.config.embed_dim}")
+    device = torch.device(opts.device)
+    dec.to(device).train()
+    n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
+    steps_per_epoch = math.ceil(n / bs)
+    total = max(1, int(round(opts.epochs * steps_per_epoch)))
+    warm = max(1, int(0.05 * total))
+    opt = torch.optim.AdamW(dec.parameters(), lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / total)))))
+    gen = torch.Generator().manual_seed(opts.seed)
+    start = start_token_id_from(dec)
+    history, step, bar = [], 0, _bar(total, desc, progress)
+    while step < total:
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, bs):
+            if step >= total:
+                break
+            idx = perm[i : i + bs]
+            zb, tb = z[idx].to(device), ids[idx].to(device)  # (b, D), (b, T)
+            logits = dec(zb, shift_right(tb, start))  # (b, T, C)
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), dec.compact_targets(tb))
+            if not torch.isfinite(loss):
+                raise MemlabError(f"the probe's loss became {loss.item()} at step {step}; lower the learning rate")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % 10 == 0 or step == total:
+                history.append({"step": step, "loss": loss.item()})
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.update(1)
+    bar.close()
+    dec.eval()
+    return history
+
+
+def start_token_id_from(dec: ProbeDecoder) -> int:
+    return int(dec.config.start_id)
+
+
+@torch.no_grad()
+def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 64) -> dict:
+    """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T)."""
+    dec.eval()
+    device = next(dec.parameters()).device
+    v = dec.config.vocab_size
+    nll_sum, n_tok = 0.0, 0
+    correct = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
+    counts = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
+    start = start_token_id_from(dec)
+    for i in range(0, ids.shape[0], batch_size):
+        zb, tb = z[i : i + batch_size].to(device), ids[i : i + batch_size].to(device)  # (b, D), (b, T)
+        logits = dec(zb, shift_right(tb, start)).float()  # (b, T, C)
+        tc = dec.compact_targets(tb)  # (b, T)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tc, reduction="none")  # (b, T)
+        if dec.has_other:
+            nll = nll + (tc == dec.num_kept).float() * dec.other_penalty()
+        nll_sum += float(nll.sum())
+        n_tok += tb.numel()
+        hit = (dec.predict_full(logits) == tb).long().cpu()  # (b, T)
+        correct += hit.sum(0)
+        counts += hit.shape[0]
+    ce = nll_sum / max(n_tok, 1)
+    by_pos = (correct.float() / counts.clamp(min=1).float()).tolist()
+    return {"ce": ce, "token_accuracy": float(correct.sum()) / max(n_tok, 1), "entropy_ratio": 1.0 - ce / math.log(v),
+            "accuracy_by_position": by_pos, "n_tokens": n_tok}
+
+
+def information_gain(ce_probe: float, ce_control: float) -> float:
+    """``(CE_control - CE_probe) / CE_control``: the share of the control's loss the embedding removes."""
+    return (ce_control - ce_probe) / ce_control if ce_control > 0 else 0.0
+
+
+class Timer:
+    """``with Timer() as t: ...``; then ``t.seconds``."""
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *a):
+        self.seconds = time.perf_counter() - self.t0

@@ -1,0 +1,183 @@
+"""Inversion probe: end to end on tiny local models, the fitted probe as an EmbeddingSpace, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import transformers as tf
+
+from memlab.cli import main
+from memlab.errors import MemlabError
+from memlab.probes.inversion import ProbeOptions, load_options, run_probe
+from memlab.testing import check_embedding_space
+
+SHORT = ["Mr. Darcy.", "It was fine.", "They set out."]
+TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64", "n_eval=16",
+        "epochs=2", "n_examples=2"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread, above all on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_corpus):
+    from memlab.data.corpus import load_corpus
+    from memlab.data.tokenizer import train_bpe
+
+    return train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, tokenizer):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=len(tokenizer), max_position_embeddings=48)
+                        ).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, tokenizer):
+    d = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    tf.BertModel(tf.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               vocab_size=len(tokenizer), max_position_embeddings=64)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def test_cli_probe_end_to_end(tiny_llama, small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *TINY])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    p, c = rep["probe"], rep["control"]
+    v = rep["vocab_size"]
+    for m in (p, c):
+        assert 0.0 <= m["token_accuracy"] <= 1.0 and m["ce"] > 0
+        assert m["entropy_ratio"] == pytest.approx(1 - m["ce"] / math.log(v))
+        assert len(m["accuracy_by_position"]) == 16
+        assert sum(m["accuracy_by_position"]) / 16 == pytest.approx(m["token_accuracy"])
+    assert rep["information_gain"] == pytest.approx((c["ce"] - p["ce"]) / c["ce"])
+    assert rep["encoder"]["layer"] == 2 and rep["encoder"]["pool"] == "last"
+    assert len(rep["examples"]) == 2 and all(isinstance(e["reconstruction"], str) for e in rep["examples"])
+    assert (out / "plots" / "accuracy_by_position.png").stat().st_size > 1000
+    assert (out / "decoder" / "model.safetensors").is_file()
+    assert "H_r=" in capsys.readouterr().out
+
+
+class FirstTokens:
+    """An oracle encoder: one-hot of the first two tokens (any object with these members plugs in)."""
+
+    name, pool, layer, max_length = "first-tokens", "oracle", None, None
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.v = len(tokenizer)
+        self.dim = 2 * self.v
+
+    def describe(self):
+        return {"name": self.name, "dim": self.dim}
+
+    def encode(self, ids, mask):
+        z = torch.zeros(ids.shape[0], 2, self.v)  # (B, 2, V)
+        z.scatter_(2, ids[:, :2, None], 1.0)
+        return z.flatten(1)  # (B, 2V)
+
+
+def test_probe_reads_the_embedding(tokenizer, small_corpus):
+    opts = load_options(None, TINY, model="oracle", corpus=str(small_corpus), epochs=10, lr=3e-3, n_train=512,
+                        n_eval=64)
+    rep = run_probe(opts, encoder=FirstTokens(tokenizer))
+    p, c = rep["probe"], rep["control"]
+    # held-out first tokens (almost all occur in training) are read from the embedding; the control must guess
+    assert p["accuracy_by_position"][0] > c["accuracy_by_position"][0] + 0.4
+    assert p["accuracy_by_position"][1] > c["accuracy_by_position"][1] + 0.1
+
+
+@pytest.mark.parametrize("conditioning,pool", [("prefix", "last"), ("unrolled", "mean")])
+def test_fitted_probe_is_an_embedding_space(tiny_llama, tiny_bert, small_corpus, tmp_path, conditioning, pool):
+    from memlab.registry import SPACES
+
+    model = tiny_llama if pool == "last" else tiny_bert
+    opts = load_options(None, TINY, model=str(model), corpus=str(small_corpus), pool=pool, conditioning=conditioning,
+                        control=False, epochs=1)
+    rep = run_probe(opts, tmp_path / "run")
+    fitted = rep["_fitted"]
+    check_embedding_space(fitted, SHORT)  # the decoder rebuilds at most seq_len=16 tokens
+    again = SPACES.get("probe")(str(tmp_path / "run"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    z = fitted.encode(ids, torch.ones_like(ids))
+    dec_in, _ = fitted.decoder_inputs(ids, torch.ones_like(ids))
+    assert torch.allclose(again.encode(ids, torch.ones_like(ids)), z)
+    assert torch.allclose(again.decode_logits(z, dec_in), fitted.decode_logits(z, dec_in), atol=1e-5)
+    assert len(fitted.generate(z, max_new_tokens=4, num_beams=2)) == 1
+    with pytest.raises(MemlabError, match="width"):
+        fitted.decode_logits(torch.zeros(1, fitted.dim + 1), dec_in)
+
+
+def test_disk_cache_is_reused(tiny_llama, small_corpus, tmp_path):
+    opts = load_options(None, TINY, model=str(tiny_llama), corpus=str(small_corpus), control=False, epochs=1,
+                        cache_dir=str(tmp_path / "cache"))
+    a = run_probe(opts)
+    b = run_probe(opts)
+    assert not a["timing"]["encode_cached"] and b["timing"]["encode_cached"]
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+    assert b["probe"]["ce"] == pytest.approx(a["probe"]["ce"], rel=1e-5)
+
+
+def _fails(argv, capsys, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memlab: error:") and match in err[0], err
+
+
+def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, capsys):
+    base = ["--corpus", str(small_corpus), *TINY]
+    _fails(["probe", "--model", "no-such-org/no-such-model", *base], capsys, "unknown model")
+    _fails(["probe", "--model", str(tmp_path / "missing"), *base], capsys, "does not exist")
+    _fails(["probe", "--model", str(tiny_llama), "--layer", "3", *base], capsys, "out of range")
+    _fails(["probe", "--model", str(tiny_llama), "--layer", "-4", *base], capsys, "out of range")
+    _fails(["probe", "--model", str(tiny_llama), *base, "seq_len=50"], capsys, "longer than")
+    _fails(["probe", "--model", str(tiny_llama), "--pool", "max", *base], capsys, "pool")
+    _fails(["probe", "--model", str(tiny_llama), *base, "colour=red"], capsys, "unknown config key 'colour'")
+    no_tok = tmp_path / "no-tok"
+    tf.GPT2Model(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=300)).save_pretrained(no_tok)
+    _fails(["probe", "--model", str(no_tok), *base], capsys, "tokenizer")
+
+
+def test_decoder_rejects_wrong_width(tokenizer):
+    from memlab.probes.train import build_decoder, train_decoder
+
+    ids = torch.randint(0, len(tokenizer), (8, 16))
+    opts = ProbeOptions(hidden_size=32, num_heads=4, num_layers=1, seq_len=16, epochs=1, batch_size=4)
+    dec = build_decoder(24, tokenizer, ids, opts)
+    with pytest.raises(MemlabError, match="width 20"):
+        train_decoder(dec, torch.zeros(8, 20), ids, opts)
+
+
+def test_shipped_probe_configs_load():
+    from pathlib import Path
+
+    files = sorted(Path(__file__).resolve().parents[1].joinpath("configs", "probes").glob("*.yaml"))
+    assert files
+    from memlab.config import load_config
+
+    for f in files:
+        cfg = load_config(f)
+        assert cfg.recipe == "probe" and isinstance(cfg.options, ProbeOptions)
+        opts = load_options(f, ["n_train=7"])
+        assert opts.n_train == 7 and opts.model == cfg.options.model
+    with pytest.raises(MemlabError, match="unknown config key 'options.colour'"):
+        load_options(files[0], ["colour=red"])

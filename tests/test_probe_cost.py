@@ -1,0 +1,38 @@
+"""benchmarks/probe_cost.py: the encoder runs once, so its time does not grow with decoder epochs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+import transformers as tf
+
+
+def test_probe_cost_benchmark_split(tmp_path, small_corpus):
+    from memlab.data.corpus import load_corpus
+    from memlab.data.tokenizer import train_bpe
+
+    n_threads = torch.get_num_threads()
+    tok = train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
+    model_dir = tmp_path / "m"
+    tf.LlamaModel(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=4, vocab_size=len(tok), max_position_embeddings=32)
+                  ).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_cost.py"
+    spec = importlib.util.spec_from_file_location("probe_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        res = mod.main(["--model", str(model_dir), "--corpus", str(small_corpus), "--n-train", "32", "--seq-len", "16",
+                        "--epochs", "1", "4", "--hidden-size", "32", "--num-layers", "1", "--threads", "1",
+                        "--out", str(tmp_path / "cost.json")])
+    finally:
+        torch.set_num_threads(n_threads)
+    a, b = res["rows"]
+    assert a["encode_s"] == b["encode_s"] > 0  # one encoder pass serves every epoch count
+    assert b["train_s"] > a["train_s"] * 1.5  # decoder training grows with epochs
+    assert b["encoder_share"] < a["encoder_share"]
+    assert b["without_cache_s"] == b["train_s"] + 4 * b["encode_s"]
+    assert (tmp_path / "cost.json").is_file() and res["memory"]["peak_rss_mb"] > 0

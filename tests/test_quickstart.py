@@ -1,0 +1,55 @@
+"""memlab quickstart: entries, table and plot, on a fast configuration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memlab.cli import main
+from memlab.quickstart import CHECKPOINTS, Entry, default_entries, format_table, run_quickstart
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_default_entries_and_shipped_checkpoint():
+    names = [e.name for e in default_entries()]
+    assert names == ["memory_ae", "token_lm", "random_init", "minilm", "smollm2"]
+    lm = CHECKPOINTS / "token_lm-toy"
+    assert (lm / "model.safetensors").is_file() and (lm / "tokenizer.json").is_file()
+    assert (lm / "README.md").read_text().count("memlab train configs/token_lm/toy.yaml") >= 1
+
+
+def test_quickstart_fast_cli(tmp_path, capsys):
+    out = tmp_path / "qs"
+    rc = main(["quickstart", "--fast", "--only", "token_lm", "random_init", "--out", str(out)])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert set(rows) == {"token_lm", "random_init"}
+    for r in rows.values():
+        assert 0 <= r["token_accuracy"] <= 1 and r["entropy_ratio"] < 1
+    assert (out / "quickstart.png").stat().st_size > 1000
+    assert (out / "entries" / "token_lm" / "report.json").is_file()
+    printed = capsys.readouterr().out
+    assert "| token_lm |" in printed and "| random_init |" in printed and "H_r" in printed
+
+
+def test_skipped_entries_and_bad_names(tmp_path, capsys):
+    from memlab.errors import MemlabError
+
+    entries = [e for e in default_entries() if e.name == "token_lm"]
+    entries.append(Entry("absent", "nothing", lambda ctx: None, lambda: "not installed here"))
+    summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries)
+    assert {"name": "absent", "skipped": "not installed here"} in summary["rows"]
+    assert "skipped: not installed here" in format_table(summary["rows"])
+    with pytest.raises(MemlabError, match="unknown quickstart entry"):
+        run_quickstart(out=tmp_path / "qs2", fast=True, only=["nope"])
+    assert main(["quickstart", "--fast", "--only", "nope", "--out", str(tmp_path / "qs3")]) == 2
