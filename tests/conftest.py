@@ -26,6 +26,17 @@ def _memlab_cache(tmp_path_factory):
         os.environ["MEMLAB_CACHE"] = old
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine much faster than several threads fighting."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> Path:
     """Two short 'novels' cut from the bundled Austen text, with chapter headings: a fast local corpus."""

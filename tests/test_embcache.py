@@ -13,12 +13,7 @@ from memlab.errors import DataError
 DOCS = [SENTENCES[:4] + ["End of sequence."], SENTENCES[4:] + ["End of sequence."]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_build_then_reuse_without_encoding(tmp_path, monkeypatch):

@@ -7,32 +7,16 @@ import json
 
 import pytest
 import torch
-from toy_spaces import SENTENCES, fitted_space, random_space
+from toy_spaces import SENTENCES, document_batch, fitted_space, random_space
 
 from memlab.models.lcm.recipe import LCMLoss
-from memlab.models.sonar_llm.data import collate_documents
 from memlab.models.sonar_llm.spaces import SpaceHandle
 from memlab.registry import FAMILIES
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _batch(handle, docs):
-    tok = handle.tokenizer
-    items = []
-    for d in docs:
-        ids = [tok(s, add_special_tokens=False)["input_ids"] for s in d]
-        t = torch.zeros(len(d), max(map(len, ids)), dtype=torch.long)
-        for i, x in enumerate(ids):
-            t[i, : len(x)] = torch.tensor(x)
-        items.append({"embeddings": handle.encode_text(d), "input_ids": t, "lengths": torch.tensor([len(x) for x in ids])})
-    return collate_documents(items)
 
 
 DOCS = [SENTENCES[:3] + ["End of sequence."], SENTENCES[3:8] + ["End of sequence."]]
@@ -41,7 +25,7 @@ DOCS = [SENTENCES[:3] + ["End of sequence."], SENTENCES[3:8] + ["End of sequence
 def test_mse_loss_equals_direct_computation_and_trains():
     torch.manual_seed(0)
     handle = SpaceHandle(random_space(), "toy_ae")
-    batch = _batch(handle, DOCS)
+    batch = document_batch(handle, DOCS)
     model = FAMILIES.get("lcm_mse").make_model("toy", embed_dim=32)
     model.backbone.normalizer.fit(batch["embeddings"][batch["sentence_mask"].bool()])
     norm = model.backbone.normalizer
@@ -72,7 +56,7 @@ def test_mse_loss_equals_direct_computation_and_trains():
 def test_diffusion_trains_and_samples():
     torch.manual_seed(0)
     handle = SpaceHandle(random_space(), "toy_ae")
-    batch = _batch(handle, DOCS)
+    batch = document_batch(handle, DOCS)
     model = FAMILIES.get("lcm_diffusion").make_model("toy", embed_dim=32, num_timesteps=50, ddim_steps=5)
     model.backbone.normalizer.fit(batch["embeddings"][batch["sentence_mask"].bool()])
     # AdaLN-Zero: every denoiser block starts as the identity

@@ -71,6 +71,33 @@ def test_memory_modes_see_only_what_they_should():
     assert torch.allclose(m.decode(None, later, "none")[..., :5, :], none[..., :5, :], atol=1e-5)
 
 
+@pytest.mark.parametrize("injection", ["prefix", "unrolled"])
+def test_previous_mode_all_at_once_equals_row_by_row(injection):
+    m = _tiny(num_memories=2, memory_injection=injection)
+    ids = torch.randint(5, 97, (2, 4, 8))
+    mem = m.encode_chunks(ids)  # (B, C, K, M)
+    with torch.no_grad():
+        full = m.decode(mem, ids, "previous")  # (B, C, L, V)
+        for c in range(4):  # chunk c decoded alone with only the memories of chunks < c
+            row = m.decode(mem[:, : c + 1], ids[:, : c + 1], "previous")[:, c]
+            assert torch.allclose(row, full[:, c], atol=1e-5), c
+
+
+def test_previous_mode_output_ignores_memories_of_same_and_later_chunks():
+    m = _tiny(num_memories=2, memory_injection="unrolled")
+    ids = torch.randint(5, 97, (2, 4, 8))
+    mem = m.encode_chunks(ids)
+    with torch.no_grad():
+        base = m.decode(mem, ids, "previous")
+        for c in range(4):
+            changed = mem.clone()
+            changed[:, c:] = torch.randn_like(changed[:, c:]) * 3.0  # chunks >= c get other memories
+            out = m.decode(changed, ids, "previous")
+            assert torch.equal(out[:, : c + 1], base[:, : c + 1]), c  # chunk c and earlier: unchanged
+            if c + 1 < 4:
+                assert (out[:, c + 1:] - base[:, c + 1:]).abs().amax() > 0
+
+
 def test_loss_drops_and_round_trip(tmp_path):
     m = _tiny(num_memories=1).train()
     ids = torch.randint(5, 97, (8, 2, 8))

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from toy_spaces import SENTENCES, fitted_space, random_space
+from toy_spaces import SENTENCES, document_batch, fitted_space, random_space
 
 from memlab.errors import MemlabError
-from memlab.models.sonar_llm.data import collate_documents, make_documents, windows, with_end_sentence
+from memlab.models.sonar_llm.data import make_documents, windows, with_end_sentence
 from memlab.models.sonar_llm.generation import generate_sentences, prompt_sentences
 from memlab.models.sonar_llm.objective import SonarLLMLoss
 from memlab.models.sonar_llm.spaces import SpaceHandle
@@ -19,25 +19,9 @@ from memlab.registry import FAMILIES
 from memlab.testing import check_embedding_space
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The test machine is shared: one intra-op thread is much faster than several fighting."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _batch(handle, docs):
-    tok = handle.tokenizer
-    items = []
-    for d in docs:
-        ids = [tok(s, add_special_tokens=False)["input_ids"] for s in d]
-        t = torch.zeros(len(d), max(map(len, ids)), dtype=torch.long)
-        for i, x in enumerate(ids):
-            t[i, : len(x)] = torch.tensor(x)
-        items.append({"embeddings": handle.encode_text(d), "input_ids": t, "lengths": torch.tensor([len(x) for x in ids])})
-    return collate_documents(items)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +42,7 @@ def test_loss_equals_direct_cross_entropy(fitted):
     space, spec = fitted
     handle = SpaceHandle(space, spec)
     model = FAMILIES.get("sonar_llm").make_model("toy", embed_dim=32).eval()
-    batch = _batch(handle, DOCS)
+    batch = document_batch(handle, DOCS)
     got = SonarLLMLoss(handle)(model, batch)
     # direct: every predicted embedding decoded alone, teacher forced on the true next sentence
     total, count = 0.0, 0

@@ -27,3 +27,18 @@ def fitted_space(out_dir: str | Path, steps: int = 100, dim: int = 32, lr: float
     fit_toy_space(space, SENTENCES + ["End of sequence."], steps=steps, batch_size=16, lr=lr)
     save_toy_space(space, out_dir)
     return load_toy_space(str(out_dir)), f"toy_ae:{Path(out_dir).resolve()}"
+
+
+def document_batch(handle, docs: list[list[str]]) -> dict:
+    """Documents (lists of sentences) -> the collated batch the sentence models train on."""
+    from memlab.models.sonar_llm.data import collate_documents
+
+    tok = handle.tokenizer
+    items = []
+    for d in docs:
+        ids = [tok(s, add_special_tokens=False)["input_ids"] for s in d]
+        t = torch.zeros(len(d), max(map(len, ids)), dtype=torch.long)  # (S, L)
+        for i, x in enumerate(ids):
+            t[i, : len(x)] = torch.tensor(x)
+        items.append({"embeddings": handle.encode_text(d), "input_ids": t, "lengths": torch.tensor([len(x) for x in ids])})
+    return collate_documents(items)
