@@ -10,7 +10,11 @@ its tokens. Three memory modes (``memory_mode``):
   under one attention mask;
 * ``none``: no memory (a plain causal LM of the same decoder; the baseline).
 
-Memory slots carry a learned *distance* embedding (0 = own chunk, 1 = the chunk before, ...).
+In ``own`` mode the memory slots carry a learned *distance* embedding (0 = own chunk). In ``previous``
+mode slot states are computed once per chunk (``(B, C*K, d)``, each slot attending only to itself) and
+every token row attends to the shared slot keys/values of earlier chunks plus its own causal tokens;
+distance (row chunk - slot chunk, clamped to ``max_chunks``) enters as a learned per-head attention
+bias, so the work grows as ``C`` (slots, MLP) plus a small ``C^2 K L`` attention score term.
 With ``memory_injection="unrolled"`` the nearest visible memory is also projected to
 ``T x d`` and added to the token positions, so the decoder need not read position out of a
 single prefix vector.
@@ -109,7 +113,8 @@ class MemoryDecoder(nn.Module):
         self.max_len = cfg.chunk_len + 1  # room for an end token after a full sentence
         self.embed = nn.Embedding(cfg.vocab_size, d)
         self.pos = nn.Embedding(self.max_len, d)
-        self.dist = nn.Embedding(cfg.max_chunks + 1, d)
+        self.dist = nn.Embedding(cfg.max_chunks + 1, d)  # own mode: slot embedding of distance 0
+        self.dist_bias = nn.Embedding(cfg.max_chunks + 1, cfg.num_attention_heads)  # previous mode: per-head bias
         self.slot = nn.Embedding(k, d)
         self.mem_proj = nn.Linear(m, d, bias=False)
         self.mem_norm = nn.LayerNorm(d)
@@ -148,29 +153,48 @@ class MemoryDecoder(nn.Module):
                 if self.cfg.memory_injection == "unrolled":
                     tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length)
             else:
-                idx = torch.arange(c, device=tok.device)
-                dist = (idx[:, None] - idx[None, :]).clamp(0, self.cfg.max_chunks)  # (C, C) row chunk - slot chunk
-                slots = mem[:, None] + self.dist(dist)[None, :, :, None]  # (B, C, C, K, d)
-                prefix = slots.reshape(b * c, c * k, d)  # (BC, CK, d)
-                if self.cfg.memory_injection == "unrolled":
-                    prev = torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], 1)  # (B, C, K, M)
-                    u = self._unrolled(prev.reshape(b * c, k, -1), length).view(b, c, length, d)
-                    u = u * (idx > 0).to(u.dtype)[None, :, None, None]  # chunk 0 has no previous memory
-                    tok = tok + u.reshape(b * c, length, d)
-                s = c * k + length
-                allowed = torch.zeros(c, s, s, dtype=torch.bool, device=tok.device)  # (C, S, S)
-                slot_chunk = idx.repeat_interleave(k)  # (CK,)
-                allowed[:, : c * k, : c * k] = torch.eye(c * k, dtype=torch.bool, device=tok.device)
-                allowed[:, c * k:, : c * k] = (slot_chunk[None, :] < idx[:, None])[:, None, :]  # earlier chunks only
-                allowed[:, c * k:, c * k:] = torch.ones(length, length, dtype=torch.bool, device=tok.device).tril()
-                mask = allowed[None].expand(b, c, s, s).reshape(b * c, 1, s, s)
-                causal = False
-            x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, P + L, d)
+                return self._previous(memories, mem, tok.view(b, c, length, d))
+            x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, K + L, d)
         for layer in self.layers:
             x = layer(x, mask=mask, causal=causal)
         h = self.norm(x[:, -length:])  # (BC, L, d)
         logits = F.linear(h, self.embed.weight)  # (BC, L, V) head tied to the input embedding
         return logits.view(b, c, length, -1)
+
+    SLOT_GROUPS = 8  # previous mode: chunk rows in this many groups, each reading only the slots it can see
+
+    def _previous(self, memories: torch.Tensor, mem: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """``previous`` mode: memories ``(B, C, K, M)``, projected slots ``mem`` ``(B, C, K, d)`` and token
+        embeddings ``tok`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)``. Slot states are computed once per chunk
+        and shared by every token row; row ``c`` sees the slots of chunks ``< c`` and its own causal tokens."""
+        b, c, length, d = tok.shape
+        k, h = self.cfg.num_memories, self.cfg.num_attention_heads
+        idx = torch.arange(c, device=tok.device)
+        if self.cfg.memory_injection == "unrolled":
+            prev = torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], 1)  # (B, C, K, M)
+            u = self._unrolled(prev.reshape(b * c, k, -1), length).view(b, c, length, d)
+            u = u * (idx > 0).to(u.dtype)[None, :, None, None]  # chunk 0 has no previous memory
+            tok = tok + u
+        slots = mem.reshape(b, c * k, d).to(tok.dtype)  # (B, CK, d) once per chunk, not per row
+        slot_chunk = idx.repeat_interleave(k)  # (CK,)
+        dist = (idx[:, None] - slot_chunk[None, :]).clamp(0, self.cfg.max_chunks)  # (C, CK) row chunk - slot chunk
+        bias = self.dist_bias(dist).permute(0, 2, 1).to(tok.dtype)  # (C, H, CK)
+        bias = bias.masked_fill(~(slot_chunk[None, :] < idx[:, None])[:, None, :], float("-inf"))  # earlier only
+        causal = torch.ones(length, length, dtype=torch.bool, device=tok.device).tril()  # (L, L)
+        tok_part = torch.zeros(length, length, dtype=tok.dtype, device=tok.device).masked_fill(~causal, float("-inf"))
+        groups = []  # rows c0:c1 need only the slots of chunks < c1 - 1: skip keys no row of a group sees
+        bounds = torch.linspace(0, c, min(c, self.SLOT_GROUPS) + 1).round().long().tolist()
+        for c0, c1 in zip(bounds[:-1], bounds[1:]):
+            s = (c1 - 1) * k
+            mask = torch.empty(c1 - c0, h, length, s + length, dtype=tok.dtype, device=tok.device)  # (G, H, L, s + L)
+            mask[..., :s] = bias[c0:c1, :, None, :s]  # slot keys: distance bias, -inf for chunks >= own chunk
+            mask[..., s:] = tok_part  # own tokens: causal
+            groups.append((c0, c1, s, mask))
+        x = tok  # (B, C, L, d)
+        for layer in self.layers:
+            x, slots = layer.forward_with_slots(x, slots, groups)
+        hid = self.norm(x)  # (B, C, L, d)
+        return F.linear(hid, self.embed.weight)  # (B, C, L, V) head tied to the input embedding
 
 
 class MemoryPreTrainedModel(PreTrainedModel):

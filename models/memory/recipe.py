@@ -227,7 +227,9 @@ class MemoryRecipe:
             return evaluate_objectives(m, batches, evals)
 
         obj = schedule.objectives[0]
-        prefix = {"previous": chunks * config.num_memories, "own": config.num_memories}.get(obj.mode, 0)
+        # slot states are computed once per chunk in both memory modes (the "previous" mode's rows share them);
+        # the attention of tokens to earlier chunks' slots is not counted
+        prefix = config.num_memories if obj.mode in ("previous", "own") else 0
         length = t + (1 if opts.view == "sentences" else 0)
         return TrainSetup(
             model=model,
