@@ -19,13 +19,7 @@ TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_l
         "epochs=2", "n_examples=2"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, above all on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

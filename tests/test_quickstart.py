@@ -5,18 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from memlab.cli import main
 from memlab.quickstart import CHECKPOINTS, Entry, default_entries, format_table, run_quickstart
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_default_entries_and_shipped_checkpoint():
