@@ -6,6 +6,37 @@ import json
 from pathlib import Path
 
 
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def finish_axes(ax, xlabel: str | None = None, ylabel: str | None = None, log: bool = False,
+                legend_fontsize: int | None = None) -> None:
+    """Labels, a light grid (on minor log ticks too when ``log``) and a legend."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3) if log else ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_fontsize)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Tight layout, write the PNG, free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     p = Path(path)
     if not p.is_file():
@@ -15,11 +46,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str, ...] = ("loss", "token_accuracy")) -> list[Path]:
     """One PNG per metric, train and eval curves against step. Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = read_metrics(metrics_path)
     out = Path(out_dir)
     written: list[Path] = []
@@ -35,13 +62,6 @@ def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str,
         for split, pts in sorted(series.items()):
             xs, ys = zip(*pts)
             ax.plot(xs, ys, label=split, marker="o" if split != "train" else None, ms=3)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        f = out / f"{key}.png"
-        fig.savefig(f, dpi=100)
-        plt.close(fig)
-        written.append(f)
+        finish_axes(ax, "step", key)
+        written.append(save_figure(fig, out / f"{key}.png"))
     return written

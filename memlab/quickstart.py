@@ -150,10 +150,9 @@ def format_table(rows: list[dict]) -> str:
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     """Token accuracy per model (probe and control), and accuracy by position."""
-    import matplotlib
+    from memlab.plots import finish_axes, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     done = [r for r in rows if "skipped" not in r]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -167,16 +166,10 @@ def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     for r in done:
         acc = reports[r["name"]]["probe"]["accuracy_by_position"]
         b.plot(range(len(acc)), acc, label=r["name"])
-    b.set_xlabel("position in chunk")
-    b.set_ylabel("token accuracy")
     b.set_ylim(0, 1)
-    b.legend(fontsize=8)
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    finish_axes(b, "position in chunk", "token accuracy", legend_fontsize=8)
+    a.grid(alpha=0.3)
+    return save_figure(fig, path)
 
 
 def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: list[str] | None = None,

@@ -14,6 +14,8 @@ import resource
 import sys
 from pathlib import Path
 
+from memlab.plots import finish_axes, pyplot, save_figure
+
 
 def peak_memory_mb() -> dict:
     """Peak resident memory of this process (MB) and, on CUDA, peak allocated GPU memory."""
@@ -29,50 +31,29 @@ def peak_memory_mb() -> dict:
     return out
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_accuracy_by_position(report: dict, path: Path) -> Path:
     """Token accuracy at each chunk position, probe against control."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key, style in (("probe", "-o"), ("control", "--")):
         if report.get(key):
             acc = report[key]["accuracy_by_position"]
             ax.plot(range(len(acc)), acc, style, ms=3, label=key)
-    ax.set_xlabel("position in chunk")
-    ax.set_ylabel("token accuracy")
     ax.set_ylim(0, 1)
     ax.set_title(f"{report['model']} (layer {report['encoder'].get('layer')}, {report['encoder'].get('pool')})")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    finish_axes(ax, "position in chunk", "token accuracy")
+    return save_figure(fig, path)
 
 
 def plot_training(report: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key in ("probe", "control"):
         hist = report.get("history", {}).get(key) or []
         if hist:
             ax.plot([h["step"] for h in hist], [h["loss"] for h in hist], label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("train CE (compact vocabulary, nats)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    finish_axes(ax, "step", "train CE (compact vocabulary, nats)")
+    return save_figure(fig, path)
 
 
 def write_report(report: dict, run_dir: str | Path) -> list[Path]:

@@ -200,21 +200,15 @@ def sonar_vs_token_lm(lengths=None, sentence_len: float = 60.0) -> dict:
 def plot_flops(curves: dict[str, tuple[list, list]], path, crossover_at: float | None = None,
                title: str = "Inference FLOPs per generated token") -> None:
     """Log-log plot of FLOPs per token against sequence length for each named curve."""
-    import matplotlib
+    from memlab.plots import finish_axes, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, (x, y) in curves.items():
         ax.loglog(x, y, marker="o", ms=3, label=name)
     if crossover_at:
         ax.axvline(crossover_at, color="grey", ls="--", lw=1, label=f"crossover ~{crossover_at:,.0f} tokens")
-    ax.set_xlabel("sequence length T (tokens)")
-    ax.set_ylabel("FLOPs per token")
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_axes(ax, "sequence length T (tokens)", "FLOPs per token", log=True, legend_fontsize=8)
+    save_figure(fig, path, dpi=120)

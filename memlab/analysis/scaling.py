@@ -220,10 +220,9 @@ def run_sweep(sweep: SweepConfig, out_dir: str | Path, train: bool = True) -> di
 
 def plot_scaling(results: dict[str, Any], path: str | Path) -> None:
     """Eval loss against N (log x) per family, with the fitted curve."""
-    import matplotlib
+    from memlab.plots import finish_axes, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, entry in results["families"].items():
@@ -238,13 +237,8 @@ def plot_scaling(results: dict[str, Any], path: str | Path) -> None:
             ax.plot(xs, predict(f, xs), "-", color=line.get_color(),
                     label=f"{label}: {f['a']:.3g} N^-{f['alpha']:.3f} + {f['b']:.3f}")
     ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters N")
-    ax.set_ylabel("eval loss")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_axes(ax, "non-embedding parameters N", "eval loss", log=True, legend_fontsize=7)
+    save_figure(fig, path, dpi=120)
 
 
 def format_table(results: dict[str, Any]) -> str:

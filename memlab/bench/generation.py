@@ -109,10 +109,9 @@ def run_generation(contexts: list[int], device: torch.device, width: int = 256, 
 
 
 def plot_generation(res: dict[str, Any], path) -> None:
-    import matplotlib
+    from memlab.plots import finish_axes, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = [r["context_tokens"] for r in res["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -120,10 +119,5 @@ def plot_generation(res: dict[str, Any], path) -> None:
     ax.loglog(t, [r["sonar_llm_s_per_token"] * 1e3 for r in res["rows"]], "o-", label="SONAR-LLM")
     if res.get("crossover_context"):
         ax.axvline(res["crossover_context"], color="grey", ls="--", lw=1, label=f"first cheaper at {res['crossover_context']}")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("ms per generated token")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_axes(ax, "context (tokens)", "ms per generated token", log=True, legend_fontsize=8)
+    save_figure(fig, path, dpi=120)

@@ -98,10 +98,9 @@ def run_prefill(lengths: list[int], device: torch.device, preset: str = "toy", c
 
 
 def plot_prefill(res: dict[str, Any], path) -> None:
-    import matplotlib
+    from memlab.plots import finish_axes, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for side, label in (("full_attention", "full attention"), ("memory", "memory model")):
@@ -115,9 +114,5 @@ def plot_prefill(res: dict[str, Any], path) -> None:
     axes[0].set_ylabel("prefill seconds")
     axes[1].set_ylabel("peak memory (MiB)")
     for ax in axes:
-        ax.set_xlabel("tokens")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        finish_axes(ax, "tokens", log=True, legend_fontsize=8)
+    save_figure(fig, path, dpi=120)
