@@ -27,21 +27,26 @@ def load_pretrained(path: str | Path, model_class=None):
     Without ``model_class`` the class comes from the registered family whose
     model class name matches the saved ``architectures`` entry.
     """
-    import json
-
     from memlab.registry import FAMILIES
 
     d = resolve_model_dir(path)
     if model_class is None:
-        arch = (json.loads((d / "config.json").read_text()).get("architectures") or [None])[0]
-        for name in FAMILIES.names():
-            fam = FAMILIES.get(name)
-            if fam.model_class.__name__ == arch:
-                model_class = fam.model_class
-                break
-        if model_class is None:
-            raise ModelError(f"{d}: no registered model family builds '{arch}'")
+        model_class = FAMILIES.get(family_of(d)).model_class
     return model_class.from_pretrained(str(d))
+
+
+def family_of(model_dir: str | Path) -> str:
+    """Name of the registered family whose model class built the saved model (``architectures`` in config.json)."""
+    import json
+
+    from memlab.registry import FAMILIES
+
+    d = Path(model_dir)
+    arch = (json.loads((d / "config.json").read_text()).get("architectures") or [None])[0]
+    for name in FAMILIES.names():
+        if FAMILIES.get(name).model_class.__name__ == arch:
+            return name
+    raise ModelError(f"{d}: no registered model family builds '{arch}'")
 
 
 def load_run_tokenizer(path: str | Path):

@@ -23,13 +23,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    import json
-
     import torch
 
     from memlab.errors import MemlabError
-    from memlab.loading import resolve_model_dir
-    from memlab.registry import FAMILIES, GENERATORS
+    from memlab.loading import family_of, resolve_model_dir
+    from memlab.registry import GENERATORS
 
     if args.max_new_tokens < 1 or args.num_beams < 1 or args.max_sentences < 1:
         raise MemlabError("--max-new-tokens, --num-beams and --max-sentences must be >= 1")
@@ -39,10 +37,7 @@ def run(args) -> int:
         raise MemlabError("--top-p must be in (0, 1]")
     d = resolve_model_dir(args.run)
     torch.manual_seed(args.seed)
-    arch = (json.loads((d / "config.json").read_text()).get("architectures") or [""])[0]
-    family = next((n for n in FAMILIES.names() if FAMILIES.get(n).model_class.__name__ == arch), None)
-    if family is None:
-        raise MemlabError(f"{d}: no registered family builds '{arch}'")
+    family = family_of(d)
     if any(not p.strip() for p in args.prompt):
         raise MemlabError("a prompt must hold some text")
     gen = GENERATORS.get(family) if family in GENERATORS else causal_generate

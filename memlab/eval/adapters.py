@@ -14,7 +14,6 @@ the model's window are cut from the left, keeping the end that the continuation 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
@@ -139,20 +138,9 @@ class GeneratorAdapter:
         return list(self.gen(self.model_dir, prompts, args))
 
 
-def family_of(model_dir: Path) -> str:
-    """The registered family whose model class the saved ``architectures`` names."""
-    from memlab.registry import FAMILIES
-
-    arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
-    for n in FAMILIES.names():
-        if FAMILIES.get(n).model_class.__name__ == arch:
-            return n
-    raise MemlabError(f"{model_dir}: no registered family builds '{arch}'")
-
-
 def load_adapter(path: str | Path, name: str | None = None) -> ModelAdapter:
     """An adapter for a run directory or saved model folder, chosen by its family."""
-    from memlab.loading import load_pretrained, load_run_tokenizer, resolve_model_dir
+    from memlab.loading import family_of, load_pretrained, load_run_tokenizer, resolve_model_dir
     from memlab.registry import GENERATORS
 
     d = resolve_model_dir(path)
