@@ -33,3 +33,38 @@ def transformer_forward_flops(n_matrix_params: int, n_layers: int, d_model: int,
 def transformer_train_flops(n_matrix_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
     """Training (forward + backward) FLOPs for one sequence."""
     return 3.0 * transformer_forward_flops(n_matrix_params, n_layers, d_model, seq_len)
+
+
+def _cpu_sdpa_mapping() -> dict:
+    """FLOP formulas for the CPU flash-attention kernels, which torch's counter does not list."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    out = {}
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is not None:
+        out[fwd] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
+    if bwd is not None:
+        out[bwd] = lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v)
+    return out
+
+
+def measured_step_flops(loss_fn, model: torch.nn.Module, batch: dict) -> float:
+    """FLOPs of one training step (``loss_fn(model, batch)`` forward + backward), counted by torch.
+
+    Counts every matrix multiply and attention kernel the step runs, including
+    those of frozen modules the loss passes through (e.g. a frozen sentence
+    decoder: its forward pass and the backward pass to its inputs, no weight
+    gradients). Gradients and RNG state are left as they were.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved = [p.grad for p in params]
+    with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_mapping()) as fc:
+        out = loss_fn(model, batch)
+        out.loss.backward()
+    for p, g in zip(params, saved):
+        p.grad = g
+    return float(fc.get_total_flops())

@@ -7,6 +7,13 @@ Conditioning (``conditioning``):
 * ``unrolled``: as in the memory-models paper, the embedding is projected to
   ``max_len * d`` and the t-th slice is added to the t-th token's input.
 
+Token inputs (``inputs``):
+
+* ``teacher``: the true previous tokens (teacher forcing); the decoder's own
+  language knowledge then helps, which the control run measures;
+* ``blank``: every input is the start token (blank copy), so all the decoder
+  knows of a chunk comes through the embedding.
+
 Embeddings are standardised per dimension with statistics of the training
 cache (buffers ``z_mean``, ``z_std``; each std floored at a tenth of the
 median), so models with huge activations train as easily as small ones.
@@ -33,7 +40,7 @@ class ProbeDecoderConfig(PretrainedConfig):
     def __init__(self, embed_dim: int = 64, vocab_size: int = 512, kept_ids: list[int] | None = None,
                  start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                  intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
-                 prefix_len: int = 4, **kwargs):
+                 prefix_len: int = 4, inputs: str = "teacher", **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
@@ -45,6 +52,7 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.max_len = max_len
         self.conditioning = conditioning
         self.prefix_len = prefix_len
+        self.inputs = inputs
         super().__init__(**kwargs)
 
 
@@ -98,11 +106,16 @@ class ProbeDecoder(PreTrainedModel):
         self.z_std.copy_(std.clamp(min=max(floor, 1e-6)))
 
     def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T)."""
+        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
+
+        With ``inputs="blank"`` only the shape of ``decoder_input_ids`` is used: every input is the start token.
+        """
         c = self.config
         b, t = decoder_input_ids.shape
         if t > c.max_len:
             raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
+        if c.inputs == "blank":
+            decoder_input_ids = torch.full_like(decoder_input_ids, c.start_id)  # (B, T)
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
         x = self.body.embed_tokens(ids)  # (B, T, d)
         zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)

@@ -62,6 +62,8 @@ class ProbeOptions:
     """How the decoder reads the embedding: prefix (memory prefix) or unrolled (added per position)."""
     prefix_len: int = 4
     """Memory prefix vectors (prefix conditioning)."""
+    inputs: str = "teacher"
+    """Decoder token inputs: teacher (true previous tokens) or blank (start token everywhere: blank copy)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
@@ -103,6 +105,8 @@ def validate(opts: ProbeOptions) -> ProbeOptions:
         raise ConfigError(f"'pool' must be one of {', '.join(POOLS)}, got {opts.pool!r}")
     if opts.conditioning not in ("prefix", "unrolled"):
         raise ConfigError(f"'conditioning' must be prefix or unrolled, got {opts.conditioning!r}")
+    if opts.inputs not in ("teacher", "blank"):
+        raise ConfigError(f"'inputs' must be teacher or blank, got {opts.inputs!r}")
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
     for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len"):
@@ -213,7 +217,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         "n_train": int(train_ids.shape[0]),
         "n_eval": int(eval_ids.shape[0]),
         "decoder": {"parameters": sum(p.numel() for p in dec.parameters()), "kept_vocab": dec.num_kept,
-                    "conditioning": opts.conditioning},
+                    "conditioning": opts.conditioning, "inputs": opts.inputs},
         "probe": probe_metrics,
         "control": control_metrics,
         "information_gain": T.information_gain(probe_metrics["ce"], control_metrics["ce"]) if control_metrics else None,

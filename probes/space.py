@@ -2,7 +2,8 @@
 
 Teacher forcing (see :mod:`memlab.space`): ``decoder_inputs`` puts the start
 token (BOS, else CLS, EOS or pad) before the text and drops its last token;
-labels are the text, ``-100`` on padding. ``decode_logits`` returns exact
+labels are the text, ``-100`` on padding. A decoder trained with blank inputs
+(``inputs="blank"``) ignores the input ids and generates all positions at once. ``decode_logits`` returns exact
 log-probabilities over the tokenizer's full vocabulary.
 """
 
@@ -65,6 +66,15 @@ class FittedProbe:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         b = z.shape[0]
         start = int(self.decoder.config.start_id)
+        if self.decoder.config.inputs == "blank":  # every position is predicted at once from z alone
+            logits = self.decoder(z, torch.full((b, steps), start, dtype=torch.long))  # (B, T, C)
+            if do_sample:
+                logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
+                probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
+                seq = torch.multinomial(probs, 1, generator=gen).view(b, steps)  # (B, T)
+            else:
+                seq = self.decoder.predict_full(logits)  # (B, T)
+            return self.tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         if num_beams > 1:
             return self._beam(z, steps, num_beams)
         seq = torch.full((b, 1), start, dtype=torch.long)  # (B, 1)

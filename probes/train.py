@@ -126,7 +126,7 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
 
 
 def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for ``opts`` (hidden_size, num_layers, num_heads, seq_len, conditioning, prefix_len, seed)."""
+    """A fresh decoder for ``opts`` (hidden_size, num_layers, num_heads, seq_len, conditioning, prefix_len, inputs, seed)."""
     torch.manual_seed(opts.seed)
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist())) if compact else list(range(v))
@@ -134,7 +134,8 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
         raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
     cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
-                             max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len)
+                             max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
+                             inputs=opts.inputs)
     return ProbeDecoder(cfg)
 
 

@@ -98,6 +98,35 @@ def test_previous_mode_output_ignores_memories_of_same_and_later_chunks():
                 assert (out[:, c + 1:] - base[:, c + 1:]).abs().amax() > 0
 
 
+@pytest.mark.parametrize("mode", ["previous", "own"])
+def test_logits_to_keep_equals_the_tail_of_the_full_logits(mode):
+    m = _tiny(num_memories=2)
+    ids = torch.randint(5, 97, (2, 3, 8))  # (B, C, L)
+    with torch.no_grad():
+        full = m(input_ids=ids, decoder_input_ids=ids, labels=ids, memory_mode=mode)
+        flat = full.logits.reshape(2, 3 * 8, 97)  # (B, C*L, V) chunk-major
+        last = m(input_ids=ids, decoder_input_ids=ids, memory_mode=mode, logits_to_keep=1).logits  # (B, 1, V)
+        assert last.shape == (2, 1, 97)
+        assert torch.allclose(last[:, 0], full.logits[:, -1, -1], atol=1e-5)
+        for n in (5, 8, 11, 24):  # within the last chunk, exactly it, across chunks, every position
+            out = m(input_ids=ids, decoder_input_ids=ids, labels=ids, memory_mode=mode, logits_to_keep=n)
+            assert out.logits.shape == (2, n, 97)
+            assert torch.allclose(out.logits, flat[:, -n:], atol=1e-5), n
+            ref = torch.nn.functional.cross_entropy(flat[:, -n:].flatten(0, 1), ids.reshape(2, 24)[:, -n:].flatten())
+            assert torch.allclose(out.loss, ref, atol=1e-5), n  # the loss covers the kept positions only
+        out = m(input_ids=ids, decoder_input_ids=ids, labels=ids, memory_mode=mode, logits_to_keep=24)
+        assert torch.allclose(out.loss, full.loss, atol=1e-6)
+        # 2-D input (one chunk): (B, n, V) like transformers; the decoder entry point agrees
+        one = m(input_ids=ids[:, 0], decoder_input_ids=ids[:, 0], memory_mode=mode)
+        assert torch.allclose(m(input_ids=ids[:, 0], decoder_input_ids=ids[:, 0], memory_mode=mode,
+                                logits_to_keep=1).logits[:, 0], one.logits[:, -1], atol=1e-5)
+        mem = m.encode_chunks(ids)
+        assert torch.allclose(m.decode(mem, ids, mode, logits_to_keep=1)[:, 0], full.logits[:, -1, -1], atol=1e-5)
+    for bad in (-1, 25, 1.0, True, torch.tensor([1])):
+        with pytest.raises(MemlabError, match="logits_to_keep"):
+            m(input_ids=ids, decoder_input_ids=ids, memory_mode=mode, logits_to_keep=bad)
+
+
 def test_loss_drops_and_round_trip(tmp_path):
     m = _tiny(num_memories=1).train()
     ids = torch.randint(5, 97, (8, 2, 8))

@@ -203,3 +203,26 @@ def test_unfrozen_decoder_is_trained_saved_and_restored(tmp_path, small_corpus, 
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert any(k.startswith(("dec.", "lm_head", "z_in")) for k in changed), "the decoder was not trained"
     assert not any(k.startswith(("enc.", "enc_out")) for k in changed), "the encoder must not change"
+
+
+def test_step_flops_include_the_frozen_decoder(fitted):
+    from memlab.flops import matrix_params, measured_step_flops, transformer_train_flops
+    from memlab.train.setup import StepOutput
+
+    # a frozen linear layer in the loss path costs its forward pass plus the gradient to its input
+    lin, frozen = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False).requires_grad_(False)
+    x = {"x": torch.randn(4, 8)}
+    trained_only = measured_step_flops(lambda m, b: StepOutput(loss=m(b["x"]).sum()), lin, x)
+    through = measured_step_flops(lambda m, b: StepOutput(loss=frozen(m(b["x"])).sum()), lin, x)
+    assert trained_only == 2 * 4 * 8 * 8 * 2  # forward + weight gradient (x needs no gradient)
+    assert through == trained_only + 2 * (2 * 4 * 8 * 8)  # + the frozen layer's forward and its input gradient
+    assert lin.weight.grad is None
+    # SONAR-LLM: the counted step is larger than the sentence model's own analytic training FLOPs
+    space, spec = fitted
+    handle = SpaceHandle(space, spec)
+    model = FAMILIES.get("sonar_llm").make_model("toy", embed_dim=32)
+    batch = document_batch(handle, DOCS[:1])
+    got = measured_step_flops(SonarLLMLoss(handle), model, batch)
+    c, n_sent = model.config, len(DOCS[0]) - 1
+    own = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, n_sent)
+    assert got > 1.5 * own

@@ -2,10 +2,20 @@
 same width and depth, from 1k to 32k tokens, with the fitted cost exponents.
 
 The full-attention twin is a transformers ``LlamaForCausalLM`` (SDPA attention, causal)
-with the memory model's decoder width, depth, heads, MLP width and vocabulary. Both
-produce logits for every position of one sequence (batch 1). The memory model reads the
-sequence as ``T / chunk_len`` chunks, encodes all of them in one call and decodes every
-chunk reading the memories of the chunks before it (``memory_mode="previous"``).
+with the memory model's decoder width, depth, heads, MLP width and vocabulary. Both read
+one sequence (batch 1) in one forward call. The memory model reads the sequence as
+``T / chunk_len`` chunks, encodes all of them in one call and decodes every chunk reading
+the memories of the chunks before it (``memory_mode="previous"``).
+
+``logits`` chooses what both sides return:
+
+* ``"last"`` (default): prefill in the ordinary sense (what transformers' ``generate`` does):
+  both run every layer on every position but apply the output head to the last position
+  only (``logits_to_keep=1`` on both models);
+* ``"all"``: logits for every position (the shared output head, vocabulary x width per
+  token, then is a large per-token cost at toy widths and bounds the speed ratio).
+
+The choice is recorded in the result (``"logits"``) and the plot title.
 """
 
 from __future__ import annotations
@@ -48,8 +58,17 @@ def _measure(fn, device, repeats: int) -> dict[str, Any]:
         return {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"}
 
 
+LOGITS = ("last", "all")
+"""``logits`` choices: the last position only (prefill) or every position."""
+
+
 def run_prefill(lengths: list[int], device: torch.device, preset: str = "toy", chunk_len: int = 64,
-                overrides: dict | None = None, repeats: int = 1, log=print) -> dict[str, Any]:
+                overrides: dict | None = None, repeats: int = 1, logits: str = "last", log=print) -> dict[str, Any]:
+    from memlab.errors import MemlabError
+
+    if logits not in LOGITS:
+        raise MemlabError(f"unknown prefill logits {logits!r}; choose one of {', '.join(LOGITS)}")
+    keep = 1 if logits == "last" else 0  # transformers' logits_to_keep: 0 = every position
     max_len = max(lengths)
     mem = memory_model(preset, chunk_len, max_len, overrides)
     if mem is not None:
@@ -67,14 +86,16 @@ def run_prefill(lengths: list[int], device: torch.device, preset: str = "toy", c
         ids = torch.randint(3, vocab, (1, T), generator=g).to(device)  # (1, T)
         row: dict[str, Any] = {"tokens": T}
         with torch.inference_mode():
-            row["full_attention"] = _measure(lambda: full(input_ids=ids, use_cache=False), device, repeats)
+            row["full_attention"] = _measure(lambda: full(input_ids=ids, use_cache=False, logits_to_keep=keep),
+                                             device, repeats)  # logits (1, T, V) or (1, 1, V)
             if mem is not None:
                 if T % chunk_len:
                     row["memory"] = {"error": f"{T} is not a multiple of chunk_len {chunk_len}"}
                 else:
                     x = ids.view(1, T // chunk_len, chunk_len)  # (1, C, T_c)
-                    row["memory"] = _measure(lambda: mem(input_ids=x, decoder_input_ids=x, memory_mode="previous"),
-                                             device, repeats)
+                    row["memory"] = _measure(lambda: mem(input_ids=x, decoder_input_ids=x, memory_mode="previous",
+                                                         logits_to_keep=keep),
+                                             device, repeats)  # logits (1, C, T_c, V) or (1, 1, V)
         f, m = row["full_attention"], row.get("memory", {})
         if "seconds" in f and "seconds" in m:
             row["speedup"] = f["seconds"] / m["seconds"]
@@ -82,9 +103,10 @@ def run_prefill(lengths: list[int], device: torch.device, preset: str = "toy", c
         rows.append(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    out: dict[str, Any] = {"rows": rows, "model": {"width": width, "layers": layers, "heads": heads, "ff": ff,
-                                                    "vocab": vocab, "chunk_len": chunk_len, "memory_preset": preset,
-                                                    "memory_overrides": overrides or {}},
+    out: dict[str, Any] = {"logits": logits, "logits_to_keep": keep, "rows": rows,
+                           "model": {"width": width, "layers": layers, "heads": heads, "ff": ff,
+                                     "vocab": vocab, "chunk_len": chunk_len, "memory_preset": preset,
+                                     "memory_overrides": overrides or {}},
                            "memory_family": mem is not None}
     for side in ("full_attention", "memory"):
         pts = [(r["tokens"], r[side]["seconds"]) for r in rows if "seconds" in r.get(side, {})]
@@ -113,6 +135,9 @@ def plot_prefill(res: dict[str, Any], path) -> None:
         axes[1].loglog(t, [max(v, 1e-3) for v in m], "o-", label=label)
     axes[0].set_ylabel("prefill seconds")
     axes[1].set_ylabel("peak memory (MiB)")
+    what = {"last": "last-position logits (logits_to_keep=1)", "all": "logits for every position"}
+    fig.suptitle(f"prefill, memory model vs full attention: {what.get(res.get('logits', 'all'), res.get('logits'))}",
+                 fontsize=10)
     for ax in axes:
         finish_axes(ax, "tokens", log=True, legend_fontsize=8)
     save_figure(fig, path, dpi=120)

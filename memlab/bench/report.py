@@ -24,7 +24,9 @@ def write_readme(res: dict[str, Any], path: str | Path) -> None:
                   f"{r['sentence_len']} tokens. Plot: `plots/flops.png`.", ""]
     if "prefill" in P:
         r = P["prefill"]
+        kept = {"last": "next-token logits of the last position only", "all": "logits of every position"}
         lines += ["## (a) Prefill: memory model vs full attention (same width and depth)", "",
+                  f"Both models compute {kept.get(r.get('logits', 'all'), r.get('logits'))}.", "",
                   "| tokens | full attention s | memory s | speedup | full peak MiB | memory peak MiB |", "|---|---|---|---|---|---|"]
         for row in r["rows"]:
             f, m = row["full_attention"], row.get("memory", {})

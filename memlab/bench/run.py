@@ -25,12 +25,17 @@ QUICK = {"prefill_lengths": [128, 256], "generation_contexts": [64, 128], "mfu_s
 def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, quick: bool = False,
               prefill_lengths: list[int] | None = None, generation_contexts: list[int] | None = None,
               mfu_steps: int = 12, mfu_configs: dict[str, str] | None = None, command: str = "",
-              log=print) -> dict[str, Any]:
+              prefill_logits: str = "last", log=print) -> dict[str, Any]:
+    """``prefill_logits``: ``"last"`` (both prefill models return the last position's logits only,
+    ``logits_to_keep=1``) or ``"all"`` (every position); see ``memlab.bench.prefill``."""
     from memlab.bench.measure import device_of
+    from memlab.bench.prefill import LOGITS
 
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise MemlabError(f"unknown bench part '{unknown[0]}'; known: {', '.join(PARTS)}")
+    if prefill_logits not in LOGITS:
+        raise MemlabError(f"unknown prefill logits {prefill_logits!r}; choose one of {', '.join(LOGITS)}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise MemlabError(f"bench directory {out} already holds files; choose another --out")
@@ -54,7 +59,8 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
             from memlab.bench.prefill import plot_prefill, run_prefill
 
             lengths = prefill_lengths or q.get("prefill_lengths") or [1024, 2048, 4096, 8192, 16384, 32768]
-            r = run_prefill(lengths, dev, chunk_len=32 if quick else 64, repeats=1 if quick else 2, log=log)
+            r = run_prefill(lengths, dev, chunk_len=32 if quick else 64, repeats=1 if quick else 2,
+                            logits=prefill_logits, log=log)
             plot_prefill(r, out / "plots" / "prefill.png")
         elif part == "generation":
             from memlab.bench.generation import plot_generation, run_generation

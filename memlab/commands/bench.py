@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: check the harness, numbers mean nothing")
     p.add_argument("--prefill-lengths", default=None, help="comma-separated token counts (default 1k..32k)")
+    p.add_argument("--prefill-logits", default="last", choices=["last", "all"],
+                   help="prefill: logits of the last position only (logits_to_keep=1, as generate does; default) "
+                        "or of every position")
     p.add_argument("--generation-contexts", default=None, help="comma-separated context lengths (default 256..16k)")
     p.add_argument("--mfu-steps", type=int, default=12, help="training steps per family for MFU")
     p.set_defaults(func=run)
@@ -49,7 +52,8 @@ def run(args) -> int:
     command = "memlab " + " ".join(shlex.quote(a) for a in argv)
     run_bench(out, [p.strip() for p in args.parts.split(",") if p.strip()], device=args.device, quick=args.quick,
               prefill_lengths=_ints(args.prefill_lengths), generation_contexts=_ints(args.generation_contexts),
-              mfu_steps=args.mfu_steps, command=command, log=lambda s: print(s, file=sys.stderr))
+              mfu_steps=args.mfu_steps, prefill_logits=args.prefill_logits, command=command,
+              log=lambda s: print(s, file=sys.stderr))
     print((out / "README.md").read_text())
     print(f"wrote {out / 'bench.json'}")
     return 0
@@ -62,6 +66,8 @@ def _argv(args) -> list[str]:
         out += ["--out", args.out]
     if args.quick:
         out.append("--quick")
+    if args.prefill_logits != "last":
+        out += ["--prefill-logits", args.prefill_logits]
     for flag, v in (("--device", args.device), ("--prefill-lengths", args.prefill_lengths),
                     ("--generation-contexts", args.generation_contexts)):
         if v:

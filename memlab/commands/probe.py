@@ -14,6 +14,7 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
     "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
     "--conditioning": ("conditioning", str, "prefix (memory prefix) or unrolled (added per position)"),
+    "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens) or blank (blank copy)"),
     "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
     "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),

@@ -39,7 +39,8 @@ MODES = ("own", "previous", "none")
 
 @dataclass
 class MemoryModelOutput(ModelOutput):
-    """``loss`` (mean token CE over labels != -100), ``logits`` ``(B, C, L, V)``, ``memories`` ``(B, C, K, M)``."""
+    """``loss`` (mean token CE over labels != -100, over the kept positions when ``logits_to_keep > 0``),
+    ``logits`` ``(B, C, L, V)`` (``(B, n, V)`` with ``logits_to_keep=n > 0``), ``memories`` ``(B, C, K, M)``."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -103,6 +104,27 @@ class MemoryEncoder(nn.Module):
         return self.bottleneck(mem)  # (N, K, M)
 
 
+def check_logits_to_keep(n, positions: int) -> int:
+    """``logits_to_keep`` as an int in ``0..positions`` (``positions`` = ``C * L`` decoder positions per example)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ModelError(f"logits_to_keep must be a non-negative int (0 = every position), got {n!r}")
+    if n < 0 or n > positions:
+        raise ModelError(f"logits_to_keep={n} is outside 0..{positions} (0 = every position; at most the "
+                         f"{positions} decoder positions of an example, chunks x chunk positions)")
+    return n
+
+
+def apply_head(hidden: torch.Tensor, norm: nn.Module, weight: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+    """Final norm + tied head. ``hidden`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)`` when ``logits_to_keep`` is 0,
+    else only the last ``n`` positions of the flattened ``(B, C*L)`` sequence -> ``(B, n, V)``: the norm and the
+    head (the large per-token cost at small widths) run on those ``n`` positions alone."""
+    if logits_to_keep == 0:
+        return F.linear(norm(hidden), weight)  # (B, C, L, V)
+    b, c, length, d = hidden.shape
+    h = hidden.reshape(b, c * length, d)[:, -logits_to_keep:]  # (B, n, d) last n positions, chunk-major order
+    return F.linear(norm(h), weight)  # (B, n, V)
+
+
 class MemoryDecoder(nn.Module):
     """Llama-style causal Transformer that reads memory slots before its tokens."""
 
@@ -131,12 +153,22 @@ class MemoryDecoder(nn.Module):
         u = self.unroll(mem.flatten(1)).view(n, self.max_len, -1)[:, :length]  # (N, L, d)
         return self.unroll_norm(u)
 
-    def forward(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, mode: str) -> torch.Tensor:
+    def forward(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, mode: str,
+                logits_to_keep: int = 0) -> torch.Tensor:
+        """Memories ``(B, C, K, M)`` (None in mode ``none``) + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``.
+
+        ``logits_to_keep`` (transformers' meaning): 0 keeps every position; ``n > 0`` keeps only the last ``n``
+        positions of each example's flattened decoder sequence (chunk-major, ``C * L`` positions: the last ``n``
+        positions of the last chunk, continuing into earlier chunks when ``n > L``), returned as ``(B, n, V)``;
+        the norm and head run only on those positions (the layers still run on all of them). ``n`` above
+        ``C * L`` or not an int raises a ModelError.
+        """
         b, c, length = decoder_input_ids.shape
         if length > self.max_len:
             raise ModelError(f"{length} decoder positions do not fit the decoder (chunk_len + 1 = {self.max_len})")
         if mode not in MODES:
             raise ModelError(f"unknown memory mode {mode!r}; choose one of {', '.join(MODES)}")
+        logits_to_keep = check_logits_to_keep(logits_to_keep, c * length)
         k, d = self.cfg.num_memories, self.cfg.hidden_size
         tok = self.embed(decoder_input_ids.reshape(b * c, length)) + self.pos.weight[:length]  # (BC, L, d)
         mask, causal = None, True
@@ -153,20 +185,22 @@ class MemoryDecoder(nn.Module):
                 if self.cfg.memory_injection == "unrolled":
                     tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length)
             else:
-                return self._previous(memories, mem, tok.view(b, c, length, d))
+                return self._previous(memories, mem, tok.view(b, c, length, d), logits_to_keep)
             x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, K + L, d)
         for layer in self.layers:
             x = layer(x, mask=mask, causal=causal)
-        h = self.norm(x[:, -length:])  # (BC, L, d)
-        logits = F.linear(h, self.embed.weight)  # (BC, L, V) head tied to the input embedding
-        return logits.view(b, c, length, -1)
+        hid = x[:, -length:].reshape(b, c, length, d)  # (B, C, L, d) token positions (memory slots dropped)
+        return apply_head(hid, self.norm, self.embed.weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
 
     SLOT_GROUPS = 8  # previous mode: chunk rows in this many groups, each reading only the slots it can see
 
-    def _previous(self, memories: torch.Tensor, mem: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    def _previous(self, memories: torch.Tensor, mem: torch.Tensor, tok: torch.Tensor,
+                  logits_to_keep: int = 0) -> torch.Tensor:
         """``previous`` mode: memories ``(B, C, K, M)``, projected slots ``mem`` ``(B, C, K, d)`` and token
-        embeddings ``tok`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)``. Slot states are computed once per chunk
-        and shared by every token row; row ``c`` sees the slots of chunks ``< c`` and its own causal tokens."""
+        embeddings ``tok`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)``, or ``(B, n, V)`` for the last
+        ``n = logits_to_keep > 0`` positions of the flattened ``C * L`` sequence (checked by ``forward``).
+        Slot states are computed once per chunk and shared by every token row; row ``c`` sees the slots of
+        chunks ``< c`` and its own causal tokens."""
         b, c, length, d = tok.shape
         k, h = self.cfg.num_memories, self.cfg.num_attention_heads
         idx = torch.arange(c, device=tok.device)
@@ -193,8 +227,7 @@ class MemoryDecoder(nn.Module):
         x = tok  # (B, C, L, d)
         for layer in self.layers:
             x, slots = layer.forward_with_slots(x, slots, groups)
-        hid = self.norm(x)  # (B, C, L, d)
-        return F.linear(hid, self.embed.weight)  # (B, C, L, V) head tied to the input embedding
+        return apply_head(x, self.norm, self.embed.weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
 
 
 class MemoryPreTrainedModel(PreTrainedModel):
@@ -243,14 +276,28 @@ class MemoryModel(MemoryPreTrainedModel):
         mem = self.encoder(input_ids.reshape(b * c, t), flat_mask)  # (BC, K, M)
         return mem.view(b, c, *mem.shape[1:])
 
-    def decode(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, memory_mode: str = "own") -> torch.Tensor:
-        """Memories ``(B, C, K, M)`` + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``."""
-        return self.decoder(memories, decoder_input_ids, memory_mode)
+    def decode(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, memory_mode: str = "own",
+               logits_to_keep: int = 0) -> torch.Tensor:
+        """Memories ``(B, C, K, M)`` + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``; with
+        ``logits_to_keep=n > 0`` only the last ``n`` positions of the flattened ``C * L`` sequence, ``(B, n, V)``
+        (see ``MemoryDecoder.forward``)."""
+        return self.decoder(memories, decoder_input_ids, memory_mode, logits_to_keep)
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                memory_mode: str = "own", memories: torch.Tensor | None = None, **kwargs) -> MemoryModelOutput:
-        """Chunks ``(B, T)`` or ``(B, C, T)``; without decoder inputs the decoder blank-copies them."""
+                memory_mode: str = "own", memories: torch.Tensor | None = None, logits_to_keep: int = 0,
+                **kwargs) -> MemoryModelOutput:
+        """Chunks ``(B, T)`` or ``(B, C, T)``; without decoder inputs the decoder blank-copies them.
+
+        ``logits_to_keep`` has transformers' meaning: 0 (default) returns the logits of every position,
+        ``(B, C, L, V)`` (``(B, L, V)`` for 2-D inputs); ``n > 0`` returns only the logits of the last ``n``
+        positions of each example's decoder sequence flattened chunk-major (``C * L`` positions: the last ``n``
+        positions of the last chunk, reaching back into earlier chunks when ``n > L``), as ``(B, n, V)`` for
+        2-D and 3-D inputs alike, and applies the output head only there (prefill: ``logits_to_keep=1``).
+        ``n`` must be an int in ``0..C*L`` (else ModelError). With ``n > 0`` the loss, when there are labels
+        (given, or the blank-copy targets), is the mean CE over those same last ``n`` positions only
+        (labels ``(B, C, L)`` flattened the same way), so it matches the returned logits.
+        """
         squeeze = input_ids is not None and input_ids.dim() == 2
         if squeeze:
             input_ids = input_ids[:, None]
@@ -263,11 +310,14 @@ class MemoryModel(MemoryPreTrainedModel):
                 labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, -100)
         elif decoder_input_ids.dim() == 2:
             decoder_input_ids = decoder_input_ids[:, None]
-        logits = self.decode(memories, decoder_input_ids, memory_mode)  # (B, C, L, V)
+        logits = self.decode(memories, decoder_input_ids, memory_mode, logits_to_keep)  # (B, C, L, V) or (B, n, V)
         loss = None
         if labels is not None:
-            labels = labels.view(logits.shape[:3])
-            loss = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), ignore_index=-100)
-        if squeeze:
-            logits = logits[:, 0]
+            b, c, length = decoder_input_ids.shape
+            labels = labels.reshape(b, c, length)  # (B, C, L)
+            if logits_to_keep:
+                labels = labels.reshape(b, c * length)[:, -logits_to_keep:]  # (B, n) the kept positions
+            loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100)
+        if squeeze and not logits_to_keep:
+            logits = logits[:, 0]  # (B, L, V)
         return MemoryModelOutput(loss=loss, logits=logits, memories=memories)

@@ -17,7 +17,7 @@ from memlab.data import embcache
 from memlab.data.corpus import load_corpus, make_splits, units
 from memlab.data.views import sentence_documents
 from memlab.errors import ConfigError
-from memlab.flops import matrix_params, transformer_train_flops
+from memlab.flops import measured_step_flops
 from memlab.models.sonar_llm.data import SentenceDocDataset, collate_documents, make_documents
 from memlab.models.sonar_llm.objective import SonarLLMLoss
 from memlab.models.sonar_llm.spaces import SpaceHandle, load_space, normalize_spec
@@ -104,6 +104,19 @@ def embedded_splits(handle: SpaceHandle, docs: dict[str, list[list[str]]], opts:
     return out
 
 
+def step_flops_per_document(loss_fn, model, data: SentenceDocDataset, n: int = 8) -> float:
+    """Training FLOPs per document, counted by torch on up to ``n`` documents spread over the split.
+
+    Each document is one step of its own (no padding between documents): the
+    sentence model's forward and backward passes and, for SONAR-LLM, the frozen
+    space decoder it learns through (its forward pass and the backward pass to
+    its inputs), which an analytic count of the sentence model alone leaves out.
+    """
+    picks = sorted({int(i * len(data) / n) for i in range(min(n, len(data)))})
+    total = sum(measured_step_flops(loss_fn, model, collate_documents([data[i]])) for i in picks)
+    return total / max(len(picks), 1)
+
+
 class SentenceRecipe:
     """Shared setup of the sentence-level recipes; subclasses set the family and the loss."""
 
@@ -133,18 +146,18 @@ class SentenceRecipe:
             raise ConfigError(f"a document holds {longest} sentences; the model reads at most "
                               f"max_position_embeddings={model.config.max_position_embeddings} (lower window_sentences)")
         self.write_space_file(run_dir, handle, train)
-        c = model.config
         mean_len = train.embeddings.shape[0] / max(train.num_documents, 1)
-        flops = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, int(mean_len))
+        train_data = SentenceDocDataset(train)
+        loss_fn = self.make_loss(handle, model, opts)
         val = splits.get("validation")
         return TrainSetup(
             model=model,
-            train_data=SentenceDocDataset(train),
+            train_data=train_data,
             eval_data=SentenceDocDataset(val) if val is not None else None,
-            loss_fn=self.make_loss(handle, model, opts),
+            loss_fn=loss_fn,
             collate_fn=collate_documents,
             tokens_per_example=int(mean_len),
-            flops_per_example=flops,
+            flops_per_example=step_flops_per_document(loss_fn, model, train_data),
             summary={"space": spec, "embedding_shape": handle.shape, "train_documents": train.num_documents,
                      "train_sentences": int(train.embeddings.shape[0]),
                      "eval_documents": val.num_documents if val is not None else 0,
