@@ -174,8 +174,12 @@ def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
 
 def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: list[str] | None = None,
                    skip: list[str] | None = None, fast: bool = False, progress: bool | None = None,
-                   entries: list[Entry] | None = None) -> dict:
-    """Probe every entry on the same held-out text; print the table; write table.md, summary.json and a plot."""
+                   entries: list[Entry] | None = None, overrides: list[str] | None = None) -> dict:
+    """Probe every entry on the same held-out text; print the table; write table.md, summary.json and a plot.
+
+    ``overrides``: ``key=value`` changes of the probe options (ProbeOptions fields) for every entry.
+    """
+    from memlab.config import apply_overrides
     from memlab.probes.inversion import load_options, run_probe
 
     entries = entries if entries is not None else default_entries()
@@ -186,7 +190,8 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     run_dir = Path(out) if out else Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[])
-    base = dict(FAST if fast else FULL)
+    base = apply_overrides(dict(FAST if fast else FULL), list(overrides or []))
+    load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
     rows, reports = [], {}
     t0 = time.perf_counter()
     for e in entries:

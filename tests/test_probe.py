@@ -90,14 +90,23 @@ class FirstTokens:
         return z.flatten(1)  # (B, 2V)
 
 
-def test_probe_reads_the_embedding(tokenizer, small_corpus):
+@pytest.mark.parametrize("inputs", ["teacher", "blank"])
+def test_probe_reads_the_embedding(tokenizer, small_corpus, inputs):
     opts = load_options(None, TINY, model="oracle", corpus=str(small_corpus), epochs=10, lr=3e-3, n_train=512,
-                        n_eval=64)
+                        n_eval=64, inputs=inputs, conditioning="unrolled" if inputs == "blank" else "prefix")
     rep = run_probe(opts, encoder=FirstTokens(tokenizer))
     p, c = rep["probe"], rep["control"]
     # held-out first tokens (almost all occur in training) are read from the embedding; the control must guess
     assert p["accuracy_by_position"][0] > c["accuracy_by_position"][0] + 0.4
     assert p["accuracy_by_position"][1] > c["accuracy_by_position"][1] + 0.1
+    fitted = rep["_fitted"]
+    ids = torch.tensor([[5, 6, 7, 8]])
+    z = fitted.encode(ids, torch.ones_like(ids))
+    dec_in, _ = fitted.decoder_inputs(ids, torch.ones_like(ids))
+    same = torch.allclose(fitted.decode_logits(z, dec_in), fitted.decode_logits(z, torch.zeros_like(dec_in)))
+    assert same == (inputs == "blank")  # blank inputs: the token ids never reach the decoder
+    out = fitted.generate(z, max_new_tokens=4)
+    assert len(out) == 1 and isinstance(out[0], str)
 
 
 @pytest.mark.parametrize("conditioning,pool", [("prefix", "last"), ("unrolled", "mean")])

@@ -47,3 +47,7 @@ def test_skipped_entries_and_bad_names(tmp_path, capsys):
     with pytest.raises(MemlabError, match="unknown quickstart entry"):
         run_quickstart(out=tmp_path / "qs2", fast=True, only=["nope"])
     assert main(["quickstart", "--fast", "--only", "nope", "--out", str(tmp_path / "qs3")]) == 2
+    # a bad probe option fails before any entry is loaded
+    assert main(["quickstart", "--fast", "--set", "nope=1", "--out", str(tmp_path / "qs4")]) == 2
+    assert main(["quickstart", "--fast", "--set", "inputs=sideways", "--out", str(tmp_path / "qs5")]) == 2
+    assert not (tmp_path / "qs4" / "entries").exists()

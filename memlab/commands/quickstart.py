@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     p.add_argument("--only", nargs="+", metavar="ENTRY", help="probe only these entries")
     p.add_argument("--skip", nargs="+", metavar="ENTRY", default=[], help="skip these entries (e.g. smollm2)")
     p.add_argument("--fast", action="store_true", help="a much smaller run (tests, smoke checks)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="change a probe option for every entry (ProbeOptions field, e.g. --set epochs=30); repeatable")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.set_defaults(func=run)
@@ -28,5 +30,5 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
 
     run_quickstart(out=args.out, retrain=args.retrain, only=args.only, skip=args.skip, fast=args.fast,
-                   progress=args.progress)
+                   progress=args.progress, overrides=args.overrides)
     return 0
