@@ -275,3 +275,22 @@ def test_evaluation_suite(ae_run):
         assert 0 <= res[name]["blank_copy_accuracy"] <= 1 and res[name]["next_token_loss"] > 0
     # a barely trained model predicts frequent tokens: random tokens must score lower than real text
     assert res["random"]["blank_copy_accuracy"] <= res["heldout"]["blank_copy_accuracy"]
+
+
+def test_train_offsets_cut_the_stream_at_shifted_boundaries():
+    from memlab.errors import ConfigError
+    from memlab.models.memory.recipe import chunk_view
+
+    class Tok:
+        eos_token_id = 0
+
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [list(range(1, 41))]}
+
+    one = chunk_view(["x"], Tok(), 8, 4)  # (5, 2, 4): tokens 1..40
+    two = chunk_view(["x"], Tok(), 8, 4, offsets=2)
+    assert one.shape == (5, 2, 4) and two.shape == (9, 2, 4)
+    assert torch.equal(two[:5], one)
+    assert two[5, 0].tolist() == [3, 4, 5, 6]  # the second cut starts half a chunk later
+    with pytest.raises(ConfigError, match="train_offsets"):
+        chunk_view(["x"], Tok(), 8, 4, offsets=5)

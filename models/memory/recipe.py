@@ -48,6 +48,10 @@ class MemoryOptions:
     """Objectives whose loss and accuracy every evaluation reports (``<name>_accuracy``)."""
     max_examples: int | None = None
     """Keep at most this many training examples (quick runs)."""
+    train_offsets: int = 1
+    """Chunk view: cut the training token stream this many times, each copy shifted by a further
+    ``chunk_len / train_offsets`` tokens, so chunk boundaries fall at new places (more distinct
+    training chunks from the same text; 1 = one cut). Evaluation splits are always cut once."""
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -68,9 +72,18 @@ class CachedDataset(torch.utils.data.Dataset):
         return out
 
 
-def chunk_view(texts: list[str], tok, seq_len: int, chunk_len: int) -> torch.Tensor:
-    """Texts -> ``(N, C, T)`` token chunks."""
-    return token_chunks(texts, tok, seq_len).view(-1, seq_len // chunk_len, chunk_len)  # (N, C, T)
+def chunk_view(texts: list[str], tok, seq_len: int, chunk_len: int, offsets: int = 1) -> torch.Tensor:
+    """Texts -> ``(N, C, T)`` token chunks; ``offsets > 1`` appends copies of the stream cut at shifted boundaries."""
+    if offsets < 1 or offsets > chunk_len:
+        raise ConfigError(f"options.train_offsets must be in 1..chunk_len={chunk_len}, got {offsets}")
+    flat = token_chunks(texts, tok, seq_len).flatten()  # (N*S,) the whole stream, last partial example dropped
+    parts = []
+    for j in range(offsets):
+        shift = j * chunk_len // offsets
+        n = (flat.numel() - shift) // seq_len
+        if n:
+            parts.append(flat[shift: shift + n * seq_len].view(n, seq_len // chunk_len, chunk_len))  # (n, C, T)
+    return torch.cat(parts)  # (N', C, T)
 
 
 def sentence_view(docs, tok, max_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -207,7 +220,10 @@ class MemoryRecipe:
         def view(split: str):
             if opts.view == "chunks":
                 texts = corpus.texts(split)
-                return (chunk_view(texts, tok, seq, t), None, 0) if texts else (None, None, 0)
+                cuts = opts.train_offsets if split == "train" else 1
+                return (chunk_view(texts, tok, seq, t, cuts), None, 0) if texts else (None, None, 0)
+            if opts.train_offsets != 1:
+                raise ConfigError("options.train_offsets applies to the chunk view only")
             docs = corpus.splits[split]
             return sentence_view(docs, tok, seq) if docs else (None, None, 0)
 
