@@ -192,7 +192,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[])
     base = apply_overrides(dict(FAST if fast else FULL), list(overrides or []))
     load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
-    rows, reports = [], {}
+    rows, reports, controls = [], {}, {}
     t0 = time.perf_counter()
     for e in entries:
         if (only and e.name not in only) or e.name in (skip or []):
@@ -206,7 +206,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         t = time.perf_counter()
         encoder = e.load(ctx)
         opts = load_options(None, None, model=e.name, progress=progress, **base)
-        rep = run_probe(opts, run_dir / "entries" / e.name, encoder=encoder)
+        rep = run_probe(opts, run_dir / "entries" / e.name, encoder=encoder, control_cache=controls)
         rep.pop("_fitted", None)
         reports[e.name] = rep
         rows.append({"name": e.name, "embedding": e.embedding, "dim": rep["encoder"]["dim"],

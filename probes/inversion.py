@@ -162,8 +162,28 @@ def encoder_spec(opts: ProbeOptions) -> dict:
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
 
 
-def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False) -> dict:
-    """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``."""
+def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
+    """What a control run depends on: the token data, the vocabulary size and the decoder's options."""
+    import hashlib
+    import json
+
+    encoder_side = set(encoder_spec(opts)) | {"encoder_dtype", "cache_dir", "progress", "threads", "n_examples",
+                                              "device", "encode_batch_size"}
+    h = hashlib.sha256(json.dumps({k: v for k, v in sorted(vars(opts).items()) if k not in encoder_side},
+                                  default=str).encode())
+    h.update(str(len(tokenizer)).encode())
+    h.update(train_ids.numpy().tobytes())
+    h.update(eval_ids.numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
+              control_cache: dict | None = None) -> dict:
+    """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
+
+    ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
+    same decoder options is reused from it (the report names the probe that trained it).
+    """
     from memlab.probes.loading import load_encoder
 
     validate(opts)
@@ -193,16 +213,25 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc="probe decoder")
     probe_metrics = T.evaluate(dec, z_eval, eval_ids)
 
-    control_metrics, hist_c, t_ctrl = None, [], 0.0
+    control_metrics, hist_c, t_ctrl, control_from = None, [], 0.0, None
     if opts.control:
-        ctrl = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
-        ctrl.set_normalization(z_train)
-        const = z_train.mean(0, keepdim=True)  # (1, D): the same constant for every chunk
-        with T.Timer() as t_c:
-            hist_c = T.train_decoder(ctrl, const.expand_as(z_train), train_ids, opts, progress=opts.progress,
-                                     desc="control decoder")
-        control_metrics = T.evaluate(ctrl, const.expand_as(z_eval), eval_ids)
-        t_ctrl = t_c.seconds
+        # the control reads the mean training embedding, which the decoder's standardisation turns into exact
+        # zeros: it depends on the token data and the decoder options only, never on the encoder, so probes
+        # of the same chunks (same tokenizer) can share one (``control_cache``)
+        ckey = control_key(opts, tok, train_ids, eval_ids)
+        if control_cache is not None and ckey in control_cache:
+            control_metrics, hist_c, control_from = control_cache[ckey]
+        else:
+            ctrl = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
+            ctrl.set_normalization(z_train)
+            const = z_train.mean(0, keepdim=True)  # (1, D): the same constant for every chunk
+            with T.Timer() as t_c:
+                hist_c = T.train_decoder(ctrl, const.expand_as(z_train), train_ids, opts, progress=opts.progress,
+                                         desc="control decoder")
+            control_metrics = T.evaluate(ctrl, const.expand_as(z_eval), eval_ids)
+            t_ctrl = t_c.seconds
+            if control_cache is not None:
+                control_cache[ckey] = (control_metrics, hist_c, opts.model)
 
     fitted = FittedProbe(encoder, dec)
     k = min(opts.n_examples, eval_ids.shape[0])
@@ -220,6 +249,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
                     "conditioning": opts.conditioning, "inputs": opts.inputs},
         "probe": probe_metrics,
         "control": control_metrics,
+        "control_shared_with": control_from,
         "information_gain": T.information_gain(probe_metrics["ce"], control_metrics["ce"]) if control_metrics else None,
         "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
         "history": {"probe": hist, "control": hist_c},

@@ -140,6 +140,18 @@ def test_disk_cache_is_reused(tiny_llama, small_corpus, tmp_path):
     assert b["probe"]["ce"] == pytest.approx(a["probe"]["ce"], rel=1e-5)
 
 
+def test_control_is_shared_between_probes_of_the_same_chunks(tiny_llama, small_corpus):
+    cache: dict = {}
+    kw = dict(corpus=str(small_corpus), epochs=1)
+    a = run_probe(load_options(None, TINY, model=str(tiny_llama), pool="last", **kw), control_cache=cache)
+    b = run_probe(load_options(None, TINY, model=str(tiny_llama), pool="mean", **kw), control_cache=cache)
+    c = run_probe(load_options(None, TINY, model=str(tiny_llama), pool="mean", lr=1e-3, **kw), control_cache=cache)
+    assert a["control_shared_with"] is None and a["timing"]["control_s"] > 0
+    assert b["control_shared_with"] == str(tiny_llama) and b["timing"]["control_s"] == 0.0
+    assert b["control"] == a["control"] and b["probe"] != a["probe"]  # a different encoder, the same control
+    assert c["control_shared_with"] is None and len(cache) == 2  # another decoder option trains its own
+
+
 def _fails(argv, capsys, match):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
