@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for e in args.epochs:
         o = load_options(None, None, model=args.model, seq_len=args.seq_len, n_train=args.n_train, epochs=e,
-                         hidden_size=args.hidden_size, num_layers=args.num_layers)
+                         hidden_size=args.hidden_size, num_layers=args.num_layers, val_fraction=0.0)
         dec = build_decoder(enc.dim, enc.tokenizer, ids, o)
         dec.set_normalization(z)
         t = time.perf_counter()

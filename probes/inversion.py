@@ -3,10 +3,15 @@
 A frozen encoder (any HF model read at one layer and pooled, or any memlab
 space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
 chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
-that cache to rebuild the tokens in the encoder's own tokenizer. A *control*
-decoder, same size and budget, trains on a constant embedding (the mean
-training embedding): it measures what the decoder guesses from language
-alone. Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
+that cache to rebuild the tokens in the encoder's own tokenizer. By default
+its token inputs are blanked (``inputs="blank"``) and the embedding is added
+to every position (``conditioning="unrolled"``), so all it knows of a chunk
+comes through the embedding; ``inputs="teacher"`` feeds the true previous
+tokens instead. A tenth of the training chunks is held back for early stopping
+(the best epoch's weights are kept). A *control* decoder, same size and
+budget, trains on a constant embedding (the mean training embedding): it
+measures what the decoder guesses without the embedding (with blank inputs:
+the most likely token at each position; with teacher forcing: language). Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
 information gain ``(CE_control - CE_probe) / CE_control``, accuracy by
 position, reconstructions.
 
@@ -58,12 +63,13 @@ class ProbeOptions:
     """Corpus (memlab data pipeline): bundled name or local path."""
     eval_split: str = "test"
     """Held-out split scored: test (default) or validation."""
-    conditioning: str = "prefix"
-    """How the decoder reads the embedding: prefix (memory prefix) or unrolled (added per position)."""
+    conditioning: str = "unrolled"
+    """How the decoder reads the embedding: unrolled (projected and added per position) or prefix (memory prefix)."""
     prefix_len: int = 4
     """Memory prefix vectors (prefix conditioning)."""
-    inputs: str = "teacher"
-    """Decoder token inputs: teacher (true previous tokens) or blank (start token everywhere: blank copy)."""
+    inputs: str = "blank"
+    """Decoder token inputs: blank (start token everywhere: blank copy, all it knows comes from the embedding)
+    or teacher (true previous tokens: the decoder's language knowledge helps, as the control shows)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
@@ -71,7 +77,11 @@ class ProbeOptions:
     num_heads: int = 4
     """Decoder attention heads."""
     epochs: float = 8.0
-    """Passes of the decoder over the cached training embeddings."""
+    """Most passes of the decoder over the cached training embeddings (early stopping may end sooner)."""
+    val_fraction: float = 0.1
+    """Share of the training chunks held back for early stopping (0: train all epochs, keep the last weights)."""
+    patience: int = 3
+    """Early stopping: epochs without a better held-back CE before training stops (best weights are kept)."""
     batch_size: int = 32
     """Decoder batch size."""
     lr: float = 2e-3
@@ -109,7 +119,10 @@ def validate(opts: ProbeOptions) -> ProbeOptions:
         raise ConfigError(f"'inputs' must be teacher or blank, got {opts.inputs!r}")
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
-    for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len"):
+    if not 0.0 <= opts.val_fraction < 1.0:
+        raise ConfigError(f"'val_fraction' must be in [0, 1), got {opts.val_fraction}")
+    for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
+              "patience"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1")
     if opts.hidden_size % opts.num_heads:

@@ -50,9 +50,14 @@ def plot_training(report: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key in ("probe", "control"):
         hist = report.get("history", {}).get(key) or []
-        if hist:
-            ax.plot([h["step"] for h in hist], [h["loss"] for h in hist], label=key)
-    finish_axes(ax, "step", "train CE (compact vocabulary, nats)")
+        train = [h for h in hist if "loss" in h]
+        val = [h for h in hist if "val_ce" in h]
+        if train:
+            line, = ax.plot([h["step"] for h in train], [h["loss"] for h in train], label=f"{key} train")
+            if val:
+                ax.plot([h["step"] for h in val], [h["val_ce"] for h in val], "o--", color=line.get_color(),
+                        label=f"{key} held-back (early stopping)")
+    finish_axes(ax, "step", "CE (nats; train on the compact vocabulary)")
     return save_figure(fig, path)
 
 

@@ -141,11 +141,25 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
 
 def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
                   desc: str = "train") -> list[dict]:
-    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D) for ``opts.epochs`` epochs; returns the loss curve."""
+    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D) for up to ``opts.epochs`` epochs; returns the curve.
+
+    Early stopping (``opts.val_fraction > 0``): that share of the training chunks is held back, its CE is
+    measured after every epoch, training stops after ``opts.patience`` epochs without a new best and the
+    decoder ends with the weights of its best epoch. A decoder that only memorises its training chunks
+    (confident and wrong on new text) so never scores worse than what it knew at its best epoch.
+    """
     if z.shape[1] != dec.config.embed_dim:
         raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width {dec.config.embed_dim}")
     device = torch.device(opts.device)
     dec.to(device).train()
+    gen = torch.Generator().manual_seed(opts.seed)
+    n_val = int(round(getattr(opts, "val_fraction", 0.0) * ids.shape[0]))
+    if n_val and ids.shape[0] - n_val >= 1:
+        order = torch.randperm(ids.shape[0], generator=gen)
+        z_val, ids_val = z[order[:n_val]], ids[order[:n_val]]  # (n_val, D), (n_val, T)
+        z, ids = z[order[n_val:]], ids[order[n_val:]]
+    else:
+        n_val = 0
     n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
     steps_per_epoch = math.ceil(n / bs)
     total = max(1, int(round(opts.epochs * steps_per_epoch)))
@@ -153,8 +167,9 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
     opt = torch.optim.AdamW(dec.parameters(), lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / total)))))
-    gen = torch.Generator().manual_seed(opts.seed)
     start = start_token_id_from(dec)
+    patience = max(1, int(getattr(opts, "patience", 3)))
+    best, best_state, bad = float("inf"), None, 0
     history, step, bar = [], 0, _bar(total, desc, progress)
     while step < total:
         perm = torch.randperm(n, generator=gen)
@@ -177,7 +192,21 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
                 history.append({"step": step, "loss": loss.item()})
                 bar.set_postfix(loss=f"{loss.item():.3f}")
             bar.update(1)
+        if n_val:  # end of an epoch (or of training)
+            ce = evaluate(dec, z_val, ids_val)["ce"]
+            dec.train()
+            history.append({"step": step, "val_ce": ce})
+            if ce < best:
+                best, bad = ce, 0
+                best_state = {k: v.detach().clone() for k, v in dec.state_dict().items()}
+            else:
+                bad += 1
+                if bad >= patience:
+                    break
     bar.close()
+    if best_state is not None:
+        dec.load_state_dict(best_state)
+        history.append({"step": step, "best_val_ce": best})
     dec.eval()
     return history
 

@@ -20,7 +20,7 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
 
     kw = dict(model=model, n_train=32 if quick else n_train, n_eval=16 if quick else 128, epochs=1.0 if quick else epochs,
               seq_len=16 if quick else 32, hidden_size=32 if quick else 128, device=str(device), progress=False,
-              control=not quick, n_examples=1)
+              control=not quick, n_examples=1, val_fraction=0.0)  # every epoch runs: no early stopping
     try:
         opts = load_options(None, **kw)
         report = run_probe(opts, out_dir)
