@@ -2,8 +2,10 @@
 the same run (the training loop's ``measure_matmul_flops``).
 
 Each family's config trains for a few steps through the ordinary loop (recipe, accelerate,
-AdamW) into ``OUT/mfu/<label>``. MFU = analytic training FLOPs per second (the recipe's
-``flops_per_example``, conventions of :mod:`memlab.flops`) / the matmul's FLOP/s. The
+AdamW) into ``OUT/mfu/<label>``. MFU = training FLOPs per second (the recipe's
+``flops_per_example``: analytic for the token LM and memory families, counted by torch for the
+sentence families, whose SONAR-LLM loss also runs the frozen space decoder; conventions of
+:mod:`memlab.flops`) / the matmul's FLOP/s. The
 steady-state figure is the loop's last logged window (the first window holds start-up
 costs); the whole-run figure is kept too. On CPU mixed precision is turned off, so the
 reference matmul (float32) and the training run use the same arithmetic.
@@ -20,6 +22,8 @@ DEFAULT_CONFIGS = {
     "memory": "configs/memory/ae_small.yaml",
     "memory_combined": "configs/memory/combined_small.yaml",
     "sonar_llm": "configs/sonar_llm/toy.yaml",
+    "lcm_mse": "configs/lcm/mse_toy.yaml",
+    "lcm_diffusion": "configs/lcm/diffusion_toy.yaml",
 }
 """Family label -> the small config whose MFU is measured (skipped when the file is absent)."""
 
