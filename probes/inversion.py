@@ -11,7 +11,8 @@ tokens instead. A tenth of the training chunks is held back for early stopping
 (the best epoch's weights are kept). A *control* decoder, same size and
 budget, trains on a constant embedding (the mean training embedding): it
 measures what the decoder guesses without the embedding (with blank inputs:
-the most likely token at each position; with teacher forcing: language). Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
+the most likely token at each position; with teacher forcing: language).
+Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
 information gain ``(CE_control - CE_probe) / CE_control``, accuracy by
 position, reconstructions.
 
@@ -177,17 +178,10 @@ def encoder_spec(opts: ProbeOptions) -> dict:
 
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
     """What a control run depends on: the token data, the vocabulary size and the decoder's options."""
-    import hashlib
-    import json
-
     encoder_side = set(encoder_spec(opts)) | {"encoder_dtype", "cache_dir", "progress", "threads", "n_examples",
                                               "device", "encode_batch_size"}
-    h = hashlib.sha256(json.dumps({k: v for k, v in sorted(vars(opts).items()) if k not in encoder_side},
-                                  default=str).encode())
-    h.update(str(len(tokenizer)).encode())
-    h.update(train_ids.numpy().tobytes())
-    h.update(eval_ids.numpy().tobytes())
-    return h.hexdigest()
+    decoder_side = {k: v for k, v in vars(opts).items() if k not in encoder_side}
+    return T.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
 
 
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,

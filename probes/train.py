@@ -106,15 +106,21 @@ def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool 
     return z
 
 
+def content_hash(key: dict, *tensors: torch.Tensor) -> str:
+    """sha256 of a JSON-able ``key`` and the bytes of ``tensors``: what a cached result depends on."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+    for t in tensors:
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
 def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
     """:func:`encode_all`, memoised on disk (safetensors) under ``cache_dir`` by a hash of ``key`` and the ids."""
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
     from safetensors.torch import load_file, save_file
 
-    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
-    h.update(ids.numpy().tobytes())
-    path = Path(cache_dir) / f"emb-{h.hexdigest()[:20]}.safetensors"
+    path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
     if path.is_file():
         return load_file(str(path))["z"], True
     z = encode_all(encoder, ids, **kw)
@@ -153,7 +159,7 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
     device = torch.device(opts.device)
     dec.to(device).train()
     gen = torch.Generator().manual_seed(opts.seed)
-    n_val = int(round(getattr(opts, "val_fraction", 0.0) * ids.shape[0]))
+    n_val = int(round(opts.val_fraction * ids.shape[0]))
     if n_val and ids.shape[0] - n_val >= 1:
         order = torch.randperm(ids.shape[0], generator=gen)
         z_val, ids_val = z[order[:n_val]], ids[order[:n_val]]  # (n_val, D), (n_val, T)
@@ -168,7 +174,7 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / total)))))
     start = start_token_id_from(dec)
-    patience = max(1, int(getattr(opts, "patience", 3)))
+    patience = opts.patience
     best, best_state, bad = float("inf"), None, 0
     history, step, bar = [], 0, _bar(total, desc, progress)
     while step < total:
