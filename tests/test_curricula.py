@@ -65,6 +65,45 @@ def test_objectives_losses_and_combined():
         make_objective("telepathy")
 
 
+def test_blank_copy_mix_trains_the_decoder_on_memory_mixtures():
+    import torch.nn.functional as F
+
+    m = _tiny()
+    batch = {"input_ids": torch.randint(5, 50, (2, 3, 6))}
+    plain, mixed = make_objective("blank_copy"), make_objective("blank_copy", mix=1.0)
+    m.eval()  # evaluation never mixes
+    assert torch.allclose(mixed(m, batch).loss, plain(m, batch).loss)
+    m.train()  # no dropout and no memory noise in _tiny: training-mode differences come from the mix alone
+    same = {"input_ids": batch["input_ids"][:1, :1].expand(2, 3, 6)}  # mixtures of one chunk are that chunk
+    assert torch.allclose(mixed(m, same).loss, plain(m, same).loss, atol=1e-5)
+    torch.manual_seed(3)
+    got = mixed(m, batch)
+    torch.manual_seed(3)  # the same draws: partner permutation, then the weights (a ~ U(0, 1) for two parts)
+    n = 6
+    partner = torch.randperm(n)
+    e = -torch.rand(n, 2).log()
+    a = e[:, 0] / e.sum(1)
+    mem = m.encode_chunks(batch["input_ids"]).flatten(0, 1)  # (6, K, M)
+    mix = a[:, None, None] * mem + (1 - a[:, None, None]) * mem[partner]
+    dec, lab = blank_targets(m, batch["input_ids"], None)
+    logits = m.decode(mix.view(2, 3, *mix.shape[1:]), dec).flatten(0, 1)  # (6, L, V)
+    ce = lambda y: F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # noqa: E731  (6, L)
+    lab = lab.flatten(0, 1)
+    expect = (a[:, None] * ce(lab) + (1 - a[:, None]) * ce(lab[partner])).sum() / lab.numel()
+    assert torch.allclose(got.loss, expect, atol=1e-5)
+    four = make_objective("blank_copy", mix=0.5, mix_parts=4)
+    idx, w = four.mixture(1000, "cpu")
+    assert idx.shape == w.shape == (1000, 4) and torch.equal(idx[:, 0], torch.arange(1000))
+    assert torch.allclose(w.sum(1), torch.ones(1000)) and 0.4 < (w[:, 0] == 1).float().mean() < 0.6
+    assert torch.isfinite(four(m, batch).loss)
+    got.loss.backward()
+    assert m.encoder.embed.weight.grad.abs().sum() > 0  # the mixture is differentiable to the encoder
+    with pytest.raises(MemlabError, match="mix"):
+        make_objective("blank_copy", mix=1.5)
+    with pytest.raises(MemlabError, match="mix_parts"):
+        make_objective("blank_copy", mix=0.5, mix_parts=1)
+
+
 def test_chunk_length_option():
     m = _tiny()
     batch = {"input_ids": torch.randint(5, 50, (2, 3, 6))}

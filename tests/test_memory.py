@@ -294,3 +294,49 @@ def test_train_offsets_cut_the_stream_at_shifted_boundaries():
     assert two[5, 0].tolist() == [3, 4, 5, 6]  # the second cut starts half a chunk later
     with pytest.raises(ConfigError, match="train_offsets"):
         chunk_view(["x"], Tok(), 8, 4, offsets=5)
+
+
+def test_memory_noise_acts_only_in_training_and_scales_with_the_memory():
+    from memlab.models.memory.modeling_memory import add_memory_noise
+
+    model = _tiny(memory_noise=0.5)
+    ids = torch.randint(3, 97, (4, 2, 8))
+    mem = model.encode_chunks(ids)  # (B, C, K, M)
+    dec = torch.full_like(ids, model.config.blank_id)
+    clean = model.decode(mem, dec)
+    assert torch.equal(model.decode(mem, dec), clean)  # eval mode: deterministic, no noise
+    model.train()
+    torch.manual_seed(1)
+    noisy = model.decode(mem, dec)
+    assert not torch.allclose(noisy, clean, atol=1e-4)
+    model.config.memory_noise = 0.0
+    assert torch.allclose(model.decode(mem, dec), clean, atol=1e-5)  # off: train mode equals eval (no dropout)
+    # the noise is sigma * rms(m) per vector: scale-free, and its relative size is sigma
+    m = torch.randn(20000, 1, 64) * torch.logspace(-3, 3, 20000)[:, None, None]
+    rel = (add_memory_noise(m, 0.3) - m).pow(2).mean(-1).sqrt() / m.pow(2).mean(-1).sqrt()
+    assert abs(rel.mean().item() - 0.3) < 0.01
+    # uniform sampling: each vector's relative noise is spread over (0, sigma), mean sigma / 2
+    rel = (add_memory_noise(m, 0.8, "uniform") - m).pow(2).mean(-1).sqrt() / m.pow(2).mean(-1).sqrt()
+    assert abs(rel.mean().item() - 0.4) < 0.02 and rel.min() < 0.05 and 0.7 < rel.max() < 1.1
+    with pytest.raises(MemlabError, match="memory_noise"):
+        MemoryConfig(memory_noise=-0.1).validate_memory()
+    with pytest.raises(MemlabError, match="memory_noise_sampling"):
+        MemoryConfig(memory_noise_sampling="gaussian").validate_memory()
+
+
+def test_init_from_keeps_the_architecture_and_changes_only_training_keys(ae_run, small_corpus, tmp_path):
+    from memlab.loading import load_pretrained
+
+    base = {"data": {"vocab_size": 300, "seq_len": 96},
+            "train": {"max_steps": 2, "eval_every": 2, "save_every": 2, "log_every": 1},
+            "options": {"objective": "blank_copy", "eval_objectives": ["blank_copy"]}}
+    cfg = load_config(_config(tmp_path / "c.yaml", small_corpus, overrides={"memory_noise": 0.25}, **base),
+                      [f"model.init_from={ae_run}"])
+    run_experiment(cfg, tmp_path / "run")
+    saved = load_pretrained(tmp_path / "run")
+    assert saved.config.memory_noise == 0.25 and saved.config.chunk_len == 48  # chunk_len from the loaded model
+    bad = load_config(_config(tmp_path / "b.yaml", small_corpus, overrides={"hidden_size": 16}, **base),
+                      [f"model.init_from={ae_run}"])
+    with pytest.raises(MemlabError, match="hidden_size.*only memory_noise"):
+        run_experiment(bad, tmp_path / "run-bad")
+    assert not (tmp_path / "run-bad" / "metrics.jsonl").exists()

@@ -10,10 +10,14 @@ ENCODER_TYPES = ("transformer", "mixer")
 POOLINGS = ("last", "mean", "query", "flatten")
 INJECTIONS = ("prefix", "unrolled")
 COPY_INPUTS = ("blank", "shifted")
+NOISE_SAMPLING = ("fixed", "uniform")
 
 # Keys that must agree between a trained encoder and the model that loads it frozen.
 ENCODER_KEYS = ("vocab_size", "encoder_type", "encoder_hidden_size", "encoder_layers", "encoder_heads",
                 "encoder_intermediate_size", "chunk_len", "num_memories", "pooling", "memory_dim")
+
+# Keys that act only while training (like dropout): a model loaded with ``model.init_from`` may change them.
+TRAINING_KEYS = ("memory_noise", "memory_noise_sampling")
 
 
 class MemoryConfig(PretrainedConfig):
@@ -39,6 +43,13 @@ class MemoryConfig(PretrainedConfig):
             memory ~50x larger than the token embeddings (fine for blank copy, whose inputs are blanks);
             objectives that read real tokens (next token, copy, combined) want ~0.02, so the memory does
             not drown the tokens at the start of training.
+        memory_noise: training-time Gaussian noise on every memory vector, as a share of that vector's RMS
+            (``m + sigma * rms(m) * eps``; 0 = off). Like dropout it acts only in ``train()`` mode: it
+            caps the bits one memory can carry, so the decoder must lean on the language and learns a
+            neighbourhood of each memory, not a point (a smoother space for models that predict memories).
+        memory_noise_sampling: ``fixed`` (every vector gets ``sigma = memory_noise``) or ``uniform`` (each vector
+            draws ``sigma ~ U(0, memory_noise)``: the decoder sees clean memories and very noisy ones, so it learns
+            to hedge, not guess, when a memory is far from any sentence's).
         copy_inputs: what the decoder reads when rebuilding a chunk as a space: ``blank`` (blank copy:
             all token inputs are ``blank_token_id``) or ``shifted`` (teacher forcing).
         blank_token_id: the id of a blanked input (default: the mask token, else pad).
@@ -66,6 +77,8 @@ class MemoryConfig(PretrainedConfig):
         intermediate_size: int = 128,
         memory_injection: str = "unrolled",
         injection_scale: float = 1.0,
+        memory_noise: float = 0.0,
+        memory_noise_sampling: str = "fixed",
         copy_inputs: str = "blank",
         blank_token_id: int | None = None,
         rms_norm_eps: float = 1e-6,
@@ -93,6 +106,8 @@ class MemoryConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.memory_injection = memory_injection
         self.injection_scale = injection_scale
+        self.memory_noise = memory_noise
+        self.memory_noise_sampling = memory_noise_sampling
         self.copy_inputs = copy_inputs
         self.blank_token_id = blank_token_id
         self.rms_norm_eps = rms_norm_eps
@@ -113,9 +128,12 @@ class MemoryConfig(PretrainedConfig):
         """Raise a ModelError for a config that cannot be built."""
         for key, value, allowed in (("encoder_type", self.encoder_type, ENCODER_TYPES), ("pooling", self.pooling, POOLINGS),
                                     ("memory_injection", self.memory_injection, INJECTIONS),
-                                    ("copy_inputs", self.copy_inputs, COPY_INPUTS)):
+                                    ("copy_inputs", self.copy_inputs, COPY_INPUTS),
+                                    ("memory_noise_sampling", self.memory_noise_sampling, NOISE_SAMPLING)):
             if value not in allowed:
                 raise ModelError(f"model.{key}={value!r}; choose one of {', '.join(allowed)}")
+        if not self.memory_noise >= 0:
+            raise ModelError(f"model.memory_noise must be >= 0, got {self.memory_noise}")
         if self.chunk_len < 1:
             raise ModelError(f"model.chunk_len must be >= 1, got {self.chunk_len}")
         if not 1 <= self.num_memories <= self.chunk_len:

@@ -230,6 +230,16 @@ class MemoryDecoder(nn.Module):
         return apply_head(x, self.norm, self.embed.weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
 
 
+def add_memory_noise(memories: torch.Tensor, sigma: float, sampling: str = "fixed") -> torch.Tensor:
+    """``m + s * rms(m) * eps`` per memory vector (last dim), eps ~ N(0, I), with ``s = sigma`` (``fixed``) or
+    ``s ~ U(0, sigma)`` drawn per vector (``uniform``); the scale is not differentiated."""
+    rms = memories.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (..., 1)
+    scale = sigma * rms
+    if sampling == "uniform":
+        scale = scale * torch.rand_like(rms)
+    return memories + scale.to(memories.dtype) * torch.randn_like(memories)
+
+
 class MemoryPreTrainedModel(PreTrainedModel):
     config_class = MemoryConfig
     base_model_prefix = "memory"
@@ -280,7 +290,10 @@ class MemoryModel(MemoryPreTrainedModel):
                logits_to_keep: int = 0) -> torch.Tensor:
         """Memories ``(B, C, K, M)`` + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``; with
         ``logits_to_keep=n > 0`` only the last ``n`` positions of the flattened ``C * L`` sequence, ``(B, n, V)``
-        (see ``MemoryDecoder.forward``)."""
+        (see ``MemoryDecoder.forward``). In ``train()`` mode with ``config.memory_noise > 0`` the decoder reads
+        the memories with Gaussian noise added (``add_memory_noise``)."""
+        if memories is not None and self.training and self.config.memory_noise > 0:
+            memories = add_memory_noise(memories, self.config.memory_noise, self.config.memory_noise_sampling)
         return self.decoder(memories, decoder_input_ids, memory_mode, logits_to_keep)
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -132,6 +132,20 @@ def load_frozen_encoder(model, path: str, freeze: bool):
     return model
 
 
+def apply_training_overrides(config, overrides: dict, source: str) -> None:
+    """``model.init_from`` keeps the saved architecture: only training-time keys (``TRAINING_KEYS``) may
+    change; any other override must equal the saved value."""
+    from memlab.models.memory.configuration_memory import TRAINING_KEYS
+
+    for key, value in overrides.items():
+        if key in TRAINING_KEYS:
+            setattr(config, key, value)
+        elif getattr(config, key, None) != value:
+            raise ConfigError(f"model.overrides.{key}={value!r} differs from the model in {source} "
+                              f"({getattr(config, key, None)!r}); with model.init_from only {', '.join(TRAINING_KEYS)} may change")
+    config.validate_memory()
+
+
 def memory_flops(model, objective_passes: float, prefix: int, length: int, chunks: int, encoder_trained: bool) -> float:
     """Training FLOPs per example (conventions of memlab.flops): encoder over C chunks + decoder passes.
 
@@ -182,7 +196,16 @@ class MemoryRecipe:
         schedule = self.build_loss(opts)  # validates objectives before any data work
         evals = [make_objective(n).name for n in opts.eval_objectives]
         family = FAMILIES.get(cfg.model.family)
-        probe = family.make_config(cfg.model.preset, **cfg.model.overrides)
+        loaded = None
+        if cfg.model.init_from:  # the saved model's architecture, with training-time keys overridden
+            from memlab.loading import load_pretrained
+
+            loaded = load_pretrained(cfg.model.init_from)
+            if not isinstance(loaded, family.model_class):
+                raise ConfigError(f"model.init_from={cfg.model.init_from} holds a {type(loaded).__name__}, "
+                                  f"not a {family.model_class.__name__}")
+            apply_training_overrides(loaded.config, cfg.model.overrides, cfg.model.init_from)
+        probe = loaded.config if loaded is not None else family.make_config(cfg.model.preset, **cfg.model.overrides)
         t, seq = probe.chunk_len, cfg.data.seq_len
         if opts.view == "chunks" and seq % t:
             raise ConfigError(f"data.seq_len={seq} is not a whole number of model chunks (chunk_len={t})")
@@ -195,24 +218,22 @@ class MemoryRecipe:
 
         corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
         tok = corpus.tokenizer
-        if opts.encoder_from:
+        if opts.encoder_from or loaded is not None:  # the trained model's own tokenizer
             from memlab.loading import load_run_tokenizer
 
-            tok = load_run_tokenizer(opts.encoder_from)
-        over = dict(cfg.model.overrides)
-        over.setdefault("vocab_size", len(tok))
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            over.setdefault(name, getattr(tok, name))
-        over.setdefault("blank_token_id", tok.mask_token_id if tok.mask_token_id is not None else tok.pad_token_id)
-        config = family.make_config(cfg.model.preset, **over)
+            tok = load_run_tokenizer(cfg.model.init_from or opts.encoder_from)
+        if loaded is not None:
+            model = loaded
+        else:
+            over = dict(cfg.model.overrides)
+            over.setdefault("vocab_size", len(tok))
+            for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+                over.setdefault(name, getattr(tok, name))
+            over.setdefault("blank_token_id", tok.mask_token_id if tok.mask_token_id is not None else tok.pad_token_id)
+            model = family.model_class(family.make_config(cfg.model.preset, **over))
+        config = model.config
         if config.vocab_size < len(tok):
             raise ConfigError(f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {len(tok)} tokens")
-        if cfg.model.init_from:
-            from memlab.loading import load_pretrained
-
-            model = load_pretrained(cfg.model.init_from)
-        else:
-            model = family.model_class(config)
         frozen = bool(opts.encoder_from) and opts.freeze_encoder
         if opts.encoder_from:
             load_frozen_encoder(model, opts.encoder_from, opts.freeze_encoder)
