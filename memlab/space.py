@@ -60,7 +60,9 @@ def reconstruction_loss(space: EmbeddingSpace, z: torch.Tensor, input_ids: torch
     """Token cross-entropy of the space's decoder rebuilding ``input_ids`` from ``z``."""
     dec_in, labels = space.decoder_inputs(input_ids, attention_mask)
     logits = space.decode_logits(z, dec_in)  # (B, T', V)
-    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction=reduction)
+    flat = logits.float().reshape(-1, logits.shape[-1])  # (B * T', V): rows, no transposed copy
+    loss = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction=reduction)
+    return loss.view(labels.shape) if reduction == "none" else loss
 
 
 def tokenize(space: EmbeddingSpace, sentences: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

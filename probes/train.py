@@ -185,7 +185,7 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
             idx = perm[i : i + bs]
             zb, tb = z[idx].to(device), ids[idx].to(device)  # (b, D), (b, T)
             logits = dec(zb, shift_right(tb, start))  # (b, T, C)
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), dec.compact_targets(tb))
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), dec.compact_targets(tb).reshape(-1))
             if not torch.isfinite(loss):
                 raise MemlabError(f"the probe's loss became {loss.item()} at step {step}; lower the learning rate")
             opt.zero_grad(set_to_none=True)
@@ -235,7 +235,7 @@ def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: 
         zb, tb = z[i : i + batch_size].to(device), ids[i : i + batch_size].to(device)  # (b, D), (b, T)
         logits = dec(zb, shift_right(tb, start)).float()  # (b, T, C)
         tc = dec.compact_targets(tb)  # (b, T)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tc, reduction="none")  # (b, T)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T)
         if dec.has_other:
             nll = nll + (tc == dec.num_kept).float() * dec.other_penalty()
         nll_sum += float(nll.sum())

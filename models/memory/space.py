@@ -71,7 +71,7 @@ class MemorySpace:
         dec = decoder_input_ids.to(self.device)
         if self.config.copy_inputs == "blank":
             dec = torch.full_like(dec, self.config.blank_id)
-        return self.model.decode(self._memories(z), dec[:, None], "own")[:, 0]  # (B, T', V)
+        return self.model.decode(self._memories(z), dec[:, None], "own").squeeze(1)  # (B, T', V); a view, so no copy in backward
 
     @torch.no_grad()
     def generate(self, z: torch.Tensor, max_new_tokens: int = 64, **search) -> list[str]:

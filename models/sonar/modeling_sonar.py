@@ -257,5 +257,5 @@ class SonarModel(SonarPreTrainedModel):
         logits = self.decode(z, decoder_input_ids)  # (B, T', V)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         return SonarOutput(loss=loss, logits=logits, sentence_embedding=z)

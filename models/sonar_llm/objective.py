@@ -36,7 +36,8 @@ def decoder_cross_entropy(space, shape: list[int], z: torch.Tensor, ids: torch.T
         zz = z[a : a + chunk]
         logits = space.decode_logits(zz.reshape(zz.shape[0], *shape), dec_in)  # (n, T', V)
         labels = labels.to(logits.device)
-        total = total + F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="sum")
+        flat = logits.float().reshape(-1, logits.shape[-1])  # (n * T', V): contiguous rows, no transposed copy
+        total = total + F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction="sum")
         keep = labels != -100
         correct = correct + ((logits.argmax(-1) == labels) & keep).sum()
         count += int(keep.sum())
