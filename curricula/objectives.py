@@ -132,36 +132,27 @@ class NextToken(Objective):
     name, mode = "next_token", "previous"
 
 
-class Copy(Objective):
-    """Teacher-forced rebuilding of a chunk from its own memory."""
-
-    name, mode = "copy", "own"
-
-
-class BlankCopy(Objective):
-    """Rebuild a chunk from its own memory with blanked token inputs (the autoencoder).
+class OwnMemory(Objective):
+    """Rebuilding a chunk from its own memory, optionally from memory mixtures.
 
     ``mix``: share of chunks whose memory is replaced by a mixture ``sum_j w_j m_j`` of its own and
-    ``mix_parts - 1`` other chunks' memories of the batch, with weights uniform on the simplex
-    (Dirichlet(1); for two parts ``a, 1 - a`` with ``a ~ U(0, 1)``), trained to the same mixture of the
-    chunks' token targets (``sum_j w_j CE_j`` per position). The decoder then hedges between sentences
-    where a memory lies between them, as a model predicting the next memory under uncertainty will
-    place it, instead of decoding such points to confident garbage. The reported accuracy is against
-    the chunk's own tokens.
+    ``mix_parts - 1`` other chunks' memories of the batch, weights uniform on the simplex (Dirichlet(1);
+    for two parts ``a, 1 - a`` with ``a ~ U(0, 1)``). A model that predicts the next memory under
+    uncertainty places it between sentences; trained on mixtures, the decoder hedges there instead of
+    decoding such points to confident garbage. Training mode only; accuracy is against the chunk's own tokens.
     """
 
-    name, mode = "blank_copy", "own"
+    mode = "own"
+    mixture_targets = False
+    """True: the target is the same mixture of the parts' tokens (``sum_j w_j CE_j``); False: the chunk's own."""
 
     def __init__(self, length: int | None = None, mix: float = 0.0, mix_parts: int = 2):
         super().__init__(length)
         if not 0.0 <= mix <= 1.0:
-            raise MemlabError(f"objective 'blank_copy': mix must be in [0, 1], got {mix}")
+            raise MemlabError(f"objective '{self.name}': mix must be in [0, 1], got {mix}")
         if mix_parts < 2:
-            raise MemlabError(f"objective 'blank_copy': mix_parts must be >= 2, got {mix_parts}")
+            raise MemlabError(f"objective '{self.name}': mix_parts must be >= 2, got {mix_parts}")
         self.mix, self.mix_parts = float(mix), int(mix_parts)
-
-    def targets(self, model, ids, mask):
-        return blank_targets(model, ids, mask)
 
     def mixture(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Partners ``(n, P)`` (column 0: the chunk itself) and weights ``(n, P)`` (rows not mixed: ``[1, 0, ..]``)."""
@@ -183,6 +174,10 @@ class BlankCopy(Objective):
         mixed = (w.to(flat.dtype)[..., None, None] * flat[idx]).sum(1).view_as(memories)  # (B, C, K, M)
         logits = model.decode(mixed, dec, self.mode).float().flatten(0, 1)  # (N, L, V)
         lab = labels.flatten(0, 1)  # (N, L)
+        own = (lab != -100).float()
+        acc = ((logits.argmax(-1) == lab).float() * own).sum() / own.sum().clamp(min=1)
+        if not self.mixture_targets:
+            return token_stats(logits, lab)[0], acc, float(own.sum().item())
         logp = logits.log_softmax(-1)  # (N, L, V)
         num = den = 0.0
         for j in range(self.mix_parts):
@@ -191,9 +186,25 @@ class BlankCopy(Objective):
             ce = -logp.gather(-1, y.clamp(min=0)[..., None])[..., 0]  # (N, L)
             num = num + (w[:, j, None] * keep * ce).sum()
             den = den + (w[:, j, None] * keep).sum()
-        own = (lab != -100).float()
-        acc = ((logits.argmax(-1) == lab).float() * own).sum() / own.sum().clamp(min=1)
         return num / den.clamp(min=1e-6), acc, float(own.sum().item())
+
+
+class Copy(OwnMemory):
+    """Teacher-forced rebuilding of a chunk from its own memory (``mix``: the memory is a mixture, the
+    target stays the chunk, whose true earlier tokens the decoder reads: it learns to fall back on them)."""
+
+    name = "copy"
+
+
+class BlankCopy(OwnMemory):
+    """Rebuild a chunk from its own memory with blanked token inputs (the autoencoder); with ``mix``, the
+    target is the same mixture of the parts' tokens (nothing in the inputs says which part to rebuild)."""
+
+    name = "blank_copy"
+    mixture_targets = True
+
+    def targets(self, model, ids, mask):
+        return blank_targets(model, ids, mask)
 
 
 class CausalLM(Objective):

@@ -102,6 +102,17 @@ def test_blank_copy_mix_trains_the_decoder_on_memory_mixtures():
         make_objective("blank_copy", mix=1.5)
     with pytest.raises(MemlabError, match="mix_parts"):
         make_objective("blank_copy", mix=0.5, mix_parts=1)
+    # copy: the mixture is in the memory only; the target stays the chunk's own tokens
+    torch.manual_seed(4)
+    got = make_objective("copy", mix=1.0)(m, batch)
+    torch.manual_seed(4)
+    partner = torch.randperm(n)
+    e = -torch.rand(n, 2).log()
+    a = e[:, 0] / e.sum(1)
+    mix = a[:, None, None] * mem + (1 - a[:, None, None]) * mem[partner]
+    dec, lab = shifted_targets(m, batch["input_ids"], None)
+    logits = m.decode(mix.view(2, 3, *mix.shape[1:]), dec)
+    assert torch.allclose(got.loss, F.cross_entropy(logits.flatten(0, -2), lab.flatten()), atol=1e-5)
 
 
 def test_chunk_length_option():

@@ -337,6 +337,6 @@ def test_init_from_keeps_the_architecture_and_changes_only_training_keys(ae_run,
     assert saved.config.memory_noise == 0.25 and saved.config.chunk_len == 48  # chunk_len from the loaded model
     bad = load_config(_config(tmp_path / "b.yaml", small_corpus, overrides={"hidden_size": 16}, **base),
                       [f"model.init_from={ae_run}"])
-    with pytest.raises(MemlabError, match="hidden_size.*only memory_noise"):
+    with pytest.raises(MemlabError, match="hidden_size.*only memory_noise, memory_noise_sampling, copy_inputs"):
         run_experiment(bad, tmp_path / "run-bad")
     assert not (tmp_path / "run-bad" / "metrics.jsonl").exists()

@@ -16,8 +16,9 @@ NOISE_SAMPLING = ("fixed", "uniform")
 ENCODER_KEYS = ("vocab_size", "encoder_type", "encoder_hidden_size", "encoder_layers", "encoder_heads",
                 "encoder_intermediate_size", "chunk_len", "num_memories", "pooling", "memory_dim")
 
-# Keys that act only while training (like dropout): a model loaded with ``model.init_from`` may change them.
-TRAINING_KEYS = ("memory_noise", "memory_noise_sampling")
+# Keys that leave every weight as it is (training-time noise, what the decoder reads as a space): a model
+# loaded with ``model.init_from`` may change them.
+INIT_FROM_KEYS = ("memory_noise", "memory_noise_sampling", "copy_inputs")
 
 
 class MemoryConfig(PretrainedConfig):

@@ -132,17 +132,17 @@ def load_frozen_encoder(model, path: str, freeze: bool):
     return model
 
 
-def apply_training_overrides(config, overrides: dict, source: str) -> None:
-    """``model.init_from`` keeps the saved architecture: only training-time keys (``TRAINING_KEYS``) may
-    change; any other override must equal the saved value."""
-    from memlab.models.memory.configuration_memory import TRAINING_KEYS
+def apply_init_from_overrides(config, overrides: dict, source: str) -> None:
+    """``model.init_from`` keeps the saved architecture: only keys that change no weight (``INIT_FROM_KEYS``)
+    may change; any other override must equal the saved value."""
+    from memlab.models.memory.configuration_memory import INIT_FROM_KEYS
 
     for key, value in overrides.items():
-        if key in TRAINING_KEYS:
+        if key in INIT_FROM_KEYS:
             setattr(config, key, value)
         elif getattr(config, key, None) != value:
             raise ConfigError(f"model.overrides.{key}={value!r} differs from the model in {source} "
-                              f"({getattr(config, key, None)!r}); with model.init_from only {', '.join(TRAINING_KEYS)} may change")
+                              f"({getattr(config, key, None)!r}); with model.init_from only {', '.join(INIT_FROM_KEYS)} may change")
     config.validate_memory()
 
 
@@ -204,7 +204,7 @@ class MemoryRecipe:
             if not isinstance(loaded, family.model_class):
                 raise ConfigError(f"model.init_from={cfg.model.init_from} holds a {type(loaded).__name__}, "
                                   f"not a {family.model_class.__name__}")
-            apply_training_overrides(loaded.config, cfg.model.overrides, cfg.model.init_from)
+            apply_init_from_overrides(loaded.config, cfg.model.overrides, cfg.model.init_from)
         probe = loaded.config if loaded is not None else family.make_config(cfg.model.preset, **cfg.model.overrides)
         t, seq = probe.chunk_len, cfg.data.seq_len
         if opts.view == "chunks" and seq % t:
