@@ -70,3 +70,17 @@ def test_bench_cli_flops_only(tmp_path, capsys):
     assert "crossover" not in text or "tokens" in text
     assert "SONAR-LLM becomes cheaper" in text
     assert main(["bench", "--parts", "flops", "--prefill-lengths", "1k", "--out", str(tmp_path / "c")]) == 2
+
+
+def test_mfu_falls_back_when_a_config_cannot_be_set_up(tmp_path, small_corpus):
+    from memlab.bench.mfu import run_mfu
+    from tests.conftest import write_config
+
+    good = write_config(tmp_path / "lm.yaml", small_corpus)
+    bad = write_config(tmp_path / "bad.yaml", tmp_path / "no-such-corpus.txt")
+    res = run_mfu(tmp_path / "out", {"lm": str(bad)}, steps=2, log=lambda s: None, fallbacks={"lm": str(good)})
+    r = res["lm"]
+    assert r["config"] == str(good) and r["fallback_from"] == str(bad) and "no-such-corpus" in r["fallback_reason"]
+    assert r["mfu_steady"] > 0
+    res = run_mfu(tmp_path / "out2", {"lm": str(bad)}, steps=2, log=lambda s: None)  # no fallback: the error is kept
+    assert "error" in res["lm"] and "fallback_from" not in res["lm"]
