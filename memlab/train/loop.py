@@ -48,7 +48,9 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = No
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device is not None and device.type == "cuda"  # parameters move there in accelerate's prepare
+    # the fused kernel on CUDA (parameters move there in accelerate's prepare) and on CPU, where the default
+    # per-parameter loop costs a quarter of a small model's step (7 ms vs 2.5 ms for 3.3M parameters, one thread)
+    fused = device is not None and device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
