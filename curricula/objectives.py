@@ -174,10 +174,10 @@ class OwnMemory(Objective):
         mixed = (w.to(flat.dtype)[..., None, None] * flat[idx]).sum(1).view_as(memories)  # (B, C, K, M)
         logits = model.decode(mixed, dec, self.mode).float().flatten(0, 1)  # (N, L, V)
         lab = labels.flatten(0, 1)  # (N, L)
+        if not self.mixture_targets:
+            return token_stats(logits, lab)
         own = (lab != -100).float()
         acc = ((logits.argmax(-1) == lab).float() * own).sum() / own.sum().clamp(min=1)
-        if not self.mixture_targets:
-            return token_stats(logits, lab)[0], acc, float(own.sum().item())
         logp = logits.log_softmax(-1)  # (N, L, V)
         num = den = 0.0
         for j in range(self.mix_parts):
