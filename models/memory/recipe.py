@@ -216,12 +216,12 @@ class MemoryRecipe:
             raise ConfigError(f"{chunks} chunks per example exceed model.max_chunks={probe.max_chunks}")
         probe.validate_memory()
 
-        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer")
-        tok = corpus.tokenizer
-        if opts.encoder_from or loaded is not None:  # the trained model's own tokenizer
-            from memlab.loading import load_run_tokenizer
+        from memlab.loading import resolve_model_dir
 
-            tok = load_run_tokenizer(cfg.model.init_from or opts.encoder_from)
+        trained = cfg.model.init_from or opts.encoder_from  # a trained model's tokenizer is kept, not rebuilt
+        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
+                                tokenizer_spec=str(resolve_model_dir(trained)) if trained else None)
+        tok = corpus.tokenizer
         if loaded is not None:
             model = loaded
         else:
