@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from memlab.errors import MemlabError
+from memlab.losses import linear_cross_entropy
 from memlab.registry import OBJECTIVES
 from memlab.train.setup import StepOutput
 
@@ -61,6 +62,17 @@ def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     n = keep.sum()
     acc = ((flat.argmax(-1) == lab) & keep).sum() / n.clamp(min=1)
     return loss, acc, float(n.item())
+
+
+def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """:func:`token_stats` of the decoder's logits; a model with ``decode_features``/``output_head`` runs its head
+    block by block (:func:`memlab.losses.linear_cross_entropy`: same values, no full logits tensor)."""
+    if not hasattr(model, "decode_features"):
+        return token_stats(model.decode(memories, dec, mode), labels)
+    weight, bias = model.output_head()
+    total, correct, n = linear_cross_entropy(model.decode_features(memories, dec, mode), weight, labels, bias=bias)
+    den = n.clamp(min=1)
+    return total / den, correct / den, float(n.item())
 
 
 def _ids(batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -112,8 +124,7 @@ class Objective:
     def decode_loss(self, model, batch: dict, memories) -> tuple[torch.Tensor, torch.Tensor, float]:
         ids, mask = _ids(batch)
         dec, labels = self.targets(model, ids, mask)
-        logits = model.decode(memories if self.uses_memory else None, dec, self.mode)  # (B, C, L, V)
-        return token_stats(logits, labels)
+        return decoder_stats(model, memories if self.uses_memory else None, dec, labels, self.mode)
 
     def __call__(self, model, batch: dict, memories=None) -> StepOutput:
         batch = self.batch_view(batch)
@@ -172,10 +183,10 @@ class OwnMemory(Objective):
         flat = memories.flatten(0, 1)  # (N, K, M), N = B * C chunks
         idx, w = self.mixture(flat.shape[0], flat.device)  # (N, P) each
         mixed = (w.to(flat.dtype)[..., None, None] * flat[idx]).sum(1).view_as(memories)  # (B, C, K, M)
+        if not self.mixture_targets:
+            return decoder_stats(model, mixed, dec, labels, self.mode)
         logits = model.decode(mixed, dec, self.mode).float().flatten(0, 1)  # (N, L, V)
         lab = labels.flatten(0, 1)  # (N, L)
-        if not self.mixture_targets:
-            return token_stats(logits, lab)
         own = (lab != -100).float()
         acc = ((logits.argmax(-1) == lab).float() * own).sum() / own.sum().clamp(min=1)
         logp = logits.log_softmax(-1)  # (N, L, V)

@@ -55,10 +55,37 @@ class EmbeddingSpace(Protocol):
         ...
 
 
+def decoder_token_stats(space: EmbeddingSpace, z: torch.Tensor, decoder_input_ids: torch.Tensor,
+                        labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed token cross-entropy (float32, differentiable), correct-argmax count and target count of the
+    space's decoder reading ``z`` and ``decoder_input_ids`` against ``labels`` (``-100``: not scored).
+
+    A space may also offer ``decode_features(z, decoder_input_ids) -> (B, T', d)`` and ``output_head() ->
+    (weight (V, d), bias or None)`` with ``decode_logits = features @ weight.T + bias``; the head then runs
+    block by block (:func:`memlab.losses.linear_cross_entropy`), with the same values and no ``(B, T', V)``
+    logits tensor."""
+    if hasattr(space, "decode_features") and hasattr(space, "output_head"):
+        from memlab.losses import linear_cross_entropy
+
+        weight, bias = space.output_head()
+        feats = space.decode_features(z, decoder_input_ids)  # (B, T', d)
+        return linear_cross_entropy(feats, weight, labels.to(feats.device), bias=bias)
+    logits = space.decode_logits(z, decoder_input_ids)  # (B, T', V)
+    labels = labels.to(logits.device)
+    flat = logits.float().reshape(-1, logits.shape[-1])  # (B * T', V): contiguous rows, no transposed copy
+    total = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction="sum")
+    keep = labels != -100
+    return total, ((logits.argmax(-1) == labels) & keep).sum(), keep.sum()
+
+
 def reconstruction_loss(space: EmbeddingSpace, z: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         reduction: str = "mean") -> torch.Tensor:
-    """Token cross-entropy of the space's decoder rebuilding ``input_ids`` from ``z``."""
+    """Token cross-entropy of the space's decoder rebuilding ``input_ids`` from ``z`` (``mean`` or ``sum`` over
+    the scored tokens, or ``none``: per position, 0 where not scored)."""
     dec_in, labels = space.decoder_inputs(input_ids, attention_mask)
+    if reduction in ("mean", "sum"):
+        total, _, count = decoder_token_stats(space, z, dec_in, labels)
+        return total if reduction == "sum" else total / count
     logits = space.decode_logits(z, dec_in)  # (B, T', V)
     flat = logits.float().reshape(-1, logits.shape[-1])  # (B * T', V): rows, no transposed copy
     loss = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction=reduction)

@@ -114,10 +114,13 @@ def check_logits_to_keep(n, positions: int) -> int:
     return n
 
 
-def apply_head(hidden: torch.Tensor, norm: nn.Module, weight: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+def apply_head(hidden: torch.Tensor, norm: nn.Module, weight: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
     """Final norm + tied head. ``hidden`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)`` when ``logits_to_keep`` is 0,
     else only the last ``n`` positions of the flattened ``(B, C*L)`` sequence -> ``(B, n, V)``: the norm and the
-    head (the large per-token cost at small widths) run on those ``n`` positions alone."""
+    head (the large per-token cost at small widths) run on those ``n`` positions alone. ``weight=None``: the
+    normed features ``(B, C, L, d)`` before the head (for :func:`memlab.losses.linear_cross_entropy`)."""
+    if weight is None:
+        return norm(hidden)
     if logits_to_keep == 0:
         return F.linear(norm(hidden), weight)  # (B, C, L, V)
     b, c, length, d = hidden.shape
@@ -154,14 +157,15 @@ class MemoryDecoder(nn.Module):
         return self.unroll_norm(u)
 
     def forward(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, mode: str,
-                logits_to_keep: int = 0) -> torch.Tensor:
+                logits_to_keep: int = 0, head: bool = True) -> torch.Tensor:
         """Memories ``(B, C, K, M)`` (None in mode ``none``) + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``.
 
         ``logits_to_keep`` (transformers' meaning): 0 keeps every position; ``n > 0`` keeps only the last ``n``
         positions of each example's flattened decoder sequence (chunk-major, ``C * L`` positions: the last ``n``
         positions of the last chunk, continuing into earlier chunks when ``n > L``), returned as ``(B, n, V)``;
         the norm and head run only on those positions (the layers still run on all of them). ``n`` above
-        ``C * L`` or not an int raises a ModelError.
+        ``C * L`` or not an int raises a ModelError. ``head=False``: the normed features ``(B, C, L, d)``
+        that the tied head (``embed.weight``) turns into logits.
         """
         b, c, length = decoder_input_ids.shape
         if length > self.max_len:
@@ -169,6 +173,9 @@ class MemoryDecoder(nn.Module):
         if mode not in MODES:
             raise ModelError(f"unknown memory mode {mode!r}; choose one of {', '.join(MODES)}")
         logits_to_keep = check_logits_to_keep(logits_to_keep, c * length)
+        if not head and logits_to_keep:
+            raise ModelError("head=False returns the features of every position; logits_to_keep must be 0")
+        weight = self.embed.weight if head else None
         k, d = self.cfg.num_memories, self.cfg.hidden_size
         tok = self.embed(decoder_input_ids.reshape(b * c, length)) + self.pos.weight[:length]  # (BC, L, d)
         mask, causal = None, True
@@ -185,17 +192,17 @@ class MemoryDecoder(nn.Module):
                 if self.cfg.memory_injection == "unrolled":
                     tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length)
             else:
-                return self._previous(memories, mem, tok.view(b, c, length, d), logits_to_keep)
+                return self._previous(memories, mem, tok.view(b, c, length, d), logits_to_keep, weight)
             x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, K + L, d)
         for layer in self.layers:
             x = layer(x, mask=mask, causal=causal)
         hid = x[:, -length:].reshape(b, c, length, d)  # (B, C, L, d) token positions (memory slots dropped)
-        return apply_head(hid, self.norm, self.embed.weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
+        return apply_head(hid, self.norm, weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
 
     SLOT_GROUPS = 8  # previous mode: chunk rows in this many groups, each reading only the slots it can see
 
     def _previous(self, memories: torch.Tensor, mem: torch.Tensor, tok: torch.Tensor,
-                  logits_to_keep: int = 0) -> torch.Tensor:
+                  logits_to_keep: int = 0, weight: torch.Tensor | None = None) -> torch.Tensor:
         """``previous`` mode: memories ``(B, C, K, M)``, projected slots ``mem`` ``(B, C, K, d)`` and token
         embeddings ``tok`` ``(B, C, L, d)`` -> logits ``(B, C, L, V)``, or ``(B, n, V)`` for the last
         ``n = logits_to_keep > 0`` positions of the flattened ``C * L`` sequence (checked by ``forward``).
@@ -227,7 +234,7 @@ class MemoryDecoder(nn.Module):
         x = tok  # (B, C, L, d)
         for layer in self.layers:
             x, slots = layer.forward_with_slots(x, slots, groups)
-        return apply_head(x, self.norm, self.embed.weight, logits_to_keep)  # (B, C, L, V) or (B, n, V), tied head
+        return apply_head(x, self.norm, weight, logits_to_keep)  # (B, C, L, V), (B, n, V) or features (B, C, L, d)
 
 
 def add_memory_noise(memories: torch.Tensor, sigma: float, sampling: str = "fixed") -> torch.Tensor:
@@ -292,9 +299,22 @@ class MemoryModel(MemoryPreTrainedModel):
         ``logits_to_keep=n > 0`` only the last ``n`` positions of the flattened ``C * L`` sequence, ``(B, n, V)``
         (see ``MemoryDecoder.forward``). In ``train()`` mode with ``config.memory_noise > 0`` the decoder reads
         the memories with Gaussian noise added (``add_memory_noise``)."""
+        return self.decoder(self._train_noise(memories), decoder_input_ids, memory_mode, logits_to_keep)
+
+    def _train_noise(self, memories: torch.Tensor | None) -> torch.Tensor | None:
         if memories is not None and self.training and self.config.memory_noise > 0:
             memories = add_memory_noise(memories, self.config.memory_noise, self.config.memory_noise_sampling)
-        return self.decoder(memories, decoder_input_ids, memory_mode, logits_to_keep)
+        return memories
+
+    def decode_features(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor,
+                        memory_mode: str = "own") -> torch.Tensor:
+        """As :meth:`decode`, but the normed features ``(B, C, L, d)`` that :meth:`output_head` maps to the logits
+        (so a loss can run the head block by block: :func:`memlab.losses.linear_cross_entropy`)."""
+        return self.decoder(self._train_noise(memories), decoder_input_ids, memory_mode, head=False)
+
+    def output_head(self) -> tuple[torch.Tensor, None]:
+        """``(weight (V, d), bias)`` of the output head (tied to the decoder's input embeddings; no bias)."""
+        return self.decoder.embed.weight, None
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,

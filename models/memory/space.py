@@ -73,6 +73,17 @@ class MemorySpace:
             dec = torch.full_like(dec, self.config.blank_id)
         return self.model.decode(self._memories(z), dec[:, None], "own").squeeze(1)  # (B, T', V); a view, so no copy in backward
 
+    def decode_features(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced features ``(B, T', d)`` that :meth:`output_head` maps to :meth:`decode_logits`' logits."""
+        dec = decoder_input_ids.to(self.device)
+        if self.config.copy_inputs == "blank":
+            dec = torch.full_like(dec, self.config.blank_id)
+        return self.model.decode_features(self._memories(z), dec[:, None], "own").squeeze(1)  # (B, T', d)
+
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight (V, d), bias)`` of the decoder's output head."""
+        return self.model.output_head()
+
     @torch.no_grad()
     def generate(self, z: torch.Tensor, max_new_tokens: int = 64, **search) -> list[str]:
         """Greedy decoding (``do_sample``/``temperature``/``top_p`` sample instead; beams are not supported)."""

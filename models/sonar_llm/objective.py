@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from memlab.space import decoder_token_stats
 from memlab.train.setup import StepOutput
 
 
@@ -34,13 +35,8 @@ def decoder_cross_entropy(space, shape: list[int], z: torch.Tensor, ids: torch.T
     for a in range(0, z.shape[0], chunk):
         dec_in, labels = space.decoder_inputs(ids[a : a + chunk], mask[a : a + chunk])  # (n, T'), (n, T')
         zz = z[a : a + chunk]
-        logits = space.decode_logits(zz.reshape(zz.shape[0], *shape), dec_in)  # (n, T', V)
-        labels = labels.to(logits.device)
-        flat = logits.float().reshape(-1, logits.shape[-1])  # (n * T', V): contiguous rows, no transposed copy
-        total = total + F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction="sum")
-        keep = labels != -100
-        correct = correct + ((logits.argmax(-1) == labels) & keep).sum()
-        count += int(keep.sum())
+        t, c, n = decoder_token_stats(space, zz.reshape(zz.shape[0], *shape), dec_in, labels)
+        total, correct, count = total + t, correct + c, count + int(n)
     return total, correct, torch.tensor(float(count))
 
 

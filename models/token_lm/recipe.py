@@ -9,15 +9,33 @@ import torch
 from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
 from memlab.errors import ConfigError
 from memlab.flops import matrix_params, transformer_train_flops
+from memlab.losses import linear_cross_entropy
 from memlab.registry import FAMILIES, RECIPES
 from memlab.train.setup import StepOutput, TrainSetup
 
 
+def _head_features(model):
+    """``(base model, head)`` when the logits are exactly ``head(base(...).last_hidden_state)`` (a Linear head,
+    no soft-capping or logit scaling), else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    cfg = getattr(model, "config", None)
+    plain = cfg is not None and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) is None
+    return (base, head) if isinstance(head, torch.nn.Linear) and isinstance(base, torch.nn.Module) and plain else None
+
+
 def causal_lm_step(model, batch: dict) -> StepOutput:
-    """Next-token cross-entropy and token accuracy on a batch of chunks (no padding in chunks)."""
+    """Next-token cross-entropy and token accuracy on a batch of chunks (no padding in chunks); the head and
+    the loss run block by block (:func:`memlab.losses.linear_cross_entropy`) where the model allows it."""
     ids = batch["input_ids"]  # (B, T)
-    logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
     target = ids[:, 1:]  # (B, T-1)
+    parts = _head_features(model)
+    if parts is not None:
+        base, head = parts
+        hidden = base(input_ids=ids).last_hidden_state[:, :-1]  # (B, T-1, d)
+        total, correct, n = linear_cross_entropy(hidden, head.weight, target, bias=head.bias)
+        return StepOutput(loss=total / n, metrics={"token_accuracy": correct / n}, weight=float(target.numel()))
+    logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
     acc = (logits.argmax(-1) == target).float().mean()
     return StepOutput(loss=loss, metrics={"token_accuracy": acc}, weight=float(target.numel()))
