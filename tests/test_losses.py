@@ -138,3 +138,21 @@ def test_memory_space_stats_equal_the_logits_path():
     g_new = torch.autograd.grad(total, z)[0]
     g_ref = torch.autograd.grad(ref, z)[0]
     assert torch.allclose(g_new, g_ref, atol=1e-5)
+
+
+def test_confidently_wrong_rows_keep_their_exact_loss():
+    """A target whose probability underflows float32 still gets ``logsumexp - logit`` (here about 300 nats)."""
+    h = torch.tensor([[30.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    w = torch.tensor([[10.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    y = torch.tensor([1, 1])
+    total, correct, n = linear_cross_entropy(h, w, y)
+    ref = _plain(h, w, y)[0]
+    assert float(ref.detach()) > 250 and torch.allclose(total, ref, rtol=1e-6) and int(correct) == 1
+
+
+def test_tied_maxima_count_as_argmax_does():
+    """Equal logits: argmax takes the first index, so only targets at index 0 are correct."""
+    h = torch.zeros(4, 3)
+    w = torch.zeros(5, 3)
+    y = torch.tensor([0, 1, 4, 0])
+    assert int(linear_cross_entropy(h, w, y)[1]) == int(_plain(h, w, y)[1]) == 2
