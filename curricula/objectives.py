@@ -225,23 +225,38 @@ class CausalLM(Objective):
 
 
 class Combined(Objective):
-    """``L = L_next_token + weight * L_copy`` sharing one encoder pass."""
+    """``L = L_next_token + weight * L_copy`` sharing one encoder pass.
+
+    ``copy_length``: the copy term rebuilds only the first ``copy_length`` tokens of every chunk (from the
+    memory of those tokens: a second, short encoder pass) while the next-token term trains on whole chunks,
+    so a chunk-length curriculum can act on the copy term alone (phases of ``combined`` with ``copy_length``
+    8, then 16, then none) without taking steps from next-token training.
+    """
 
     name = "combined"
     decoder_passes = 2
 
-    def __init__(self, weight: float = 1.0, copy: str = "blank_copy", length: int | None = None):
+    def __init__(self, weight: float = 1.0, copy: str = "blank_copy", length: int | None = None,
+                 copy_length: int | None = None):
         super().__init__(length)
         if copy not in ("copy", "blank_copy"):
             raise MemlabError(f"combined: copy objective must be 'copy' or 'blank_copy', got {copy!r}")
+        if copy_length is not None and (isinstance(copy_length, bool) or not isinstance(copy_length, int) or copy_length < 1):
+            raise MemlabError(f"combined: copy_length must be an int >= 1, got {copy_length!r}")
+        if copy_length is not None and length is not None and copy_length > length:
+            raise MemlabError(f"combined: copy_length ({copy_length}) is longer than length ({length})")
         self.weight = float(weight)
-        self.ntp, self.copy = NextToken(), OBJECTIVES.get(copy)()
+        self.ntp, self.copy = NextToken(), OBJECTIVES.get(copy)(length=copy_length)
 
     def __call__(self, model, batch: dict, memories=None) -> StepOutput:
         batch = self.batch_view(batch)
         memories = memories if memories is not None else memories_for(model, batch)
         l_ntp, a_ntp, n = self.ntp.decode_loss(model, batch, memories)
-        l_cp, a_cp, _ = self.copy.decode_loss(model, batch, memories)
+        if self.copy.length:
+            short = self.copy.batch_view(batch)  # the chunks' first copy_length tokens, encoded on their own
+            l_cp, a_cp, _ = self.copy.decode_loss(model, short, memories_for(model, short))
+        else:
+            l_cp, a_cp, _ = self.copy.decode_loss(model, batch, memories)
         c = self.copy.name
         return StepOutput(loss=l_ntp + self.weight * l_cp, weight=n, metrics={
             "token_accuracy": a_ntp, "next_token_loss": l_ntp, "next_token_accuracy": a_ntp,

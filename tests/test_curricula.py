@@ -57,6 +57,16 @@ def test_objectives_losses_and_combined():
     expect = outs["next_token"].loss + 0.5 * outs["blank_copy"].loss
     assert torch.allclose(comb.loss, expect, atol=1e-5)
     assert torch.allclose(comb.metrics["blank_copy_loss"], outs["blank_copy"].loss)
+    # copy_length: next token on whole chunks, the copy term on the first tokens from their own memories
+    short = make_objective("combined", weight=0.5, copy="blank_copy", copy_length=3)(m, batch)
+    copy3 = make_objective("blank_copy", length=3)(m, batch)
+    assert torch.allclose(short.loss, outs["next_token"].loss + 0.5 * copy3.loss, atol=1e-5)
+    assert short.weight == comb.weight and not torch.allclose(copy3.loss, outs["blank_copy"].loss)
+    for bad in (0, 2.5, True):
+        with pytest.raises(MemlabError, match="copy_length"):
+            make_objective("combined", copy_length=bad)
+    with pytest.raises(MemlabError, match="cached"):
+        make_objective("combined", copy_length=3)(m, {**batch, "memories": m.encode_chunks(batch["input_ids"]).detach()})
     # cached memories are used instead of the encoder when the batch carries them
     mem = m.encode_chunks(batch["input_ids"]).detach()
     cached = make_objective("copy")(m, {**batch, "memories": mem + 1.0})

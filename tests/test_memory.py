@@ -340,3 +340,21 @@ def test_init_from_keeps_the_architecture_and_changes_only_training_keys(ae_run,
     with pytest.raises(MemlabError, match="hidden_size.*only memory_noise, memory_noise_sampling, copy_inputs"):
         run_experiment(bad, tmp_path / "run-bad")
     assert not (tmp_path / "run-bad" / "metrics.jsonl").exists()
+
+
+def test_separate_own_memory_path_keeps_next_token_off_the_copy_weights():
+    m = _tiny(memory_injection="unrolled", own_memory_path="separate").train()
+    ids = torch.randint(5, 97, (2, 3, 8))
+    mem = m.encode_chunks(ids).detach()
+    m.decode(mem, ids, "previous").float().logsumexp(-1).mean().backward()  # a next-token pass
+    own = [n for n, p in m.named_parameters() if n.split(".")[1].startswith("own_")]
+    assert sorted(own) == ["decoder.own_norm.bias", "decoder.own_norm.weight", "decoder.own_proj.weight",
+                           "decoder.own_unroll.weight", "decoder.own_unroll_norm.bias", "decoder.own_unroll_norm.weight"]
+    grads = dict(m.named_parameters())
+    assert all(grads[n].grad is None for n in own) and grads["decoder.unroll.weight"].grad is not None
+    m.zero_grad()
+    m.decode(mem, ids, "own").float().logsumexp(-1).mean().backward()  # a copy pass
+    assert all(grads[n].grad is not None for n in own) and grads["decoder.unroll.weight"].grad is None
+    assert m.decoder.own_unroll_norm.weight[0].item() == m.config.injection_scale
+    with pytest.raises(MemlabError, match="own_memory_path"):
+        _tiny(own_memory_path="private")

@@ -10,6 +10,7 @@ ENCODER_TYPES = ("transformer", "mixer")
 POOLINGS = ("last", "mean", "query", "flatten")
 INJECTIONS = ("prefix", "unrolled")
 COPY_INPUTS = ("blank", "shifted")
+OWN_MEMORY_PATHS = ("shared", "separate")
 NOISE_SAMPLING = ("fixed", "uniform")
 
 # Keys that must agree between a trained encoder and the model that loads it frozen.
@@ -44,6 +45,10 @@ class MemoryConfig(PretrainedConfig):
             memory ~50x larger than the token embeddings (fine for blank copy, whose inputs are blanks);
             objectives that read real tokens (next token, copy, combined) want ~0.02, so the memory does
             not drown the tokens at the start of training.
+        own_memory_path: ``shared`` (a chunk's own memory, read by copy objectives, and earlier chunks'
+            memories, read by next token, go through the same projection, norm and unrolled injection) or
+            ``separate`` (the own memory has its own projection, norm and unrolled injection, so next-token
+            training leaves the copy pathway's input weights alone; the decoder layers stay shared).
         memory_noise: training-time Gaussian noise on every memory vector, as a share of that vector's RMS
             (``m + sigma * rms(m) * eps``; 0 = off). Like dropout it acts only in ``train()`` mode: it
             caps the bits one memory can carry, so the decoder must lean on the language and learns a
@@ -78,6 +83,7 @@ class MemoryConfig(PretrainedConfig):
         intermediate_size: int = 128,
         memory_injection: str = "unrolled",
         injection_scale: float = 1.0,
+        own_memory_path: str = "shared",
         memory_noise: float = 0.0,
         memory_noise_sampling: str = "fixed",
         copy_inputs: str = "blank",
@@ -107,6 +113,7 @@ class MemoryConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.memory_injection = memory_injection
         self.injection_scale = injection_scale
+        self.own_memory_path = own_memory_path
         self.memory_noise = memory_noise
         self.memory_noise_sampling = memory_noise_sampling
         self.copy_inputs = copy_inputs
@@ -130,6 +137,7 @@ class MemoryConfig(PretrainedConfig):
         for key, value, allowed in (("encoder_type", self.encoder_type, ENCODER_TYPES), ("pooling", self.pooling, POOLINGS),
                                     ("memory_injection", self.memory_injection, INJECTIONS),
                                     ("copy_inputs", self.copy_inputs, COPY_INPUTS),
+                                    ("own_memory_path", self.own_memory_path, OWN_MEMORY_PATHS),
                                     ("memory_noise_sampling", self.memory_noise_sampling, NOISE_SAMPLING)):
             if value not in allowed:
                 raise ModelError(f"model.{key}={value!r}; choose one of {', '.join(allowed)}")

@@ -147,14 +147,22 @@ class MemoryDecoder(nn.Module):
             self.unroll = nn.Linear(k * m, self.max_len * d, bias=False)
             self.unroll_norm = nn.LayerNorm(d)
             self.unroll_norm.is_unroll_norm = True  # initial gain: config.injection_scale
+        if getattr(cfg, "own_memory_path", "shared") == "separate":  # the own chunk's memory: its own input weights
+            self.own_proj = nn.Linear(m, d, bias=False)
+            self.own_norm = nn.LayerNorm(d)
+            if cfg.memory_injection == "unrolled":
+                self.own_unroll = nn.Linear(k * m, self.max_len * d, bias=False)
+                self.own_unroll_norm = nn.LayerNorm(d)
+                self.own_unroll_norm.is_unroll_norm = True
         self.layers = nn.ModuleList(Block(d, cfg.num_attention_heads, cfg.intermediate_size, cfg.rms_norm_eps)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
 
-    def _unrolled(self, mem: torch.Tensor, length: int) -> torch.Tensor:
+    def _unrolled(self, mem: torch.Tensor, length: int, own: bool = False) -> torch.Tensor:
         n = mem.shape[0]
-        u = self.unroll(mem.flatten(1)).view(n, self.max_len, -1)[:, :length]  # (N, L, d)
-        return self.unroll_norm(u)
+        proj, norm = (self.own_unroll, self.own_unroll_norm) if own and hasattr(self, "own_unroll") else (self.unroll, self.unroll_norm)
+        u = proj(mem.flatten(1)).view(n, self.max_len, -1)[:, :length]  # (N, L, d)
+        return norm(u)
 
     def forward(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, mode: str,
                 logits_to_keep: int = 0, head: bool = True) -> torch.Tensor:
@@ -186,12 +194,14 @@ class MemoryDecoder(nn.Module):
                 raise ModelError(f"memory mode {mode!r} needs memories")
             if c > self.cfg.max_chunks:
                 raise ModelError(f"{c} chunks per example exceed model.max_chunks={self.cfg.max_chunks}")
-            mem = self.mem_norm(self.mem_proj(memories)) + self.slot.weight  # (B, C, K, d)
             if mode == "own":
+                proj, norm = (self.own_proj, self.own_norm) if hasattr(self, "own_proj") else (self.mem_proj, self.mem_norm)
+                mem = norm(proj(memories)) + self.slot.weight  # (B, C, K, d)
                 prefix = (mem + self.dist.weight[0]).reshape(b * c, k, d)  # (BC, K, d)
                 if self.cfg.memory_injection == "unrolled":
-                    tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length)
+                    tok = tok + self._unrolled(memories.reshape(b * c, k, -1), length, own=True)
             else:
+                mem = self.mem_norm(self.mem_proj(memories)) + self.slot.weight  # (B, C, K, d)
                 return self._previous(memories, mem, tok.view(b, c, length, d), logits_to_keep, weight)
             x = torch.cat([prefix.to(tok.dtype), tok], 1)  # (BC, K + L, d)
         for layer in self.layers:
