@@ -89,8 +89,9 @@ def check_embedding_space(space: EmbeddingSpace, sentences: list[str] | None = N
     determinism, the teacher-forcing convention, batch independence and
     causality of the decoder, that the decoder reads the embedding, that the
     reconstruction loss is finite and sends gradients back into the embedding
-    (SONAR-LLM trains through a frozen decoder), and that generation returns
-    one string per embedding.
+    (SONAR-LLM trains through a frozen decoder), that generation returns
+    one string per embedding, and, for a space with ``decode_features`` and
+    ``output_head``, that they give ``decode_logits`` and the same loss.
     """
     sentences = sentences or DEFAULT_SENTENCES
     assert isinstance(space, EmbeddingSpace), "missing a member of the EmbeddingSpace protocol"
@@ -108,9 +109,33 @@ def check_embedding_space(space: EmbeddingSpace, sentences: list[str] | None = N
         assert loss.dim() == 0 and torch.isfinite(loss), "reconstruction loss must be a finite scalar"
         loss.backward()
         assert z.grad is not None and z.grad.abs().sum() > 0, "no gradient reaches the embedding through the decoder"
+        if hasattr(space, "decode_features") and hasattr(space, "output_head"):  # optional: the head applied by losses
+            _check_features(space, z.detach(), ids, mask, atol)
     finally:
         for m, t in zip(_modules(space), was_training):
             m.train(t)
+
+
+def _check_features(space, z: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, atol: float) -> None:
+    """``decode_features`` through ``output_head`` must give ``decode_logits``, and the block-wise loss the plain one."""
+    import torch.nn.functional as F
+
+    from memlab.space import decoder_token_stats
+
+    dec, labels = space.decoder_inputs(ids, mask)
+    with torch.no_grad():
+        logits = space.decode_logits(z, dec).float()
+        weight, bias = space.output_head()
+        feats = space.decode_features(z, dec)
+        assert feats.shape == (*logits.shape[:-1], weight.shape[1]), "decode_features must be (B, T', d) for output_head's d"
+        via_head = F.linear(feats, weight, bias).float()
+        assert torch.allclose(via_head, logits, atol=atol * max(1.0, float(logits.abs().max()))), \
+            "decode_features through output_head differs from decode_logits"
+        labels = labels.to(logits.device)
+        total, correct, count = decoder_token_stats(space, z, dec, labels)
+        ref = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+        assert torch.allclose(total, ref, rtol=1e-4, atol=1e-4), "the block-wise loss differs from the plain cross-entropy"
+        assert int(count) == int((labels != -100).sum())
 
 
 def _modules(space) -> list[torch.nn.Module]:

@@ -184,12 +184,13 @@ class SonarDecoder(_Stack):
         """Cross-attention keys/values of each layer for ``memory`` (B, S, D); computed once per generation."""
         return [layer.encoder_attn.kv(memory) for layer in self.layers]
 
-    def forward(self, ids: torch.Tensor, memory_kv: list, caches: list[dict] | None = None, start: int = 0) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, memory_kv: list, caches: list[dict] | None = None, start: int = 0,
+                head: bool = True) -> torch.Tensor:
         x = self.embed(ids, start)  # (B, T, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory_kv[i], None if caches is None else caches[i])
         x = self.layer_norm(x)
-        return F.linear(x, self.embed_tokens.weight)  # (B, T, V), tied projection
+        return F.linear(x, self.embed_tokens.weight) if head else x  # (B, T, V), tied projection; or features (B, T, D)
 
 
 class SonarPreTrainedModel(PreTrainedModel):
@@ -239,14 +240,19 @@ class SonarModel(SonarPreTrainedModel):
             raise ModelError("SONAR cannot encode an empty sequence (a row of the attention mask is all zero)")
         return self.encoder(input_ids, attention_mask)
 
-    def decode(self, embeddings: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits ``(B, T, V)``; ``embeddings`` is ``(B, D)`` or a memory ``(B, S, D)``."""
+    def decode(self, embeddings: torch.Tensor, decoder_input_ids: torch.Tensor, head: bool = True) -> torch.Tensor:
+        """Teacher-forced logits ``(B, T, V)``; ``embeddings`` is ``(B, D)`` or a memory ``(B, S, D)``.
+        ``head=False``: the final-norm features ``(B, T, D)`` that :meth:`output_head` maps to the logits."""
         memory = embeddings[:, None] if embeddings.dim() == 2 else embeddings  # (B, S, D)
         if memory.shape[-1] != self.config.d_model or memory.shape[0] != decoder_input_ids.shape[0]:
             raise ModelError(f"embeddings {tuple(embeddings.shape)} do not fit decoder inputs {tuple(decoder_input_ids.shape)} "
                              f"and width {self.config.d_model}")
         memory = memory.to(self.decoder.embed_tokens.weight.dtype)
-        return self.decoder(decoder_input_ids, self.decoder.memory_kv(memory))
+        return self.decoder(decoder_input_ids, self.decoder.memory_kv(memory), head=head)
+
+    def output_head(self) -> tuple[torch.Tensor, None]:
+        """``(weight (V, D), bias)`` of the decoder's output projection (tied to its token embeddings; no bias)."""
+        return self.decoder.embed_tokens.weight, None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> SonarOutput:

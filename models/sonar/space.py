@@ -88,6 +88,14 @@ class SonarSpace(torch.nn.Module):
         """Teacher-forced logits ``(B, T', V)`` of the decoder reading ``z`` (B, D)."""
         return self.model.decode(z.to(self.device), decoder_input_ids.to(self.device))
 
+    def decode_features(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced features ``(B, T', D)`` that :meth:`output_head` maps to :meth:`decode_logits`' logits
+        (losses then never hold the ``(B, T', 256k)`` logits)."""
+        return self.model.decode(z.to(self.device), decoder_input_ids.to(self.device), head=False)
+
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.model.output_head()
+
     def generate(self, z: torch.Tensor, max_new_tokens: int = 64, lang: str | None = None, **search) -> list[str]:
         """Embeddings ``(B, D)`` -> text; ``search``: ``num_beams``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``length_penalty``."""
         cfg = self.model.config
