@@ -156,3 +156,18 @@ def test_tied_maxima_count_as_argmax_does():
     w = torch.zeros(5, 3)
     y = torch.tensor([0, 1, 4, 0])
     assert int(linear_cross_entropy(h, w, y)[1]) == int(_plain(h, w, y)[1]) == 2
+
+
+def test_benchmark_script_reports_agreement_and_times(capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "linear_ce.py"
+    spec = importlib.util.spec_from_file_location("linear_ce_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--rows", "300", "--width", "16", "--vocab", "500", "--reps", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["agreement"]["correct_equal"] and out["agreement"]["loss_rel"] < 1e-5
+    assert out["agreement"]["grad_weight_max"] < 1e-4 and out["seconds"]["plain"] > 0 and out["speedup"] > 0
