@@ -13,7 +13,7 @@ from conftest import write_config
 from memlab.config import load_config
 from memlab.errors import MemlabError
 from memlab.models.memory import MemoryConfig, MemoryModel
-from memlab.registry import FAMILIES, SPACES
+from memlab.registry import FAMILIES, RECIPES, SPACES
 from memlab.testing import check_embedding_space
 from memlab.train.run import run_experiment
 
@@ -165,6 +165,9 @@ def test_shipped_configs_load():
     for p in paths:
         cfg = load_config(p)
         assert cfg.recipe == "memory" and cfg.model.family == "memory", p
+        RECIPES.get("memory").build_loss(cfg.options)  # every phase's objective and options are valid
+        over = {k: v for k, v in cfg.model.overrides.items()}
+        FAMILIES.get("memory").make_config(cfg.model.preset, vocab_size=cfg.data.vocab_size, **over).validate_memory()
 
 
 @pytest.fixture(scope="module")
