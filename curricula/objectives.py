@@ -20,10 +20,9 @@ as in the :mod:`memlab.space` teacher-forcing convention.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from memlab.errors import MemlabError
-from memlab.losses import linear_cross_entropy
+from memlab.losses import linear_cross_entropy, logits_cross_entropy
 from memlab.registry import OBJECTIVES
 from memlab.train.setup import StepOutput
 
@@ -56,12 +55,13 @@ def blank_targets(model, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[
 
 def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Mean CE over targets != -100, token accuracy, number of targets."""
-    flat, lab = logits.float().flatten(0, -2), labels.flatten()  # (N, V), (N,)
-    loss = F.cross_entropy(flat, lab, ignore_index=-100)
-    keep = lab != -100
-    n = keep.sum()
-    acc = ((flat.argmax(-1) == lab) & keep).sum() / n.clamp(min=1)
-    return loss, acc, float(n.item())
+    total, correct, n = logits_cross_entropy(logits, labels)
+    return _means(total, correct, n)
+
+
+def _means(total: torch.Tensor, correct: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    den = n.clamp(min=1)
+    return total / den, correct / den, float(n.item())
 
 
 def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -70,9 +70,7 @@ def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode
     if not hasattr(model, "decode_features"):
         return token_stats(model.decode(memories, dec, mode), labels)
     weight, bias = model.output_head()
-    total, correct, n = linear_cross_entropy(model.decode_features(memories, dec, mode), weight, labels, bias=bias)
-    den = n.clamp(min=1)
-    return total / den, correct / den, float(n.item())
+    return _means(*linear_cross_entropy(model.decode_features(memories, dec, mode), weight, labels, bias=bias))
 
 
 def _ids(batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -21,6 +21,7 @@ computation.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 _TINY = 1e-30
@@ -119,3 +120,14 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     with torch.autocast(dev, enabled=False):
         total, correct = _LinearCrossEntropy.apply(h, weight, bias, y, ignore_index, block, dtype, *flags)
     return total, correct, (y != ignore_index).sum()
+
+
+def logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                         ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`linear_cross_entropy`'s ``(sum_ce, correct, count)`` from logits already made, ``(..., V)`` against
+    ``labels (...)`` (for models and spaces that do not expose their head)."""
+    flat = logits.float().reshape(-1, logits.shape[-1])  # (N, V): contiguous rows, no transposed copy
+    y = labels.reshape(-1).to(flat.device)
+    keep = y != ignore_index
+    total = F.cross_entropy(flat, y, ignore_index=ignore_index, reduction="sum")
+    return total, ((flat.argmax(-1) == y) & keep).sum(), keep.sum()

@@ -64,18 +64,13 @@ def decoder_token_stats(space: EmbeddingSpace, z: torch.Tensor, decoder_input_id
     (weight (V, d), bias or None)`` with ``decode_logits = features @ weight.T + bias``; the head then runs
     block by block (:func:`memlab.losses.linear_cross_entropy`), with the same values and no ``(B, T', V)``
     logits tensor."""
-    if hasattr(space, "decode_features") and hasattr(space, "output_head"):
-        from memlab.losses import linear_cross_entropy
+    from memlab.losses import linear_cross_entropy, logits_cross_entropy
 
+    if hasattr(space, "decode_features") and hasattr(space, "output_head"):
         weight, bias = space.output_head()
         feats = space.decode_features(z, decoder_input_ids)  # (B, T', d)
         return linear_cross_entropy(feats, weight, labels.to(feats.device), bias=bias)
-    logits = space.decode_logits(z, decoder_input_ids)  # (B, T', V)
-    labels = labels.to(logits.device)
-    flat = logits.float().reshape(-1, logits.shape[-1])  # (B * T', V): contiguous rows, no transposed copy
-    total = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, reduction="sum")
-    keep = labels != -100
-    return total, ((logits.argmax(-1) == labels) & keep).sum(), keep.sum()
+    return logits_cross_entropy(space.decode_logits(z, decoder_input_ids), labels)  # (B, T', V) logits
 
 
 def reconstruction_loss(space: EmbeddingSpace, z: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -9,7 +9,7 @@ import torch
 from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
 from memlab.errors import ConfigError
 from memlab.flops import matrix_params, transformer_train_flops
-from memlab.losses import linear_cross_entropy
+from memlab.losses import linear_cross_entropy, logits_cross_entropy
 from memlab.registry import FAMILIES, RECIPES
 from memlab.train.setup import StepOutput, TrainSetup
 
@@ -34,11 +34,9 @@ def causal_lm_step(model, batch: dict) -> StepOutput:
         base, head = parts
         hidden = base(input_ids=ids).last_hidden_state[:, :-1]  # (B, T-1, d)
         total, correct, n = linear_cross_entropy(hidden, head.weight, target, bias=head.bias)
-        return StepOutput(loss=total / n, metrics={"token_accuracy": correct / n}, weight=float(target.numel()))
-    logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
-    acc = (logits.argmax(-1) == target).float().mean()
-    return StepOutput(loss=loss, metrics={"token_accuracy": acc}, weight=float(target.numel()))
+    else:
+        total, correct, n = logits_cross_entropy(model(input_ids=ids).logits[:, :-1], target)  # (B, T-1, V) logits
+    return StepOutput(loss=total / n, metrics={"token_accuracy": correct / n}, weight=float(target.numel()))
 
 
 def build_model_for_tokenizer(cfg, tokenizer, seq_len: int):
