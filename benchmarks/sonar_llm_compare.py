@@ -3,9 +3,10 @@
 For every held-out document (the test split of the first sentence run's data config, cut into the
 same windows), each position ``i >= 1`` that is not the end sentence gives a prompt (the up to
 ``--context`` sentences before it) and a reference (sentence ``i``). Every model continues every
-prompt with ONE sentence, greedily: the sentence models predict an embedding and decode it with
-the space's decoder (an empty string when they predict the end sentence); the token LM continues
-the prompt text and its first Punkt sentence is kept. Scores: ``memlab.metrics`` (corpus BLEU with
+prompt with ONE sentence, greedily (``--num-beams K``: beam search, ``--sample``: nucleus sampling,
+in the space's decoder and in the token LM alike): the sentence models predict an embedding and decode it with the space's decoder
+(an empty string when they predict the end sentence); the token LM continues the prompt text and
+its first Punkt sentence is kept. Scores: ``memlab.metrics`` (corpus BLEU with
 sacrebleu, sentence BLEU, ROUGE-L F1, METEOR with WordNet when installed).
 
     python benchmarks/sonar_llm_compare.py --run sonar_llm=runs/sl --run lcm_mse=runs/mse \\
@@ -41,20 +42,22 @@ def heldout_pairs(run: str | Path, split: str, context: int, n: int, seed: int) 
     return pairs[:n]
 
 
-def sentence_model_outputs(run: str, prompts: list[list[str]], max_new_tokens: int, batch: int, seed: int) -> list[str]:
+def sentence_model_outputs(run: str, prompts: list[list[str]], max_new_tokens: int, batch: int, seed: int,
+                           **search) -> list[str]:
     from memlab.models.sonar_llm.generation import generate_sentences, load_sentence_model
 
     model, handle = load_sentence_model(run)
     torch.manual_seed(seed)
     out: list[str] = []
     for a in range(0, len(prompts), batch):
-        gen = generate_sentences(model, handle, prompts[a : a + batch], max_sentences=1, max_new_tokens=max_new_tokens)
+        gen = generate_sentences(model, handle, prompts[a : a + batch], max_sentences=1, max_new_tokens=max_new_tokens,
+                                 **search)
         out.extend(g[0] if g else "" for g in gen)
     return out
 
 
 @torch.no_grad()
-def token_lm_outputs(run: str, prompts: list[list[str]], max_new_tokens: int) -> list[str]:
+def token_lm_outputs(run: str, prompts: list[list[str]], max_new_tokens: int, **search) -> list[str]:
     from memlab.data.sentences import split_sentences
     from memlab.loading import load_pretrained, load_run_tokenizer
 
@@ -64,7 +67,8 @@ def token_lm_outputs(run: str, prompts: list[list[str]], max_new_tokens: int) ->
     max_ctx = getattr(model.config, "max_position_embeddings", 512) - max_new_tokens
     for p in prompts:
         ids = tok(" ".join(p) + " ", return_tensors="pt", add_special_tokens=False)["input_ids"][:, -max_ctx:]
-        gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
+                             **search)
         text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
         sents = split_sentences(text)
         out.append(sents[0] if sents else "")
@@ -111,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (1: greedy)")
+    ap.add_argument("--length-penalty", type=float, default=1.0, help="beam scores: sum log p / length ** this")
+    ap.add_argument("--sample", action="store_true", help="sample the tokens (nucleus sampling, seeded by --seed)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--examples", type=int, default=3, help="example generations to print")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--fit-toy-space", metavar="DIR", help="only fit the fallback toy_ae space on Austen into DIR")
@@ -125,16 +134,24 @@ def main(argv: list[str] | None = None) -> int:
     pairs = heldout_pairs(next(iter(runs.values())), args.split, args.context, args.prompts, args.seed)
     prompts, refs = [p for p, _ in pairs], [r for _, r in pairs]
     results, outputs = {}, {}
+    if args.sample and args.num_beams > 1:
+        ap.error("choose --sample or --num-beams, not both")
+    search = {"num_beams": args.num_beams, "length_penalty": args.length_penalty} if args.num_beams > 1 else {}
+    if args.sample:
+        search = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p}
     for name, run in runs.items():
         t0 = time.perf_counter()
-        outputs[name] = sentence_model_outputs(run, prompts, args.max_new_tokens, args.batch, args.seed)
+        outputs[name] = sentence_model_outputs(run, prompts, args.max_new_tokens, args.batch, args.seed, **search)
         results[name] = dict(score(outputs[name], refs), seconds=time.perf_counter() - t0, run=run)
     if args.token_lm:
         t0 = time.perf_counter()
-        outputs["token_lm"] = token_lm_outputs(args.token_lm, prompts, args.max_new_tokens)
+        torch.manual_seed(args.seed)
+        outputs["token_lm"] = token_lm_outputs(args.token_lm, prompts, args.max_new_tokens, **search)
         results["token_lm"] = dict(score(outputs["token_lm"], refs), seconds=time.perf_counter() - t0, run=args.token_lm)
     keys = [k for k in ("bleu", "sentence_bleu", "rouge_l", "meteor", "empty") if any(k in r for r in results.values())]
-    print(f"{len(pairs)} held-out next-sentence prompts ({args.split} split, context {args.context} sentences)")
+    how = (f"beam search, {args.num_beams} beams" if args.num_beams > 1 else
+           f"sampling, temperature {args.temperature}, top-p {args.top_p}" if args.sample else "greedy")
+    print(f"{len(pairs)} held-out next-sentence prompts ({args.split} split, context {args.context} sentences, {how})")
     print(f"{'model':<16}" + "".join(f"{k:>15}" for k in keys))
     for name, r in results.items():
         print(f"{name:<16}" + "".join(f"{r.get(k, float('nan')):>15.4f}" for k in keys))

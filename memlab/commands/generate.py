@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--num-beams", type=int, default=1,
+                   help="beam search with this many beams (sentence models: in the space's decoder; 1: greedy)")
     p.add_argument("--max-sentences", type=int, default=8, help="sentence models: stop after this many sentences")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from memlab.decoding import beam_search_recompute
 from memlab.errors import ModelError
 from memlab.models.memory.modeling_memory import MemoryModel
 
@@ -85,26 +86,33 @@ class MemorySpace:
         return self.model.output_head()
 
     @torch.no_grad()
-    def generate(self, z: torch.Tensor, max_new_tokens: int = 64, **search) -> list[str]:
-        """Greedy decoding (``do_sample``/``temperature``/``top_p`` sample instead; beams are not supported)."""
+    def generate(self, z: torch.Tensor, max_new_tokens: int = 64, num_beams: int = 1, length_penalty: float = 1.0,
+                 **search) -> list[str]:
+        """Greedy decoding; ``num_beams > 1``: beam search (:func:`memlab.decoding.beam_search`, hypotheses scored
+        by ``sum log p / (length + 1) ** length_penalty``); ``do_sample``/``temperature``/``top_p``: sampling.
+        A blank-copy decoder predicts every position at once, so it decodes greedily or by sampling only."""
         n = min(max_new_tokens, self.max_tokens + 1)
         b = z.shape[0]
         eos = self.config.eos_token_id
+        if num_beams > 1 and search.get("do_sample"):
+            raise ModelError("choose beam search (num_beams > 1) or sampling (do_sample=True), not both")
         if self.config.copy_inputs == "blank":
+            if num_beams > 1:
+                raise ModelError("beam search needs an autoregressive space decoder; this one is blank copy "
+                                 "(copy_inputs='blank': every position at once), so it decodes greedily or by sampling")
             dec = torch.full((b, n), self.config.blank_id, dtype=torch.long, device=self.device)
-            out = self._pick(self.decode_logits(z, dec), search)  # (B, n)
+            rows = self._pick(self.decode_logits(z, dec), search).tolist()  # (B, n)
+        elif num_beams > 1:
+            rows = beam_search_recompute(self.decode_logits, z.to(self.device), self.config.bos_token_id, eos, n,
+                                         num_beams, length_penalty)
         else:
             out = torch.full((b, 1), self.config.bos_token_id, dtype=torch.long, device=self.device)
             for _ in range(n):
                 nxt = self._pick(self.decode_logits(z, out)[:, -1:], search)  # (B, 1)
                 out = torch.cat([out, nxt], 1)
-            out = out[:, 1:]
-        texts = []
-        for row in out.tolist():
-            if eos in row:
-                row = row[: row.index(eos)]
-            texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
-        return texts
+            rows = out[:, 1:].tolist()
+        return [self.tokenizer.decode(row[: row.index(eos)] if eos in row else row, skip_special_tokens=True)
+                for row in rows]
 
     @staticmethod
     def _pick(logits: torch.Tensor, search: dict) -> torch.Tensor:

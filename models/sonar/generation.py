@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from memlab.decoding import beam_search
 from memlab.errors import ModelError
 
 
@@ -72,48 +73,16 @@ def _strip(row: list[int], eos_id: int) -> list[int]:
 
 
 def _beam(model, memory: torch.Tensor, prefix: list[int], eos_id: int, max_new: int, K: int, alpha: float) -> list[list[int]]:
-    """Beam search; finished hypotheses are scored by ``sum log p / length ** alpha`` (fairseq's rule)."""
-    B, dev = memory.shape[0], memory.device
+    """Beam search (:func:`memlab.decoding.beam_search`, fairseq's length rule) with the caches reordered per step."""
+    B = memory.shape[0]
     memory = memory.repeat_interleave(K, 0)  # (B*K, S, D)
     mkv = model.decoder.memory_kv(memory)
     caches: list[dict] = [{} for _ in model.decoder.layers]
-    ids = torch.tensor([prefix], device=dev).expand(B * K, -1)  # (B*K, P)
-    logp = _step(model, ids, mkv, caches, 0)  # (B*K, V)
-    V = logp.shape[-1]
-    scores = torch.full((B, K), float("-inf"), device=dev)
-    scores[:, 0] = 0.0  # all beams start identical: keep one
-    seqs = [[[] for _ in range(K)] for _ in range(B)]
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    for t in range(max_new):
-        cand = (scores[..., None] + logp.view(B, K, V)).view(B, K * V)  # (B, K*V)
-        top_s, top_i = cand.topk(2 * K, dim=-1)  # (B, 2K)
-        new_scores = torch.full((B, K), float("-inf"), device=dev)
-        src = torch.zeros(B, K, dtype=torch.long, device=dev)
-        toks = torch.full((B, K), eos_id, dtype=torch.long, device=dev)
-        new_seqs = [[[] for _ in range(K)] for _ in range(B)]
-        for b in range(B):
-            if len(finished[b]) >= K:
-                continue
-            j = 0
-            for s, i in zip(top_s[b].tolist(), top_i[b].tolist()):
-                if s == float("-inf"):
-                    break
-                beam, tok = divmod(i, V)
-                hyp = seqs[b][beam]
-                if tok == eos_id or t == max_new - 1:
-                    body = hyp if tok == eos_id else hyp + [tok]
-                    if len(finished[b]) < K:
-                        finished[b].append((s / (len(body) + 1) ** alpha, body))
-                    continue
-                if j < K:
-                    new_scores[b, j], src[b, j], toks[b, j] = s, beam, tok
-                    new_seqs[b][j] = hyp + [tok]
-                    j += 1
-        scores, seqs = new_scores, new_seqs
-        if all(len(f) >= K for f in finished) or t == max_new - 1:
-            break
-        order = (torch.arange(B, device=dev)[:, None] * K + src).view(-1)  # (B*K,)
+    ids = torch.tensor([prefix], device=memory.device).expand(B * K, -1)  # (B*K, P)
+
+    def advance(order: torch.Tensor, toks: torch.Tensor, t: int) -> torch.Tensor:
         for c in caches:
             c["k"], c["v"] = c["k"][order], c["v"][order]
-        logp = _step(model, toks.view(-1, 1), mkv, caches, len(prefix) + t)
-    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+        return _step(model, toks[:, None], mkv, caches, len(prefix) + t)
+
+    return beam_search(_step(model, ids, mkv, caches, 0), advance, B, K, eos_id, max_new, alpha)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memlab.decoding import beam_search_recompute
 from memlab.errors import ModelError
 from memlab.registry import SPACES
 from memlab.space import tokenize
@@ -130,9 +131,16 @@ class ToySentenceAE(nn.Module):
 
     @torch.no_grad()
     def generate(self, z: torch.Tensor, max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
-                 top_p: float = 1.0, **search) -> list[str]:
+                 top_p: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0) -> list[str]:
+        """Greedy, sampling (``do_sample``, ``temperature``, ``top_p``) or beam search (``num_beams``)."""
         tok = self.tokenizer
         B = z.shape[0]
+        if num_beams > 1:
+            if do_sample:
+                raise ModelError("choose beam search (num_beams > 1) or sampling (do_sample=True), not both")
+            rows = beam_search_recompute(self.decode_logits, z, tok.bos_token_id, tok.eos_token_id,
+                                         min(max_new_tokens, self.max_len - 1), num_beams, length_penalty)
+            return [tok.decode(r, skip_special_tokens=True) for r in rows]
         ids = torch.full((B, 1), tok.bos_token_id, dtype=torch.long, device=z.device)  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool, device=z.device)
         for _ in range(min(max_new_tokens, self.max_len - 1)):
