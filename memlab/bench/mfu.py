@@ -33,7 +33,7 @@ FALLBACK_CONFIGS = {
     "lcm_diffusion": "configs/lcm/diffusion_toy.yaml",
 }
 """Measured instead when the small config cannot be set up here: the sentence families' small configs
-read a trained memory sentence autoencoder (``runs/sentence-ae-copy``); the toy ones need nothing.
+read a trained memory sentence autoencoder (``runs/sentence-ae-deep``); the toy ones need nothing.
 The result then names the config it measured and why (``fallback_from``, ``fallback_reason``)."""
 
 CONFIG_OVERRIDES = {
