@@ -184,3 +184,20 @@ def test_resume_can_extend_a_finished_run(tmp_path, small_corpus):
     assert json.loads((run / "summary.json").read_text())["steps"] == 9
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
     assert steps == list(range(1, 10))
+
+
+def test_compiled_forward_trains_the_same_and_saves_the_same_names(tmp_path):
+    """``train.compile``: the compiled forward gives the eager losses and the checkpoint the eager weight names."""
+    cfg = ROOT / "configs/lcm/mse_toy.yaml"
+    common = ["train.max_steps=3", "train.eval_every=3", "train.save_every=3", "train.log_every=1", "train.eval_batches=1"]
+    assert main(["train", str(cfg), "--out", str(tmp_path / "eager"), *common]) == 0
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    assert main(["train", str(cfg), "--out", str(tmp_path / "compiled"), *common, "train.compile=true"]) == 0
+    assert counters["stats"]["unique_graphs"] >= 1  # the forward did go through the compiler
+    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
+    assert len(eager) == 3 and torch.allclose(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-5)
+    we, wc = _weights(tmp_path / "eager", 3), _weights(tmp_path / "compiled", 3)
+    assert we.keys() == wc.keys()
+    assert all(torch.allclose(we[k], wc[k], rtol=1e-3, atol=1e-5) for k in we)
