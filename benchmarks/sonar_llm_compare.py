@@ -4,10 +4,10 @@ For every held-out document (the test split of the first sentence run's data con
 same windows), each position ``i >= 1`` that is not the end sentence gives a prompt (the up to
 ``--context`` sentences before it) and a reference (sentence ``i``). Every model continues every
 prompt with ONE sentence, greedily (``--num-beams K``: beam search, ``--sample``: nucleus sampling,
-in the space's decoder and in the token LM alike): the sentence models predict an embedding and decode it with the space's decoder
-(an empty string when they predict the end sentence); the token LM continues the prompt text and
-its first Punkt sentence is kept. Scores: ``memlab.metrics`` (corpus BLEU with
-sacrebleu, sentence BLEU, ROUGE-L F1, METEOR with WordNet when installed).
+in the space's decoder and in the token LM alike): the sentence models predict an embedding and
+decode it with the space's decoder (an empty string when they predict the end sentence); the token
+LM continues the prompt text and its first Punkt sentence is kept. Scores: ``memlab.metrics``
+(corpus BLEU with sacrebleu, sentence BLEU, ROUGE-L F1, METEOR with WordNet when installed).
 
     python benchmarks/sonar_llm_compare.py --run sonar_llm=runs/sl --run lcm_mse=runs/mse \\
         --run lcm_diffusion=runs/diff --token-lm runs/lm --prompts 300 --out results.json
