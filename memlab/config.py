@@ -113,8 +113,9 @@ class TrainConfig:
     compile: bool = False
     """``torch.compile`` the model's forward in place (``nn.Module.compile``, dynamic shapes; saved weights keep
     their names). The first steps and the first evaluation pay the compilation (tens of seconds on a CPU); it
-    pays off where Python and element-wise work weigh on a small model's step. Objectives that call other
-    methods than ``forward`` (the memory family's) are not affected."""
+    pays off where Python and element-wise work weigh on a small model's step. Losses that call other
+    methods or submodules than the model's own ``forward`` (the memory family's objectives, the token LM's
+    block-wise loss through its base model) are not affected."""
     progress: bool | None = None
     """Show a progress bar (default: only on a TTY)."""
 

@@ -68,18 +68,19 @@ class MemorySpace:
         z = z.to(self.device)
         return (z[:, None] if z.dim() == 2 else z)[:, None]  # (B, 1, K, D)
 
-    def decode_logits(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+    def _decoder_ids(self, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """``(B, 1, T')`` decoder inputs on the model's device; all blanks for a blank-copy decoder."""
         dec = decoder_input_ids.to(self.device)
         if self.config.copy_inputs == "blank":
             dec = torch.full_like(dec, self.config.blank_id)
-        return self.model.decode(self._memories(z), dec[:, None], "own").squeeze(1)  # (B, T', V); a view, so no copy in backward
+        return dec[:, None]
+
+    def decode_logits(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.decode(self._memories(z), self._decoder_ids(decoder_input_ids), "own").squeeze(1)  # (B, T', V); a view, so no copy in backward
 
     def decode_features(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
         """Teacher-forced features ``(B, T', d)`` that :meth:`output_head` maps to :meth:`decode_logits`' logits."""
-        dec = decoder_input_ids.to(self.device)
-        if self.config.copy_inputs == "blank":
-            dec = torch.full_like(dec, self.config.blank_id)
-        return self.model.decode_features(self._memories(z), dec[:, None], "own").squeeze(1)  # (B, T', d)
+        return self.model.decode_features(self._memories(z), self._decoder_ids(decoder_input_ids), "own").squeeze(1)
 
     def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(weight (V, d), bias)`` of the decoder's output head."""
