@@ -24,6 +24,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
+from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
 
@@ -56,15 +57,7 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = No
 
 def lr_lambda(cfg):
     """Linear warmup to 1, then cosine decay to ``min_lr_ratio`` at ``max_steps``."""
-
-    def f(step: int) -> float:
-        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        span = max(1, cfg.max_steps - cfg.warmup_steps)
-        t = min(1.0, (step - cfg.warmup_steps) / span)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-    return f
+    return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
