@@ -5,7 +5,7 @@ Same as `memlab bench --parts flops`; results (bench.json, plots/, README.md) go
 
 import sys
 
-from memlab.cli import main
+from memlab.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--parts", "flops", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ Same as `memlab bench --parts generation`; results (bench.json, plots/, README.m
 
 import sys
 
-from memlab.cli import main
+from memlab.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--parts", "generation", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ Same as `memlab bench --parts mfu`; results (bench.json, plots/, README.md) go t
 
 import sys
 
-from memlab.cli import main
+from memlab.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--parts", "mfu", *sys.argv[1:]]))

@@ -17,7 +17,7 @@ from memlab.errors import MemlabError
 
 T = TypeVar("T")
 
-PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula", "memlab.eval")
+PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula", "memlab.app.eval")
 _plugins_loaded = False
 
 

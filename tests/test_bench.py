@@ -12,7 +12,7 @@ from memlab.errors import MemlabError
 
 
 def test_cost_exponent_and_timer():
-    from memlab.bench.measure import PeakMemory, cost_exponent, time_call
+    from memlab.app.bench.measure import PeakMemory, cost_exponent, time_call
 
     T = np.array([1024, 2048, 4096, 8192])
     assert cost_exponent(T, 3e-9 * T**2) == pytest.approx(2.0)
@@ -25,7 +25,7 @@ def test_cost_exponent_and_timer():
 
 
 def test_bench_quick_harness(tmp_path, small_corpus):
-    from memlab.bench.run import run_bench
+    from memlab.app.bench.run import run_bench
     from tests.conftest import write_config
 
     cfg = write_config(tmp_path / "lm.yaml", small_corpus)
@@ -63,7 +63,7 @@ def test_bench_quick_harness(tmp_path, small_corpus):
 
 
 def test_bench_cli_flops_only(tmp_path, capsys):
-    from memlab.cli import main
+    from memlab.app.cli import main
 
     assert main(["bench", "--parts", "flops", "--out", str(tmp_path / "b")]) == 0
     text = capsys.readouterr().out
@@ -73,7 +73,7 @@ def test_bench_cli_flops_only(tmp_path, capsys):
 
 
 def test_mfu_falls_back_when_a_config_cannot_be_set_up(tmp_path, small_corpus):
-    from memlab.bench.mfu import run_mfu
+    from memlab.app.bench.mfu import run_mfu
     from tests.conftest import write_config
 
     good = write_config(tmp_path / "lm.yaml", small_corpus)

@@ -25,13 +25,13 @@ def tiny_run(tmp_path_factory, small_corpus):
 
 @pytest.fixture(scope="module")
 def adapter(tiny_run):
-    from memlab.eval.adapters import load_adapter
+    from memlab.app.eval.adapters import load_adapter
 
     return load_adapter(tiny_run)
 
 
 def test_tasks_are_registered():
-    import memlab.eval  # noqa: F401
+    import memlab.app.eval  # noqa: F401
     from memlab.registry import TASKS
 
     assert {"next_sentence", "xsum", "cnn_dailymail", "needle", "multidoc_qa", "hellaswag"} <= set(TASKS.names())
@@ -57,7 +57,7 @@ def test_score_matches_a_direct_forward_pass(adapter):
 
 
 def test_hellaswag_ranks_by_likelihood(adapter, monkeypatch):
-    from memlab.eval.tasks import TaskOptions, get_task
+    from memlab.app.eval.tasks import TaskOptions, get_task
 
     task = get_task("hellaswag")
     ex = task.load(TaskOptions())
@@ -72,8 +72,8 @@ def test_hellaswag_ranks_by_likelihood(adapter, monkeypatch):
 
 
 def test_needle_prompt_has_needle_at_depth_and_fits(adapter):
-    from memlab.eval.longctx import Needle, haystack_sentences
-    from memlab.eval.tasks import TaskOptions
+    from memlab.app.eval.longctx import Needle, haystack_sentences
+    from memlab.app.eval.tasks import TaskOptions
 
     task = Needle()
     opts = TaskOptions(needle_lengths=(384, 480), needle_depths=(0.0, 1.0))
@@ -82,7 +82,7 @@ def test_needle_prompt_has_needle_at_depth_and_fits(adapter):
     sents = haystack_sentences()
     p0 = task.build_prompt(adapter, ex[0], sents)
     p1 = task.build_prompt(adapter, ex[1], sents)
-    from memlab.eval.longctx import NEEDLE_INTRO
+    from memlab.app.eval.longctx import NEEDLE_INTRO
 
     def haystack(p):  # the text between the instructions and the question
         return p[len(NEEDLE_INTRO) : p.index("\nWhat is the special")]
@@ -104,7 +104,7 @@ def test_needle_prompt_has_needle_at_depth_and_fits(adapter):
 
 
 def test_qa_metrics():
-    from memlab.eval.longctx import normalize_answer, qa_f1
+    from memlab.app.eval.longctx import normalize_answer, qa_f1
 
     assert normalize_answer("The  Kelso!") == "kelso"
     assert qa_f1("in Kelso town", "Kelso") == pytest.approx(2 * (1 / 3) * 1 / (1 / 3 + 1))
@@ -112,7 +112,7 @@ def test_qa_metrics():
 
 
 def test_bad_data_is_a_clear_error(tmp_path):
-    from memlab.eval.tasks import TaskOptions, get_task
+    from memlab.app.eval.tasks import TaskOptions, get_task
 
     bad = tmp_path / "x.jsonl"
     bad.write_text('{"document": "a"}\n')
@@ -123,7 +123,7 @@ def test_bad_data_is_a_clear_error(tmp_path):
 
 
 def test_memlab_eval_cli_writes_table(tiny_run, tmp_path, capsys):
-    from memlab.cli import main
+    from memlab.app.cli import main
 
     out = tmp_path / "ev"
     rc = main(["eval", "--run", str(tiny_run), "--task", "hellaswag", "--task", "needle",

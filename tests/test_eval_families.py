@@ -30,8 +30,8 @@ def memory_dir(tmp_path_factory, byte_tok):
 
 
 def test_memory_adapter_scores_are_consistent_and_use_memory(memory_dir):
-    from memlab.eval.adapters import load_adapter
-    from memlab.eval.family_adapters import MemoryLMAdapter
+    from memlab.app.eval.adapters import load_adapter
+    from memlab.app.eval.family_adapters import MemoryLMAdapter
 
     ad = load_adapter(memory_dir)
     assert isinstance(ad, MemoryLMAdapter) and ad.mode == "previous" and ad.max_context == 64
@@ -58,9 +58,9 @@ def test_memory_adapter_scores_are_consistent_and_use_memory(memory_dir):
 
 
 def test_memory_adapter_in_eval_table(memory_dir):
-    from memlab.eval.adapters import load_adapter
-    from memlab.eval.runner import evaluate_models, format_table
-    from memlab.eval.tasks import TaskOptions
+    from memlab.app.eval.adapters import load_adapter
+    from memlab.app.eval.runner import evaluate_models, format_table
+    from memlab.app.eval.tasks import TaskOptions
 
     ad = load_adapter(memory_dir, name="memory")
     res = evaluate_models([ad], ["hellaswag"], TaskOptions(limit=2), log=lambda s: None)
@@ -71,8 +71,8 @@ def test_memory_adapter_in_eval_table(memory_dir):
 def test_sonar_llm_adapter(tmp_path):
     if "sonar_llm" not in FAMILIES:
         pytest.skip("sonar_llm family not installed")
-    from memlab.eval.adapters import load_adapter
-    from memlab.eval.family_adapters import SonarLLMAdapter
+    from memlab.app.eval.adapters import load_adapter
+    from memlab.app.eval.family_adapters import SonarLLMAdapter
     from memlab.models.sonar_llm.spaces import SpaceHandle, load_space
 
     handle = SpaceHandle(load_space("toy_ae"), "toy_ae")

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from memlab.errors import MemlabError
-from memlab.eval import judge
+from memlab.app.eval import judge
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -66,13 +66,13 @@ def test_judge_bad_replies(server):
 
 
 def test_judge_is_off_by_default():
-    from memlab.eval.tasks import TaskOptions
+    from memlab.app.eval.tasks import TaskOptions
 
     assert TaskOptions().judge_url is None
 
 
 def test_next_sentence_task_calls_the_judge(server):
-    from memlab.eval.tasks import TaskOptions, get_task
+    from memlab.app.eval.tasks import TaskOptions, get_task
 
     class Echo:
         name, max_context = "echo", 1000

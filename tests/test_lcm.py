@@ -106,7 +106,7 @@ def test_diffusion_save_load_round_trip(tmp_path):
 
 @pytest.mark.parametrize("config", ["configs/lcm/mse_toy.yaml", "configs/lcm/diffusion_toy.yaml"])
 def test_toy_configs_train_and_generate(config, tmp_path_factory, small_corpus, capsys):
-    from memlab.cli import main
+    from memlab.app.cli import main
 
     tmp = tmp_path_factory.mktemp("lcm")
     _, spec = fitted_space(tmp / "space", steps=30)

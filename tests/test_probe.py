@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as tf
 
-from memlab.cli import main
+from memlab.app.cli import main
 from memlab.errors import MemlabError
 from memlab.probes.inversion import ProbeOptions, load_options, run_probe
 from memlab.testing import check_embedding_space

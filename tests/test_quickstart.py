@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from memlab.cli import main
-from memlab.quickstart import CHECKPOINTS, Entry, default_entries, format_table, run_quickstart
+from memlab.app.cli import main
+from memlab.app.quickstart import CHECKPOINTS, Entry, default_entries, format_table, run_quickstart
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

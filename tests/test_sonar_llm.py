@@ -127,7 +127,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_toy_config_trains_and_generates(tmp_path, small_corpus, capsys, fitted):
-    from memlab.cli import main
+    from memlab.app.cli import main
 
     space, spec = fitted
     run = tmp_path / "run"
@@ -186,7 +186,7 @@ def test_shipped_configs_load():
 
 
 def test_unfrozen_decoder_is_trained_saved_and_restored(tmp_path, small_corpus, fitted):
-    from memlab.cli import main
+    from memlab.app.cli import main
     from memlab.models.sonar_llm.generation import load_sentence_model
 
     space, spec = fitted

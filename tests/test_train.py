@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import write_config
-from memlab.cli import main
+from memlab.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_shipped_toy_config_on_bundled_corpus(tmp_path):
 
 
 def _train_cmd(cfg: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "memlab.cli", "train", str(cfg), *extra]
+    return [sys.executable, "-m", "memlab.app.cli", "train", str(cfg), *extra]
 
 
 def test_resume_after_sigkill_gives_identical_weights(tmp_path, small_corpus):
@@ -80,7 +80,7 @@ def test_resume_after_sigkill_gives_identical_weights(tmp_path, small_corpus):
     proc.wait()
     assert not (killed / "checkpoints" / "step-00000120").exists(), "the run finished before it could be killed"
     assert not (killed / "summary.json").exists()
-    r = subprocess.run([sys.executable, "-m", "memlab.cli", "train", "--resume", str(killed)], env=_env(),
+    r = subprocess.run([sys.executable, "-m", "memlab.app.cli", "train", "--resume", str(killed)], env=_env(),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = _weights(ref, 120), _weights(killed, 120)
@@ -97,7 +97,7 @@ def test_two_processes_match_one(tmp_path, small_corpus):
     subprocess.run(_train_cmd(cfg, "--out", str(one)), check=True, env=_env(), capture_output=True)
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                        "-m", "memlab.cli", "train", str(cfg), "--out", str(two)],
+                        "-m", "memlab.app.cli", "train", str(cfg), "--out", str(two)],
                        env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((two / "summary.json").read_text())["processes"] == 2
@@ -110,7 +110,7 @@ def test_two_processes_match_one(tmp_path, small_corpus):
 def _launch2(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "-m", "memlab.cli", "train", *args], env=_env(), capture_output=True, text=True)
+                           "-m", "memlab.app.cli", "train", *args], env=_env(), capture_output=True, text=True)
 
 
 def test_two_process_resume_is_exact(tmp_path, small_corpus):

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from memlab.bench.measure import PeakMemory, cost_exponent, time_call
+from memlab.app.bench.measure import PeakMemory, cost_exponent, time_call
 
 
 def full_attention_twin(width: int, layers: int, heads: int, ff: int, vocab: int, max_len: int):

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from memlab.errors import MemlabError
-from memlab.eval.adapters import ADAPTERS, GeneratorAdapter, register_adapter
+from memlab.app.eval.adapters import ADAPTERS, GeneratorAdapter, register_adapter
 
 
 class MemoryLMAdapter:

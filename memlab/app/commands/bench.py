@@ -23,7 +23,7 @@ def _ints(text: str | None) -> list[int] | None:
 
 
 def add_parser(sub) -> None:
-    from memlab.bench.run import PARTS
+    from memlab.app.bench.run import PARTS
 
     p = sub.add_parser("bench", help="measure performance side by side (prefill, generation, MFU, probe, FLOPs)",
                        description="Benchmarks measured side by side in one run; writes bench.json, plots/ and a "
@@ -45,10 +45,10 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from memlab.bench.run import run_bench
+    from memlab.app.bench.run import run_bench
 
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("memlab", "memlab/cli.py")) else ["bench"] + [a for a in _argv(args)]
+    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ["bench"] + [a for a in _argv(args)]
     command = "memlab " + " ".join(shlex.quote(a) for a in argv)
     run_bench(out, [p.strip() for p in args.parts.split(",") if p.strip()], device=args.device, quick=args.quick,
               prefill_lengths=_ints(args.prefill_lengths), generation_contexts=_ints(args.generation_contexts),

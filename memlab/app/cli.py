@@ -1,6 +1,6 @@
 """The ``memlab`` command line: ``memlab <verb> ...``.
 
-Each verb is a module in :mod:`memlab.commands` with ``add_parser(subparsers)``
+Each verb is a module in :mod:`memlab.app.commands` with ``add_parser(subparsers)``
 and ``run(args) -> int``. A user's mistake (:class:`memlab.errors.MemlabError`)
 prints one line ``memlab: error: ...`` and exits 2, without a traceback.
 """
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"memlab {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="<verb>")
     for verb in VERBS:
-        importlib.import_module(f"memlab.commands.{verb.replace('-', '_')}").add_parser(sub)
+        importlib.import_module(f"memlab.app.commands.{verb.replace('-', '_')}").add_parser(sub)
     return parser
 
 

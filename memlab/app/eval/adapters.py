@@ -128,7 +128,7 @@ class GeneratorAdapter:
 
     def score(self, contexts, continuations):
         raise MemlabError(f"model '{self.name}' has no log-likelihood scorer; register an adapter for its family "
-                          "(memlab.eval.adapters.register_adapter) to run scored tasks")
+                          "(memlab.app.eval.adapters.register_adapter) to run scored tasks")
 
     def generate(self, prompts: list[str], max_new_tokens: int = 64) -> list[str]:
         from types import SimpleNamespace
@@ -160,9 +160,9 @@ def load_adapter(path: str | Path, name: str | None = None) -> ModelAdapter:
         except MemlabError:
             tok = None
         return GeneratorAdapter(d, GENERATORS.get(fam), label, tok)
-    raise MemlabError(f"{d}: family '{fam}' has no evaluation adapter (see memlab.eval.adapters.register_adapter)")
+    raise MemlabError(f"{d}: family '{fam}' has no evaluation adapter (see memlab.app.eval.adapters.register_adapter)")
 
 
 def _wire_known_families() -> None:
     """Import the adapters that live next to this module for families built elsewhere (if present)."""
-    from memlab.eval import family_adapters  # noqa: F401  (registers what it can)
+    from memlab.app.eval import family_adapters  # noqa: F401  (registers what it can)

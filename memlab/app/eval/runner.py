@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.eval.tasks import TaskOptions, get_task
+from memlab.app.eval.tasks import TaskOptions, get_task
 
 
 def evaluate_models(adapters: list, task_names: list[str], opts: TaskOptions, log=print) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from memlab.quickstart import run_quickstart
+    from memlab.app.quickstart import run_quickstart
 
     if args.threads:
         torch.set_num_threads(args.threads)

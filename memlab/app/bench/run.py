@@ -27,9 +27,9 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
               mfu_steps: int = 12, mfu_configs: dict[str, str] | None = None, command: str = "",
               prefill_logits: str = "last", log=print) -> dict[str, Any]:
     """``prefill_logits``: ``"last"`` (both prefill models return the last position's logits only,
-    ``logits_to_keep=1``) or ``"all"`` (every position); see ``memlab.bench.prefill``."""
-    from memlab.bench.measure import device_of
-    from memlab.bench.prefill import LOGITS
+    ``logits_to_keep=1``) or ``"all"`` (every position); see ``memlab.app.bench.prefill``."""
+    from memlab.app.bench.measure import device_of
+    from memlab.app.bench.prefill import LOGITS
 
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -56,32 +56,32 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
                            "SONAR-LLM (1B + SONAR enc/dec)": (r["tokens"], r["sonar_llm"])},
                           out / "plots" / "flops.png", crossover_at=r["crossover_tokens"])
         elif part == "prefill":
-            from memlab.bench.prefill import plot_prefill, run_prefill
+            from memlab.app.bench.prefill import plot_prefill, run_prefill
 
             lengths = prefill_lengths or q.get("prefill_lengths") or [1024, 2048, 4096, 8192, 16384, 32768]
             r = run_prefill(lengths, dev, chunk_len=32 if quick else 64, repeats=1 if quick else 2,
                             logits=prefill_logits, log=log)
             plot_prefill(r, out / "plots" / "prefill.png")
         elif part == "generation":
-            from memlab.bench.generation import plot_generation, run_generation
+            from memlab.app.bench.generation import plot_generation, run_generation
 
             ctx = generation_contexts or q.get("generation_contexts") or [256, 1024, 2048, 4096, 8192, 16384]
             shape = {k: q[k] for k in ("width", "layers", "heads", "ff", "sentence_len", "new_tokens")} if quick else {}
             r = run_generation(ctx, dev, log=log, **shape)
             plot_generation(r, out / "plots" / "generation.png")
         elif part == "mfu":
-            from memlab.bench.mfu import run_mfu
+            from memlab.app.bench.mfu import run_mfu
 
             r = run_mfu(out, mfu_configs, steps=q.get("mfu_steps", mfu_steps), cpu=dev.type == "cpu",
                         overrides=["data.seq_len=32", "train.batch_size=4", "model.preset=toy"] if quick else None, log=log)
         else:  # probe
-            from memlab.bench.probe import run_probe_split
+            from memlab.app.bench.probe import run_probe_split
 
             r = run_probe_split(dev, quick=quick, log=log)
         r["seconds"] = round(time.perf_counter() - t0, 1)
         res["parts"][part] = r
         (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
-    from memlab.bench.report import write_readme
+    from memlab.app.bench.report import write_readme
 
     write_readme(res, out / "README.md")
     return res

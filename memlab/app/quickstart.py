@@ -29,8 +29,8 @@ from typing import Callable
 from memlab import assets
 from memlab.errors import MemlabError
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = Path(__file__).resolve().parent / "resources" / "checkpoints"
+REPO = Path(__file__).resolve().parents[2]
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "resources" / "checkpoints"
 
 FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=20, hidden_size=128, num_layers=2, num_heads=4,
             batch_size=32, lr=2e-3, n_examples=3)

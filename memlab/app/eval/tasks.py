@@ -21,7 +21,7 @@ from typing import Any
 from memlab.errors import DataError, MemlabError
 from memlab.registry import TASKS
 
-LOCAL_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "eval"
+LOCAL_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "eval"
 """The small local task sets (in a source checkout)."""
 
 
@@ -181,7 +181,7 @@ class NextSentence(Task):
         res.update(generation_metrics([first_sentence(g) for g in gens], [first_sentence(r) for r in refs], "first_"))
         res.update(generation_metrics([g.strip() or "-" for g in gens], refs, "full_"))
         if opts.judge_url:
-            from memlab.eval.judge import judge_texts
+            from memlab.app.eval.judge import judge_texts
 
             res.update(judge_texts([e["context"] for e in examples], gens, opts.judge_url, opts.judge_model))
         res["samples"] = [{"context": e["context"][-200:], "generated": g, "reference": r}
@@ -225,7 +225,7 @@ register_task(Summarization("xsum", ("EdinburghNLP/xsum", None, "test", "documen
 register_task(Summarization("cnn_dailymail", ("abisee/cnn_dailymail", "3.0.0", "test", "article", "highlights"),
                             "extractive-leaning summarization (CNN/DailyMail through datasets; local set offline)"))
 
-from memlab.eval import longctx  # noqa: E402,F401  (registers needle, multidoc_qa, hellaswag)
+from memlab.app.eval import longctx  # noqa: E402,F401  (registers needle, multidoc_qa, hellaswag)
 
 
 def get_task(name: str) -> Task:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from memlab.bench.measure import sync
+from memlab.app.bench.measure import sync
 
 
 def _llama_cfg(width, layers, heads, ff, vocab, max_len):

@@ -9,7 +9,7 @@ import string
 from collections import Counter
 from typing import Any
 
-from memlab.eval.tasks import Task, TaskOptions, bundled_sentences, load_hub, register_task, resolve_rows
+from memlab.app.eval.tasks import Task, TaskOptions, bundled_sentences, load_hub, register_task, resolve_rows
 
 NEEDLE_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
                 "I will quiz you about the numbers afterwards.\n")

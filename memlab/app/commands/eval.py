@@ -37,7 +37,7 @@ def run(args) -> int:
 
     from memlab.errors import MemlabError
 
-    command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/cli.py")) else ""
+    command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ""
     out = Path(args.out or f"runs/{'scaling' if args.scaling else 'eval'}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.scaling:
         from memlab.analysis.scaling import format_table, load_sweep_config, run_sweep
@@ -50,12 +50,12 @@ def run(args) -> int:
         return 0
     if not args.run:
         raise MemlabError("give at least one --run (or --scaling SWEEP)")
-    from memlab.eval.adapters import load_adapter
-    from memlab.eval.runner import evaluate_models, format_table, write_results
-    from memlab.eval.tasks import TaskOptions
+    from memlab.app.eval.adapters import load_adapter
+    from memlab.app.eval.runner import evaluate_models, format_table, write_results
+    from memlab.app.eval.tasks import TaskOptions
     from memlab.registry import TASKS
 
-    import memlab.eval  # noqa: F401  (registers the tasks)
+    import memlab.app.eval  # noqa: F401  (registers the tasks)
 
     try:
         lengths = tuple(int(x) for x in args.needle_lengths.split(",") if x.strip())
