@@ -291,7 +291,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def experiment_from_dict(data: dict) -> ExperimentConfig:
     """Build and validate an ExperimentConfig (options against the recipe, model against the family)."""
-    from memlab.registry import FAMILIES, RECIPES
+    from memlab.registry import FAMILIES, config_recipe
 
     if not isinstance(data, dict):
         raise ConfigError("a config must be a YAML mapping")
@@ -300,7 +300,7 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     if options is not None and not isinstance(options, dict):
         raise ConfigError(f"'options' must be a mapping, got {options!r}")
     cfg = from_dict(ExperimentConfig, data)
-    recipe = RECIPES.get(cfg.recipe)
+    recipe = config_recipe(cfg.recipe)
     opt_cls = getattr(recipe, "options_class", None)
     if opt_cls is None:
         if options:

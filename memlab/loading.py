@@ -53,3 +53,31 @@ def load_run_tokenizer(path: str | Path):
     from memlab.data.tokenizer import load_tokenizer
 
     return load_tokenizer(str(resolve_model_dir(path)))
+
+
+def run_dir_of(model_dir: str | Path) -> Path | None:
+    """The run directory that saved ``model_dir``: a checkpoint ``RUN/checkpoints/NAME`` (the layout of
+    :mod:`memlab.train.checkpoint`) -> ``RUN``; a run directory -> itself; None for a standalone folder."""
+    d = Path(model_dir)
+    if (d / "config.yaml").is_file() and (d / "checkpoints").is_dir():
+        return d
+    run = d.parent.parent
+    if d.parent.name == "checkpoints" and (run / "config.yaml").is_file():
+        return run
+    return None
+
+
+def run_config(model_dir: str | Path) -> dict:
+    """The resolved experiment config (``RUN/config.yaml``) of the run that saved ``model_dir``, as a
+    dict; empty for a standalone saved folder."""
+    import yaml
+
+    from memlab.errors import ConfigError
+
+    run = run_dir_of(model_dir)
+    if run is None:
+        return {}
+    try:
+        return yaml.safe_load((run / "config.yaml").read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{run / 'config.yaml'}: not valid YAML ({str(e).splitlines()[0]})") from None

@@ -1,5 +1,5 @@
 """Name -> object registries (model families, spaces, objectives, curricula,
-corpora, recipes, tasks).
+corpora, recipes, tasks, generators, evaluation adapters).
 
 memlab core never imports a model family by name: families register
 themselves when their package is imported, and :func:`load_plugins` imports
@@ -13,11 +13,11 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from memlab.errors import MemlabError
+from memlab.errors import ConfigError, MemlabError
 
 T = TypeVar("T")
 
-PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula", "memlab.app.eval")
+PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula")
 _plugins_loaded = False
 
 
@@ -119,8 +119,16 @@ OBJECTIVES: Registry[Any] = Registry("objective")
 CURRICULA: Registry[Any] = Registry("curriculum")
 CORPORA: Registry[Callable[..., Any]] = Registry("corpus")
 RECIPES: Registry[Any] = Registry("recipe")
+"""Trainable recipes (``memlab train``): name -> object with ``setup(cfg, run_dir)`` and ``options_class``."""
+VERB_RECIPES: Registry[Any] = Registry("recipe run by another verb")
+"""Experiment-config recipes that another verb runs, not ``memlab train`` (``recipe: probe`` ->
+``memlab probe --config``): name -> :class:`VerbRecipe`."""
 TASKS: Registry[Any] = Registry("evaluation task")
+"""Filled by the application layer when ``memlab.app.eval`` is imported (not a plugin package)."""
 GENERATORS: Registry[Callable[..., Any]] = Registry("generator")
+"""Family name -> ``gen(model_dir, prompts, opts: memlab.generation.GenerationOptions) -> texts``."""
+EVAL_ADAPTERS: Registry[Callable[..., Any]] = Registry("evaluation adapter")
+"""Family name -> ``factory(model_dir) -> memlab.adapters.ModelAdapter`` (what ``memlab eval`` runs)."""
 
 ALL = {
     "families": FAMILIES,
@@ -129,7 +137,10 @@ ALL = {
     "curricula": CURRICULA,
     "corpora": CORPORA,
     "recipes": RECIPES,
+    "verb_recipes": VERB_RECIPES,
     "tasks": TASKS,
+    "generators": GENERATORS,
+    "eval_adapters": EVAL_ADAPTERS,
 }
 
 
@@ -144,3 +155,32 @@ def register_family(family: ModelFamily) -> ModelFamily:
         AutoConfig.register(model_type, family.config_class)
         AutoModel.register(family.config_class, family.model_class)
     return family
+
+
+@dataclass
+class VerbRecipe:
+    """A recipe whose experiment configs another verb runs: its options are validated like a trainable
+    recipe's, but ``memlab train`` refuses it."""
+
+    name: str
+    options_class: type
+    verb: str
+    """The ``memlab`` verb that runs these configs with ``--config``."""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        self.__doc__ = self.description
+
+
+def config_recipe(name: str) -> Any:
+    """The recipe an experiment config names: a trainable one or a :class:`VerbRecipe`."""
+    load_plugins()
+    return VERB_RECIPES.get(name) if name in VERB_RECIPES else RECIPES.get(name)
+
+
+def trainable_recipe(name: str) -> Any:
+    """The trainable recipe ``name``; a clear error for one that another verb runs."""
+    if name in VERB_RECIPES:
+        verb = VERB_RECIPES.get(name).verb
+        raise ConfigError(f"recipe '{name}' configs run with `memlab {verb} --config PATH`, not with `memlab train`")
+    return RECIPES.get(name)

@@ -13,10 +13,11 @@ SPACES.register("probe", _load_probe_space, description="a fitted inversion prob
 
 
 def _register_recipe():
-    from memlab.probes.inversion import ProbeRecipe
-    from memlab.registry import RECIPES
+    from memlab.probes.inversion import ProbeOptions
+    from memlab.registry import VERB_RECIPES, VerbRecipe
 
-    RECIPES.register("probe", ProbeRecipe(), description=ProbeRecipe.__doc__)
+    VERB_RECIPES.register("probe", VerbRecipe("probe", ProbeOptions, verb="probe",
+                                              description="inversion probe of a frozen model (options: ProbeOptions)"))
 
 
 _register_recipe()

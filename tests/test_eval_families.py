@@ -31,7 +31,7 @@ def memory_dir(tmp_path_factory, byte_tok):
 
 def test_memory_adapter_scores_are_consistent_and_use_memory(memory_dir):
     from memlab.app.eval.adapters import load_adapter
-    from memlab.app.eval.family_adapters import MemoryLMAdapter
+    from memlab.models.memory.eval_adapter import MemoryLMAdapter
 
     ad = load_adapter(memory_dir)
     assert isinstance(ad, MemoryLMAdapter) and ad.mode == "previous" and ad.max_context == 64
@@ -72,7 +72,7 @@ def test_sonar_llm_adapter(tmp_path):
     if "sonar_llm" not in FAMILIES:
         pytest.skip("sonar_llm family not installed")
     from memlab.app.eval.adapters import load_adapter
-    from memlab.app.eval.family_adapters import SonarLLMAdapter
+    from memlab.models.sonar_llm.eval_adapter import SonarLLMAdapter
     from memlab.models.sonar_llm.spaces import SpaceHandle, load_space
 
     handle = SpaceHandle(load_space("toy_ae"), "toy_ae")

@@ -20,7 +20,7 @@ import torch
 
 from memlab.config import ExperimentConfig, save_config
 from memlab.errors import MemlabError
-from memlab.registry import RECIPES
+from memlab.registry import trainable_recipe
 from memlab.train import checkpoint as ckpt
 
 
@@ -106,7 +106,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         start = ckpt.latest_checkpoint(run_dir) if resume else None
     try:
         seed_everything(cfg.train.seed)
-        recipe = RECIPES.get(cfg.recipe)
+        recipe = trainable_recipe(cfg.recipe)
         setup = recipe.setup(cfg, run_dir)
         seed_everything(cfg.train.seed + 7919 * state.process_index)  # dropout / sampling streams per process
         trainer = Trainer(setup, cfg.train, run_dir)

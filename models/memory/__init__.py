@@ -2,7 +2,7 @@
 
 from memlab.models.memory.configuration_memory import MemoryConfig
 from memlab.models.memory.modeling_memory import MemoryModel, MemoryModelOutput
-from memlab.registry import GENERATORS, SPACES, ModelFamily, register_family
+from memlab.registry import EVAL_ADAPTERS, GENERATORS, SPACES, ModelFamily, register_family
 
 PRESETS = {
     "toy": dict(chunk_len=16, encoder_hidden_size=48, encoder_layers=2, encoder_heads=4, encoder_intermediate_size=96,
@@ -37,15 +37,23 @@ def _load_space(spec=None, **kw):
     return load(spec, **kw)
 
 
-def _reconstruct(model_dir, prompts, args):
+def _reconstruct(model_dir, prompts, opts):
     """memlab generate: rebuild each prompt from its memory."""
     from memlab.models.memory.space import reconstruct
 
-    return reconstruct(model_dir, prompts, args)
+    return reconstruct(model_dir, prompts, opts)
+
+
+def _eval_adapter(model_dir):
+    """Memory LM: scores and greedy generation, reading the memories of the previous chunks."""
+    from memlab.models.memory.eval_adapter import memory_adapter
+
+    return memory_adapter(model_dir)
 
 
 SPACES.register("memory_ae", _load_space, description="trained memory autoencoder (run dir or saved folder)")
 GENERATORS.register("memory", _reconstruct, description="rebuild prompts from their memories")
+EVAL_ADAPTERS.register("memory", _eval_adapter)
 
 from memlab.models.memory import recipe  # noqa: E402,F401  (registers the 'memory' recipe)
 

@@ -143,9 +143,9 @@ def load(spec: str | None = None, device: str | None = None, **kw) -> MemorySpac
     return MemorySpace(model, load_run_tokenizer(d))
 
 
-def reconstruct(model_dir, prompts: list[str], args) -> list[str]:
+def reconstruct(model_dir, prompts: list[str], opts) -> list[str]:
     """``memlab generate`` for memory models: encode each prompt to its memory and decode it back."""
     space = load(str(model_dir))
     z = space.encode_text(prompts)
-    return space.generate(z, max_new_tokens=args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
-                          top_p=args.top_p)
+    return space.generate(z, max_new_tokens=opts.max_new_tokens, do_sample=opts.sample, temperature=opts.temperature,
+                          top_p=opts.top_p)

@@ -10,7 +10,7 @@ from memlab.models.sonar_llm.configuration_sonar_llm import SHARED_PRESETS, Sona
 from memlab.models.sonar_llm.examples import sonar_llm_example_inputs
 from memlab.models.sonar_llm.generation import sentence_generator
 from memlab.models.sonar_llm.modeling_sonar_llm import SonarLLMModel
-from memlab.registry import GENERATORS, ModelFamily, register_family
+from memlab.registry import EVAL_ADAPTERS, GENERATORS, ModelFamily, register_family
 
 FAMILY = register_family(
     ModelFamily(
@@ -23,5 +23,15 @@ FAMILY = register_family(
     )
 )
 GENERATORS.register("sonar_llm", sentence_generator, description="sentence-by-sentence generation (SONAR-LLM)")
+
+
+def _eval_adapter(model_dir):
+    """SONAR-LLM: sentence-level likelihood through the space's decoder, sentence-by-sentence generation."""
+    from memlab.models.sonar_llm.eval_adapter import sonar_llm_adapter
+
+    return sonar_llm_adapter(model_dir)
+
+
+EVAL_ADAPTERS.register("sonar_llm", _eval_adapter)
 
 from memlab.models.sonar_llm import recipe  # noqa: E402,F401  (registers the 'sonar_llm' recipe)

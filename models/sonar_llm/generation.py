@@ -91,15 +91,16 @@ def load_sentence_model(model_dir: str | Path):
     return model, handle
 
 
-def sentence_generator(model_dir, prompts: list[str], args) -> list[str]:
-    """``memlab generate`` for sentence models: the generated continuation of each prompt."""
+def sentence_generator(model_dir, prompts: list[str], opts) -> list[str]:
+    """``memlab generate`` for sentence models: the generated continuation of each prompt
+    (``opts``: :class:`memlab.generation.GenerationOptions`)."""
     model, handle = load_sentence_model(model_dir)
     sents = [prompt_sentences(p) for p in prompts]
     search = {}
-    if getattr(args, "sample", False):
-        search.update(do_sample=True, temperature=args.temperature, top_p=args.top_p)
-    if getattr(args, "num_beams", 1) > 1:
-        search["num_beams"] = args.num_beams
-    outs = generate_sentences(model, handle, sents, max_sentences=getattr(args, "max_sentences", 8),
-                              max_new_tokens=getattr(args, "max_new_tokens", 64), **search)
+    if opts.sample:
+        search.update(do_sample=True, temperature=opts.temperature, top_p=opts.top_p)
+    if opts.num_beams > 1:
+        search["num_beams"] = opts.num_beams
+    outs = generate_sentences(model, handle, sents, max_sentences=opts.max_sentences,
+                              max_new_tokens=opts.max_new_tokens, **search)
     return [" ".join(o) for o in outs]

@@ -6,7 +6,8 @@ first family the training loop trains (recipe ``lm``).
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from memlab.registry import ModelFamily, register_family
+from memlab.adapters import CausalLMAdapter
+from memlab.registry import EVAL_ADAPTERS, ModelFamily, register_family
 
 PRESETS = {
     "toy": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -36,5 +37,7 @@ FAMILY = register_family(
         example_inputs=example_inputs,
     )
 )
+EVAL_ADAPTERS.register("token_lm", CausalLMAdapter.from_dir,
+                       description="causal LM: log-likelihood scores and greedy generation")
 
 from memlab.models.token_lm import recipe  # noqa: E402,F401  (registers the 'lm' recipe)

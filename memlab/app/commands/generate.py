@@ -2,7 +2,9 @@
 
 Families can provide their own generation (SONAR-LLM generates sentence by
 sentence) by registering a function in ``memlab.registry.GENERATORS`` under
-their family name; causal token LMs use transformers' ``generate``.
+their family name; causal token LMs use transformers' ``generate``
+(:func:`memlab.generation.causal_generate`: a prompt longer than the window
+minus ``--max-new-tokens`` is cut from the left).
 """
 
 from __future__ import annotations
@@ -27,45 +29,30 @@ def run(args) -> int:
     import torch
 
     from memlab.errors import MemlabError
+    from memlab.generation import GenerationOptions
     from memlab.loading import family_of, resolve_model_dir
     from memlab.registry import GENERATORS
 
-    if args.max_new_tokens < 1 or args.num_beams < 1 or args.max_sentences < 1:
-        raise MemlabError("--max-new-tokens, --num-beams and --max-sentences must be >= 1")
-    if args.sample and args.temperature <= 0:
-        raise MemlabError("--temperature must be > 0 when sampling")
-    if not 0 < args.top_p <= 1:
-        raise MemlabError("--top-p must be in (0, 1]")
+    opts = GenerationOptions(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
+                             top_p=args.top_p, num_beams=args.num_beams, max_sentences=args.max_sentences)
     d = resolve_model_dir(args.run)
     torch.manual_seed(args.seed)
     family = family_of(d)
     if any(not p.strip() for p in args.prompt):
         raise MemlabError("a prompt must hold some text")
-    gen = GENERATORS.get(family) if family in GENERATORS else causal_generate
-    for prompt, text in zip(args.prompt, gen(d, args.prompt, args)):
-        print(f"{prompt}{text}" if gen is causal_generate else text)
+    if family in GENERATORS:
+        for text in GENERATORS.get(family)(d, args.prompt, opts):
+            print(text)
+        return 0
+    for prompt, text in zip(args.prompt, causal_continuations(d, args.prompt, opts)):
+        print(f"{prompt}{text}")
     return 0
 
 
-def causal_generate(model_dir, prompts: list[str], args) -> list[str]:
-    """Continue prompts with a causal token LM saved with its tokenizer."""
-    import torch
-
-    from memlab.errors import MemlabError
+def causal_continuations(model_dir, prompts: list[str], opts) -> list[str]:
+    """Continue prompts with a causal token LM saved with its tokenizer (an over-long prompt is cut from
+    the left: :func:`memlab.generation.fit_prompt`)."""
+    from memlab.generation import causal_generate
     from memlab.loading import load_pretrained, load_run_tokenizer
 
-    model = load_pretrained(model_dir).eval()
-    tok = load_run_tokenizer(model_dir)
-    outs = []
-    for prompt in prompts:
-        ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        limit = getattr(model.config, "max_position_embeddings", None)
-        if limit is not None and ids.shape[1] + args.max_new_tokens > limit:
-            raise MemlabError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the model's "
-                              f"{limit} positions")
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-                                 temperature=args.temperature, top_p=args.top_p, num_beams=args.num_beams,
-                                 pad_token_id=tok.pad_token_id)
-        outs.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    return outs
+    return causal_generate(load_pretrained(model_dir), load_run_tokenizer(model_dir), prompts, opts)

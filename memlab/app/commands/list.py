@@ -4,13 +4,15 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("list", help="list registered families, recipes, spaces, objectives, curricula, corpora, tasks")
-    p.add_argument("kind", nargs="?", help="one registry (families, recipes, spaces, objectives, curricula, corpora, tasks)")
+    p = sub.add_parser("list", help="list what the registries hold (families, recipes, spaces, tasks, generators, ...)")
+    p.add_argument("kind", nargs="?", help="one registry (families, spaces, objectives, curricula, corpora, recipes, "
+                                          "tasks, generators, eval_adapters)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from memlab.errors import MemlabError
+    import memlab.app.eval  # noqa: F401  (registers the evaluation tasks)
     from memlab.registry import ALL, FAMILIES
 
     kinds = [args.kind] if args.kind else list(ALL)

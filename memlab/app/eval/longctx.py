@@ -83,7 +83,7 @@ class Needle(Task):
             by_len.setdefault(e["length"], []).append(h)
         for L, hs in sorted(by_len.items()):
             res[f"exact_match@{L}"] = sum(hs) / len(hs)
-        if getattr(adapter, "can_score", True):
+        if adapter.can_score:
             ctxs, conts, owner = [], [], []
             for i, (e, p) in enumerate(zip(examples, prompts)):
                 for v in [e["value"]] + e["distractors"]:

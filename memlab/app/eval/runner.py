@@ -25,6 +25,8 @@ def evaluate_models(adapters: list, task_names: list[str], opts: TaskOptions, lo
         for t in tasks:
             t0 = time.perf_counter()
             try:
+                if t.needs_scores and not ad.can_score:
+                    raise MemlabError(f"task '{t.name}' ranks by log-likelihood and {ad.name} cannot score")
                 row[t.name] = t.evaluate(ad, examples[t.name], opts)
             except MemlabError as e:
                 row[t.name] = {"error": str(e)}

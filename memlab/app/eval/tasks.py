@@ -131,7 +131,8 @@ class Task:
     name = ""
     description = ""
     needs_scores = False
-    """True when the task ranks options by log-likelihood (needs ``adapter.score``)."""
+    """True when the task ranks options by log-likelihood: the runner gives it only adapters whose
+    ``can_score`` is True (others get an error entry)."""
 
     def load(self, opts: TaskOptions) -> list[dict]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -192,8 +193,6 @@ class NextSentence(Task):
 class Summarization(Task):
     """Summarize a document; ROUGE-L, METEOR and BLEU against the reference summary."""
 
-    needs_scores = False
-
     def __init__(self, name: str, hub: tuple[str, str | None, str, str, str], description: str):
         self.name, self.hub, self.description = name, hub, description
 
@@ -225,10 +224,8 @@ register_task(Summarization("xsum", ("EdinburghNLP/xsum", None, "test", "documen
 register_task(Summarization("cnn_dailymail", ("abisee/cnn_dailymail", "3.0.0", "test", "article", "highlights"),
                             "extractive-leaning summarization (CNN/DailyMail through datasets; local set offline)"))
 
-from memlab.app.eval import longctx  # noqa: E402,F401  (registers needle, multidoc_qa, hellaswag)
-
-
 def get_task(name: str) -> Task:
+    """The registered task ``name`` (importing :mod:`memlab.app.eval` registers them all)."""
     task = TASKS.get(name)
     if not isinstance(task, Task):
         raise MemlabError(f"task '{name}' is not an evaluation task object")
