@@ -28,7 +28,7 @@ import torch
 def heldout_pairs(run: str | Path, split: str, context: int, n: int, seed: int) -> list[tuple[list[str], str]]:
     """(prompt sentences, reference sentence) pairs from a run's own data config, split and windows."""
     from memlab.config import load_config
-    from memlab.models.sonar_llm.recipe import corpus_documents
+    from memlab.models.sentence.recipe import corpus_documents
     from memlab.registry import load_plugins
 
     load_plugins()  # the sentence families and their recipes
@@ -44,7 +44,7 @@ def heldout_pairs(run: str | Path, split: str, context: int, n: int, seed: int) 
 
 def sentence_model_outputs(run: str, prompts: list[list[str]], max_new_tokens: int, batch: int, seed: int,
                            **search) -> list[str]:
-    from memlab.models.sonar_llm.generation import generate_sentences, load_sentence_model
+    from memlab.models.sentence.generation import generate_sentences, load_sentence_model
 
     model, handle = load_sentence_model(run)
     torch.manual_seed(seed)
@@ -88,8 +88,8 @@ def fit_space(out_dir: str, steps: int, dim: int, seed: int) -> int:
     sentences (default data config: chapters, seed 0; the 4096-BPE of the token LM), saved to ``out_dir``."""
     from memlab.config import DataConfig, load_config
     from memlab.data.views import prepare_corpus
-    from memlab.models.sonar_llm.recipe import corpus_documents
-    from memlab.models.sonar_llm.toy_space import ToySentenceAE, fit_toy_space, save_toy_space
+    from memlab.models.sentence.recipe import corpus_documents
+    from memlab.models.sentence.toy_space import ToySentenceAE, fit_toy_space, save_toy_space
 
     corpus = prepare_corpus(DataConfig())  # the 4096-BPE of the token LM (cached)
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs/sonar_llm/austen_memory_ae.yaml")

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         from memlab.config import load_config
-        from memlab.models.sonar_llm.recipe import corpus_documents
+        from memlab.models.sentence.recipe import corpus_documents
         from memlab.registry import SPACES, load_plugins
 
         load_plugins()

@@ -12,7 +12,7 @@ from memlab.registry import FAMILIES
 
 @pytest.fixture(scope="module")
 def byte_tok():
-    from memlab.models.sonar_llm.toy_space import byte_tokenizer
+    from memlab.models.sentence.toy_space import byte_tokenizer
 
     return byte_tokenizer()
 
@@ -73,7 +73,7 @@ def test_sonar_llm_adapter(tmp_path):
         pytest.skip("sonar_llm family not installed")
     from memlab.app.eval.adapters import load_adapter
     from memlab.models.sonar_llm.eval_adapter import SonarLLMAdapter
-    from memlab.models.sonar_llm.spaces import SpaceHandle, load_space
+    from memlab.models.sentence.spaces import SpaceHandle, load_space
 
     handle = SpaceHandle(load_space("toy_ae"), "toy_ae")
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ def test_generation_options_reject_bad_values(bad):
 @pytest.fixture(scope="module")
 def small_lm(tmp_path_factory):
     """A toy token LM with a 24-position window, saved with a byte tokenizer."""
-    from memlab.models.sonar_llm.toy_space import byte_tokenizer
+    from memlab.models.sentence.toy_space import byte_tokenizer
 
     tok = byte_tokenizer()
     torch.manual_seed(0)

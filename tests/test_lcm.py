@@ -10,7 +10,7 @@ import torch
 from toy_spaces import SENTENCES, document_batch, fitted_space, random_space
 
 from memlab.models.lcm.recipe import LCMLoss
-from memlab.models.sonar_llm.spaces import SpaceHandle
+from memlab.models.sentence.spaces import SpaceHandle
 from memlab.registry import FAMILIES
 
 
@@ -135,5 +135,5 @@ def test_recipe_rejects_a_family_mismatch_and_unfrozen_lcm_decoder(tmp_path, sma
     with pytest.raises(ConfigError, match="trains family 'lcm_mse'"):
         RECIPES.get("lcm_mse").setup(cfg, tmp_path)
     model = FAMILIES.get("lcm_mse").make_model("toy")
-    with pytest.raises(ConfigError, match="sonar_llm only"):
+    with pytest.raises(ConfigError, match="does not apply to lcm_mse"):
         RECIPES.get("lcm_mse").attach_trainable_space(model, SpaceHandle(random_space(), "toy_ae"))

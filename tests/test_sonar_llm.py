@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from toy_spaces import SENTENCES, document_batch, fitted_space, random_space
 
 from memlab.errors import MemlabError
-from memlab.models.sonar_llm.data import make_documents, windows, with_end_sentence
-from memlab.models.sonar_llm.generation import generate_sentences, prompt_sentences
-from memlab.models.sonar_llm.objective import SonarLLMLoss
-from memlab.models.sonar_llm.spaces import SpaceHandle
+from memlab.models.sentence.data import make_documents, windows, with_end_sentence
+from memlab.models.sentence.generation import generate_sentences, prompt_sentences
+from memlab.models.sonar_llm.training import SonarLLMLoss
+from memlab.models.sentence.spaces import SpaceHandle
 from memlab.registry import FAMILIES
 from memlab.testing import check_embedding_space
 
@@ -168,7 +168,7 @@ def test_toy_config_trains_and_generates(tmp_path, small_corpus, capsys, fitted)
 
 
 def _load(run):
-    from memlab.models.sonar_llm.generation import load_sentence_model
+    from memlab.models.sentence.generation import load_sentence_model
 
     return load_sentence_model(run)
 
@@ -187,7 +187,7 @@ def test_shipped_configs_load():
 
 def test_unfrozen_decoder_is_trained_saved_and_restored(tmp_path, small_corpus, fitted):
     from memlab.app.cli import main
-    from memlab.models.sonar_llm.generation import load_sentence_model
+    from memlab.models.sentence.generation import load_sentence_model
 
     space, spec = fitted
     before = {k: v.clone() for k, v in space.state_dict().items()}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from memlab.models.sonar_llm.toy_space import ToySentenceAE, byte_tokenizer, fit_toy_space, load_toy_space, save_toy_space
+from memlab.models.sentence.toy_space import ToySentenceAE, byte_tokenizer, fit_toy_space, load_toy_space, save_toy_space
 
 SENTENCES = [
     "It is a truth universally acknowledged.", "Mr. Darcy said nothing.", "Elizabeth laughed.",
@@ -31,7 +31,7 @@ def fitted_space(out_dir: str | Path, steps: int = 100, dim: int = 32, lr: float
 
 def document_batch(handle, docs: list[list[str]]) -> dict:
     """Documents (lists of sentences) -> the collated batch the sentence models train on."""
-    from memlab.models.sonar_llm.data import collate_documents
+    from memlab.models.sentence.data import collate_documents
 
     tok = handle.tokenizer
     items = []

@@ -1,14 +1,14 @@
-"""Configurations of the Large Concept Model baselines: the SONAR-LLM backbone with other heads."""
+"""Configurations of the Large Concept Model baselines: the shared sentence-LM backbone with other heads."""
 
 from __future__ import annotations
 
-from memlab.models.sonar_llm.configuration_sonar_llm import SonarLLMConfig
+from memlab.models.sentence.configuration_sentence import SentenceLMConfig
 
 
-class LCMMSEConfig(SonarLLMConfig):
+class LCMMSEConfig(SentenceLMConfig):
     """LCM-MSE ("Base-LCM"): the SONAR-LLM backbone regressing the next (normalised) embedding with MSE.
 
-    Same arguments as :class:`~memlab.models.sonar_llm.configuration_sonar_llm.SonarLLMConfig`.
+    Same arguments as :class:`~memlab.models.sentence.configuration_sentence.SentenceLMConfig`.
     """
 
     model_type = "memlab_lcm_mse"
@@ -17,11 +17,11 @@ class LCMMSEConfig(SonarLLMConfig):
         super().__init__(**kwargs)
 
 
-class LCMDiffusionConfig(SonarLLMConfig):
+class LCMDiffusionConfig(SentenceLMConfig):
     """Two-tower diffusion LCM: the backbone is the context encoder; a denoiser with AdaLN timestep
     modulation cross-attends to it (causally) and predicts the clean next embedding.
 
-    Args (besides SonarLLMConfig's):
+    Args (besides SentenceLMConfig's):
         denoiser_layers: blocks of the denoiser tower (its width is ``hidden_size``).
         num_timesteps: diffusion steps ``T`` of the cosine noise schedule.
         ddim_steps: DDIM sampling steps (deterministic, eta = 0).

@@ -1,4 +1,4 @@
-"""Large Concept Model baselines over the embeddings of any space (same backbone as SONAR-LLM).
+"""Large Concept Model baselines over the embeddings of any space (the shared sentence-LM backbone).
 
 * :class:`LCMMSEModel` regresses the next embedding in normalised units (MSE).
 * :class:`LCMDiffusionModel` is the two-tower diffusion LCM: the backbone encodes the
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from memlab.models.lcm.configuration_lcm import LCMDiffusionConfig, LCMMSEConfig
-from memlab.models.sonar_llm.modeling_sonar_llm import (SentenceBackbone, SentenceModelOutput, SentencePreTrainedModel,
-                                                       last_positions)
+from memlab.models.sentence.modeling_sentence import (SentenceBackbone, SentenceModelOutput, SentencePreTrainedModel,
+                                                      last_positions)
 
 
 class LCMMSEModel(SentencePreTrainedModel):

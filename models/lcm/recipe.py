@@ -1,5 +1,5 @@
 """Recipes ``lcm_mse`` and ``lcm_diffusion``: same data, space handling and backbone as ``sonar_llm``
-(:class:`~memlab.models.sonar_llm.recipe.SentenceRecipe`), other losses.
+(:class:`~memlab.models.sentence.recipe.SentenceRecipe`), other losses.
 
 Both losses live in normalised units (robust median/IQR normaliser fitted on the training
 embeddings). In evaluation both also report ``next_sentence_ce``: the token cross-entropy of the
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from memlab.models.sonar_llm.objective import decoder_cross_entropy, next_sentence_targets
-from memlab.models.sonar_llm.recipe import SentenceRecipe
+from memlab.models.sentence.objective import decoder_cross_entropy, next_sentence_targets
+from memlab.models.sentence.recipe import SentenceRecipe
 from memlab.registry import RECIPES
 from memlab.train.setup import StepOutput
 

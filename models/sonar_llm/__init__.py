@@ -2,13 +2,14 @@
 token-level cross-entropy through the space's frozen decoder (family and recipe ``sonar_llm``).
 
 Importing this package registers the family, the ``sonar_llm`` recipe, its generator for
-``memlab generate`` and the ``toy_ae`` test space.
+``memlab generate`` and its evaluation adapter; the backbone, data path and generation it shares with
+the LCM baselines live in :mod:`memlab.models.sentence`.
 """
 
-from memlab.models.sonar_llm import toy_space  # noqa: F401  (registers the 'toy_ae' space)
-from memlab.models.sonar_llm.configuration_sonar_llm import SHARED_PRESETS, SonarLLMConfig
+from memlab.models.sentence.configuration_sentence import SHARED_PRESETS
+from memlab.models.sentence.generation import sentence_generator
+from memlab.models.sonar_llm.configuration_sonar_llm import SonarLLMConfig
 from memlab.models.sonar_llm.examples import sonar_llm_example_inputs
-from memlab.models.sonar_llm.generation import sentence_generator
 from memlab.models.sonar_llm.modeling_sonar_llm import SonarLLMModel
 from memlab.registry import EVAL_ADAPTERS, GENERATORS, ModelFamily, register_family
 
@@ -34,4 +35,4 @@ def _eval_adapter(model_dir):
 
 EVAL_ADAPTERS.register("sonar_llm", _eval_adapter)
 
-from memlab.models.sonar_llm import recipe  # noqa: E402,F401  (registers the 'sonar_llm' recipe)
+from memlab.models.sonar_llm import training  # noqa: E402,F401  (registers the 'sonar_llm' recipe)

@@ -23,7 +23,7 @@ class SonarLLMAdapter(GeneratorAdapter):
     can_score = True
 
     def __init__(self, model_dir: Path, gen, name: str = "sonar_llm"):
-        from memlab.models.sonar_llm.generation import load_sentence_model
+        from memlab.models.sentence.generation import load_sentence_model
 
         self.model, self.handle = load_sentence_model(model_dir)
         super().__init__(model_dir, gen, name, tokenizer=self.handle.tokenizer,
@@ -69,6 +69,6 @@ class SonarLLMAdapter(GeneratorAdapter):
 
 def sonar_llm_adapter(model_dir: Path) -> SonarLLMAdapter:
     """``EVAL_ADAPTERS['sonar_llm']``."""
-    from memlab.models.sonar_llm.generation import sentence_generator
+    from memlab.models.sentence.generation import sentence_generator
 
     return SonarLLMAdapter(model_dir, sentence_generator)

@@ -1,4 +1,4 @@
-"""Example inputs of the sentence families for the registry-wide tests (``ModelFamily.example_inputs``)."""
+"""Example inputs of SONAR-LLM for the registry-wide tests (``ModelFamily.example_inputs``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 @lru_cache(maxsize=4)
 def example_space(dim: int):
     """A seeded random ``toy_ae`` space of width ``dim``: the decoder the SONAR-LLM example loss goes through."""
-    from memlab.models.sonar_llm.toy_space import load_toy_space
+    from memlab.models.sentence.toy_space import load_toy_space
 
     return load_toy_space(None, dim=dim, seed=0)
 
@@ -23,11 +23,3 @@ def sonar_llm_example_inputs(config, batch_size: int, sentences: int = 4, tokens
     ids = torch.randint(4, len(space.tokenizer), (batch_size, sentences, tokens), generator=g)  # (B, S, L)
     return dict(embeddings=emb, attention_mask=torch.ones(batch_size, sentences, dtype=torch.long),
                 next_input_ids=ids, next_token_mask=torch.ones_like(ids), space=space)
-
-
-def lcm_example_inputs(config, batch_size: int, sentences: int = 4) -> dict:
-    """Random documents of ``sentences + 1`` embeddings: the first ``S`` read, the last ``S`` targets."""
-    g = torch.Generator().manual_seed(0)
-    emb = torch.randn(batch_size, sentences + 1, config.embed_dim, generator=g)  # (B, S+1, E)
-    return dict(embeddings=emb[:, :-1], attention_mask=torch.ones(batch_size, sentences, dtype=torch.long),
-                targets=emb[:, 1:])

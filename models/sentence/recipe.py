@@ -1,5 +1,5 @@
-"""Recipes over sentence embeddings: ``sonar_llm`` here; ``lcm_mse`` and ``lcm_diffusion`` reuse
-:class:`SentenceRecipe` with their own family and loss.
+"""The shared setup of the recipes over sentence embeddings: ``sonar_llm``, ``lcm_mse`` and
+``lcm_diffusion`` subclass :class:`SentenceRecipe` with their own family and loss.
 
 Data path: corpus -> units (chapters) -> splits -> Punkt sentences -> windows of
 ``window_sentences`` + the end sentence -> embeddings and token ids, cached once
@@ -18,10 +18,9 @@ from memlab.data.corpus import load_corpus, make_splits, units
 from memlab.data.views import sentence_documents
 from memlab.errors import ConfigError
 from memlab.flops import measured_step_flops
-from memlab.models.sonar_llm.data import SentenceDocDataset, collate_documents, make_documents
-from memlab.models.sonar_llm.objective import SonarLLMLoss
-from memlab.models.sonar_llm.spaces import SpaceHandle, load_space, normalize_spec
-from memlab.registry import FAMILIES, RECIPES
+from memlab.models.sentence.data import SentenceDocDataset, collate_documents, make_documents
+from memlab.models.sentence.spaces import SpaceHandle, load_space, normalize_spec
+from memlab.registry import FAMILIES
 from memlab.train.setup import TrainSetup
 
 
@@ -118,14 +117,16 @@ def step_flops_per_document(loss_fn, model, data: SentenceDocDataset, n: int = 8
 
 
 class SentenceRecipe:
-    """Shared setup of the sentence-level recipes; subclasses set the family and the loss."""
+    """Shared setup of the sentence-level recipes; subclasses set the name, the family and the loss."""
 
-    name = "sonar_llm"
-    family = "sonar_llm"
+    name = ""
+    family = ""
     options_class = SentenceOptions
+    trains_decoder = False
+    """The loss goes through the space's decoder, so ``options.unfreeze_decoder`` can train it."""
 
-    def make_loss(self, handle: SpaceHandle, model, opts: SentenceOptions):
-        return SonarLLMLoss(handle)
+    def make_loss(self, handle: SpaceHandle, model, opts: SentenceOptions):  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def setup(self, cfg, run_dir: Path) -> TrainSetup:
         opts: SentenceOptions = cfg.options or SentenceOptions()
@@ -184,8 +185,9 @@ class SentenceRecipe:
     def attach_trainable_space(self, model, handle: SpaceHandle) -> None:
         import torch
 
-        if self.family != "sonar_llm":
-            raise ConfigError("options.unfreeze_decoder applies to sonar_llm only (LCM losses never reach the decoder)")
+        if not self.trains_decoder:
+            raise ConfigError(f"options.unfreeze_decoder does not apply to {self.name} (its loss never reaches the "
+                              "space's decoder)")
         if not isinstance(handle.space, torch.nn.Module):
             raise ConfigError(f"space '{handle.spec}' is not an nn.Module, so its decoder cannot be trained")
         model.space = handle.space  # a submodule: optimised, moved and saved (as 'space.*') with the model
@@ -202,5 +204,3 @@ class SentenceRecipe:
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, run_dir / "space.json")
 
-
-RECIPES.register("sonar_llm", SentenceRecipe(), description="SONAR-LLM: next-sentence embedding, token CE through the space's frozen decoder")

@@ -1,4 +1,5 @@
-"""The SONAR-LLM objective: token cross-entropy of the next sentence through the space's decoder.
+"""Next-sentence targets and the token cross-entropy of a space's decoder reading predicted embeddings:
+the SONAR-LLM objective, and the shared yardstick the LCM baselines report.
 
 For a document of sentences ``s_0 .. s_{n-1}`` (the last is the end sentence)
 with embeddings ``e_0 .. e_{n-1}``, the model reads ``e_0 .. e_{n-2}`` and
@@ -12,10 +13,8 @@ the mean cross-entropy over all non-padding target tokens of the batch::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from memlab.space import decoder_token_stats
-from memlab.train.setup import StepOutput
 
 
 def next_sentence_targets(batch: dict, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -50,28 +49,3 @@ def select_targets(next_input_ids: torch.Tensor, next_token_mask: torch.Tensor, 
     L = max(int(mask.sum(1).max()) if mask.numel() else 1, 1)
     ids, mask = ids[:, :L], mask[:, :L]
     return valid, torch.where(mask.bool(), ids, torch.full_like(ids, pad_id)), mask
-
-
-class SonarLLMLoss:
-    """``loss_fn(model, batch)`` for SONAR-LLM; ``handle`` is the (frozen or trainable) space."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        self._device = None
-
-    def _place(self, model) -> None:
-        dev = next(model.parameters()).device
-        if self._device != dev and getattr(model, "space", None) is None:
-            self.handle.to(dev)
-        self._device = dev
-
-    def __call__(self, model, batch: dict) -> StepOutput:
-        self._place(model)
-        smask = batch["sentence_mask"]  # (B, S)
-        out = model(batch["embeddings"][:, :-1], smask[:, :-1], next_input_ids=batch["input_ids"][:, 1:],
-                    next_token_mask=batch["token_mask"][:, 1:] * smask[:, 1:, None], space=self.handle.space)
-        valid = smask[:, 1:].bool()  # (B, S-1)
-        cos = F.cosine_similarity(out.predictions[valid].detach().float(), batch["embeddings"][:, 1:][valid].float(), dim=-1)
-        n = out.num_tokens.clamp(min=1)
-        return StepOutput(loss=out.loss, metrics={"token_accuracy": out.correct_tokens / n, "cosine": cos.mean()},
-                          weight=float(out.num_tokens))

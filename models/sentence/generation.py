@@ -74,7 +74,7 @@ def generate_sentences(model, handle, prompts: list[list[str]], max_sentences: i
 def load_sentence_model(model_dir: str | Path):
     """Load a saved sentence model and rebuild its space (with a trained decoder when there is one)."""
     from memlab.loading import load_pretrained, resolve_model_dir
-    from memlab.models.sonar_llm.spaces import load_space_for_model
+    from memlab.models.sentence.spaces import load_space_for_model
 
     d = resolve_model_dir(model_dir)
     model = load_pretrained(d).eval()
