@@ -14,6 +14,11 @@ def _families():
 
 @pytest.mark.parametrize("name", _families())
 def test_family_contract(name, tmp_path):
+    check_family_contract(name, tmp_path)
+
+
+def check_family_contract(name: str, tmp_path) -> None:
+    """The registry-wide checks of one family: toy config, one batch lowers the loss, save/load round trip."""
     fam = FAMILIES.get(name)
     assert "toy" in fam.presets
     assert fam.example_inputs is not None, f"family '{name}' must provide example_inputs"
