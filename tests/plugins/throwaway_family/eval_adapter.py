@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from memlab.adapters import CausalLMAdapter
 
-class BigramAdapter:
-    can_score = True
 
-    def __init__(self, model, tokenizer, name: str = "throwaway"):
-        self.model, self.tok, self.name = model.eval(), tokenizer, name
-        self.max_context = int(model.config.max_position_embeddings)
-
-    def _ids(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"]
-
-    def count_tokens(self, text: str) -> int:
-        return len(self._ids(text))
+class BigramAdapter(CausalLMAdapter):
+    """The core causal-LM adapter (tokenizer, window) with a bigram's own scoring and generation."""
 
     @torch.no_grad()
     def score(self, contexts: list[str], continuations: list[str]) -> list[tuple[float, int]]:
@@ -43,4 +35,4 @@ class BigramAdapter:
 def bigram_adapter(model_dir) -> BigramAdapter:
     from memlab.loading import load_pretrained, load_run_tokenizer
 
-    return BigramAdapter(load_pretrained(model_dir), load_run_tokenizer(model_dir))
+    return BigramAdapter(load_pretrained(model_dir), load_run_tokenizer(model_dir), name="throwaway")
