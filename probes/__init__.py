@@ -16,8 +16,8 @@ def _register_recipe():
     from memlab.probes.inversion import ProbeOptions
     from memlab.registry import VERB_RECIPES, VerbRecipe
 
-    VERB_RECIPES.register("probe", VerbRecipe("probe", ProbeOptions, verb="probe",
-                                              description="inversion probe of a frozen model (options: ProbeOptions)"))
+    VERB_RECIPES.register("probe", VerbRecipe("probe", ProbeOptions, verb="probe", description=(
+        "inversion probe of a frozen model: memlab probe --config (options: ProbeOptions)")))
 
 
 _register_recipe()
