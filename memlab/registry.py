@@ -4,13 +4,19 @@ corpora, recipes, tasks, generators, evaluation adapters).
 memlab core never imports a model family by name: families register
 themselves when their package is imported, and :func:`load_plugins` imports
 the three plugin packages (``memlab.models``, ``memlab.probes``,
-``memlab.curricula``) the first time a registry is asked for a name.
+``memlab.curricula``) the first time a registry is asked for a name, then every
+module that an installed distribution names in the ``memlab.plugins`` entry-point
+group (a family in a package of its own declares it in its ``pyproject.toml``)::
+
+    [project.entry-points."memlab.plugins"]
+    my_family = "my_package.my_family"
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from memlab.errors import ConfigError, MemlabError
@@ -18,17 +24,23 @@ from memlab.errors import ConfigError, MemlabError
 T = TypeVar("T")
 
 PLUGIN_PACKAGES = ("memlab.models", "memlab.probes", "memlab.curricula")
+ENTRY_POINT_GROUP = "memlab.plugins"
 _plugins_loaded = False
 
 
 def load_plugins() -> None:
-    """Import the plugin packages once, so that their registrations run."""
+    """Import the plugin packages and the entry-point plugins once, so that their registrations run."""
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
     for name in PLUGIN_PACKAGES:
         importlib.import_module(name)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # a broken third-party plugin: one clear line, not a traceback
+            raise MemlabError(f"plugin '{ep.name}' ({ep.value}) failed to load: {e.__class__.__name__}: {e}") from None
 
 
 class Registry(Generic[T]):

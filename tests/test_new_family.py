@@ -65,3 +65,27 @@ def test_evaluated_through_its_adapter(family, tmp_path):
     assert n == 2 and lp == pytest.approx(float(logp[0, ids[1]] + logp[1, ids[2]]), abs=1e-5)
     res = evaluate_models([ad], ["hellaswag"], TaskOptions(limit=2), log=lambda s: None)
     assert res[ad.name]["hellaswag"]["n"] == 2 and 0.0 <= res[ad.name]["hellaswag"]["acc"] <= 1.0
+
+
+def test_an_installed_plugin_loads_through_its_entry_point(monkeypatch):
+    """A family in a package of its own declares `[project.entry-points."memlab.plugins"]`; load_plugins
+    imports it (here a fake entry point stands for the installed metadata)."""
+    from importlib.metadata import EntryPoint
+
+    import memlab.registry as registry
+    from memlab.errors import MemlabError
+
+    seen = []
+    fake = EntryPoint(name="throwaway", value="tests.plugins.throwaway_family", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: seen.append(group) or [fake])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    loaded = []
+    monkeypatch.setattr(EntryPoint, "load", lambda self: loaded.append(self.value))
+    registry.load_plugins()
+    assert seen == ["memlab.plugins"] and loaded == ["tests.plugins.throwaway_family"]
+    monkeypatch.undo()  # the real EntryPoint.load again, for a plugin that cannot be imported
+    broken = EntryPoint(name="broken", value="no_such_module_xyz", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    with pytest.raises(MemlabError, match="plugin 'broken' .* failed to load: ModuleNotFoundError"):
+        registry.load_plugins()
