@@ -3,15 +3,16 @@
 # folder outside the source tree run `memlab quickstart --fast` (shipped checkpoints, then --retrain
 # from the shipped configs) and `memlab eval` on the local task sets. Called by .ci/run.
 #
-# The venv sees the system site-packages for torch and the other dependencies (set up by
-# scripts/setup.sh); memlab itself must come from the wheel, which the script checks
-# (an editable install of the checkout must not shadow it).
+# The fresh venv reads torch and the other dependencies from the site-packages of $PYTHON (set up
+# by scripts/setup.sh) through a plain path file, so their .pth hooks, the editable install of this
+# checkout among them, do not run there; memlab itself must come from the wheel (the script checks).
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python}
 [[ "$PY" == */* ]] && PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # the script changes folders
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/memlab-wheel.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# pip builds in the source tree: remove the build/ folder it leaves unless one was there before
+if [ -e "$SRC/build" ]; then trap 'rm -rf "$WORK"' EXIT; else trap 'rm -rf "$WORK" "$SRC/build"' EXIT; fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MEMLAB_CACHE="$WORK/cache"
 t0=$(date +%s)
 step() { echo "wheel_check [$(( $(date +%s) - t0 ))s]: $*"; }
@@ -31,7 +32,9 @@ assert not any(n.startswith(("tests/", "configs/", "models/")) for n in names), 
 PY
 
 step "installing it into a fresh venv"
-$PY -m venv --system-site-packages "$WORK/venv"
+$PY -m venv "$WORK/venv"
+deps=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_memlab_deps.pth
+$PY -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' > "$deps"
 "$WORK/venv/bin/python" -m pip install -q --no-deps --ignore-installed "$WHEEL"
 mkdir -p "$WORK/outside" && cd "$WORK/outside"
 "$WORK/venv/bin/python" - "$WORK/venv" "$SRC" <<'PY'
