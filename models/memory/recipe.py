@@ -192,12 +192,17 @@ def phase_flops(model, shape: Shape, sentences: bool, frozen: bool):
     ``combined`` objective runs the decoder twice, a causal one reads no memory. The recipe hands the loop
     this function of the curriculum's current objective, so MFU is right in every phase."""
 
+    counted: dict[tuple, float] = {}
+
     def flops(obj) -> float:
         # slot states are computed once per chunk in both memory modes (the "previous" mode's rows share them);
         # the attention of tokens to earlier chunks' slots is not counted
         prefix = model.config.num_memories if obj.mode in ("previous", "own") else 0
-        length = shape.chunk_len + (1 if sentences else 0)
-        return memory_flops(model, obj.decoder_passes, prefix, length, shape.chunks, not frozen and obj.uses_memory)
+        key = (obj.decoder_passes, prefix, not frozen and obj.uses_memory)
+        if key not in counted:  # read every step: count each kind of phase once
+            length = shape.chunk_len + (1 if sentences else 0)
+            counted[key] = memory_flops(model, key[0], prefix, length, shape.chunks, key[2])
+        return counted[key]
 
     return flops
 
