@@ -10,7 +10,7 @@ run resumed in the middle of a phase continues that phase.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.config import from_dict
@@ -125,19 +125,33 @@ class PhaseSchedule(Callback):
         self.switches = list(state.get("switches", []))
 
 
-def phases_curriculum(phases: list[dict], **objective_options) -> PhaseSchedule:
+@dataclass
+class CurriculumSpec:
+    """What every registered curriculum is built from (a recipe's options); each reads the fields it uses."""
+
+    phases: list = field(default_factory=list)
+    """Phases in full (mappings of :class:`Phase` fields): the ``phases`` curriculum."""
+    switch_threshold: float = 0.9
+    """``blank_copy_then_next_token``: blank-copy accuracy that ends the first phase."""
+    switch_max_steps: int | None = None
+    """``blank_copy_then_next_token``: the first phase ends after at most this many steps."""
+    objective_options: dict = field(default_factory=dict)
+    """Keyword options per objective name (e.g. ``{"combined": {"weight": 0.3}}``); a phase's own win."""
+
+
+def phases_curriculum(spec: CurriculumSpec) -> PhaseSchedule:
     """Phases given in full in the config (``options.phases``)."""
-    return PhaseSchedule(phases, objective_options)
+    if not spec.phases:
+        raise ConfigError("curriculum 'phases' needs options.phases")
+    return PhaseSchedule(spec.phases, spec.objective_options)
 
 
-def blank_copy_then_next_token(phases: list[dict] | None = None, threshold: float = 0.9, max_steps: int | None = None,
-                               **objective_options) -> PhaseSchedule:
-    """Blank copy until blank-copy accuracy >= threshold (or ``max_steps``), then next token."""
-    first = {"objective": "blank_copy", "metric": "blank_copy_accuracy", "threshold": threshold, "steps": max_steps}
-    return PhaseSchedule([first, {"objective": "next_token"}], objective_options)
+def blank_copy_then_next_token(spec: CurriculumSpec) -> PhaseSchedule:
+    """Blank copy until blank-copy accuracy >= ``switch_threshold`` (or ``switch_max_steps``), then next token."""
+    first = {"objective": "blank_copy", "metric": "blank_copy_accuracy", "threshold": spec.switch_threshold,
+             "steps": spec.switch_max_steps}
+    return PhaseSchedule([first, {"objective": "next_token"}], spec.objective_options)
 
 
 CURRICULA.register("phases", phases_curriculum, description=phases_curriculum.__doc__)
 CURRICULA.register("blank_copy_then_next_token", blank_copy_then_next_token, description=blank_copy_then_next_token.__doc__)
-
-PHASE_KEYS = [f.name for f in fields(Phase)]

@@ -138,82 +138,97 @@ class ExperimentConfig:
 # ----------------------------------------------------------------------------- generic machinery
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Coerce a YAML value to a dataclass field type, or raise ConfigError."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is object:
         return value
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"'{key}': {value!r} does not fit {tp}")
+        return _to_union(value, tp, key)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
-        return from_dict(tp, value, prefix=key + ".")
+        return from_dict(tp, _mapping(value, key), prefix=key + ".")
     if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"'{key}' must be a list, got {value!r}")
-        (inner,) = typing.get_args(tp)[:1] or (Any,)
-        out = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-        return out if origin is list else tuple(out)
+        return _to_sequence(value, tp, key)
     if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-            return value.lower() in ("true", "yes", "on", "1")
-        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{key}' must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                f = float(value)
-            except ValueError:
-                pass
-            else:
-                if f.is_integer():
-                    return int(f)
-        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{key}' must be a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 3e-4 as a string (YAML 1.1)
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"'{key}' must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"'{key}' must be a string, got {value!r}")
+        return dict(_mapping(value, key))
+    scalar = _SCALARS.get(tp)
+    return scalar(value, key) if scalar else value
+
+
+def _to_union(value: Any, tp: Any, key: str) -> Any:
+    """The first member type of ``tp`` (``X | None``, ``int | str``) that takes the value."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError:
+            continue
+    raise ConfigError(f"'{key}': {value!r} does not fit {tp}")
+
+
+def _mapping(value: Any, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
     return value
+
+
+def _to_sequence(value: Any, tp: Any, key: str) -> list | tuple:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"'{key}' must be a list, got {value!r}")
+    (inner,) = typing.get_args(tp)[:1] or (Any,)
+    out = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    return out if typing.get_origin(tp) is list else tuple(out)
+
+
+def _to_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
+    raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+
+
+def _to_int(value: Any, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    f = None
+    if isinstance(value, float):
+        f = value
+    elif isinstance(value, str):
+        try:
+            f = float(value)
+        except ValueError:
+            pass
+    if f is not None and f.is_integer():
+        return int(f)
+    raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+
+
+def _to_float(value: Any, key: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # PyYAML reads 3e-4 as a string (YAML 1.1)
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"'{key}' must be a number, got {value!r}")
+
+
+def _to_str(value: Any, key: str) -> str:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"'{key}' must be a string, got {value!r}")
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+"""Field type -> its coercion from a YAML (or command-line) value."""
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -81,3 +81,29 @@ def run_config(model_dir: str | Path) -> dict:
         return yaml.safe_load((run / "config.yaml").read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{run / 'config.yaml'}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+"""Special-token ids a model built for a tokenizer takes from it."""
+
+
+def config_for_tokenizer(family, preset: str, overrides: dict, tokenizer, seq_len: int | None = None, **defaults):
+    """The config of ``family``'s ``preset`` sized to ``tokenizer``: its vocabulary size and special ids
+    (then ``defaults``, e.g. a family's own special ids) unless ``overrides`` set them; checked to fit."""
+    over = {"vocab_size": len(tokenizer), **{k: getattr(tokenizer, k) for k in TOKENIZER_IDS}, **defaults,
+            **overrides}
+    config = family.make_config(preset, **over)
+    check_fits_tokenizer(config, tokenizer, seq_len)
+    return config
+
+
+def check_fits_tokenizer(config, tokenizer, seq_len: int | None = None) -> None:
+    """A ConfigError when the model has fewer embeddings than the tokenizer has tokens, or fewer positions
+    than ``seq_len``."""
+    from memlab.errors import ConfigError
+
+    if config.vocab_size < len(tokenizer):
+        raise ConfigError(f"the model has {config.vocab_size} embeddings for the tokenizer's {len(tokenizer)} tokens")
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if seq_len is not None and max_pos is not None and seq_len > max_pos:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the model allows (max_position_embeddings={max_pos})")

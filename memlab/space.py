@@ -93,3 +93,22 @@ def tokenize(space: EmbeddingSpace, sentences: list[str], max_length: int | None
     enc = tok(list(sentences), add_special_tokens=False, padding=True, truncation=max_length is not None,
               max_length=max_length, return_tensors="pt")
     return enc["input_ids"], enc["attention_mask"]
+
+
+def parse_space_spec(spec: str) -> tuple[str, str | None]:
+    """``NAME`` or ``NAME:ARG`` (split at the first colon) -> ``(NAME, ARG or None)``: ``memory_ae:runs/ae``,
+    ``sonar:cointegrated/SONAR_200_text_encoder``, ``toy_ae``. ``NAME`` is a loader in ``SPACES``."""
+    from memlab.errors import ModelError
+
+    if not spec or not spec.strip():
+        raise ModelError("no space given: a space is NAME[:ARG] (e.g. memory_ae:RUN_DIR, sonar:NAME, toy_ae)")
+    name, _, arg = spec.strip().partition(":")
+    return name, (arg or None)
+
+
+def build_space(spec: str) -> EmbeddingSpace:
+    """The space a spec names: ``SPACES.get(NAME)(ARG)`` (see :func:`parse_space_spec`)."""
+    from memlab.registry import SPACES
+
+    name, arg = parse_space_spec(spec)
+    return SPACES.get(name)(arg)

@@ -93,12 +93,9 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
 
 
 def _space_encoder(spec: str) -> SpaceEncoder:
-    from memlab.registry import SPACES
+    from memlab.space import build_space
 
-    _, _, rest = spec.partition(":")
-    name, _, path = rest.partition(":")
-    space = SPACES.get(name)(path or None)
-    return SpaceEncoder(space, name=spec)
+    return SpaceEncoder(build_space(spec.partition(":")[2]), name=spec)
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:

@@ -82,8 +82,15 @@ def test_every_shipped_config_loads(path):
     if path.startswith("configs/scaling/"):  # sweeps over experiments: each base experiment must load too
         from memlab.analysis.scaling import load_sweep_config
 
+        from memlab.analysis.scaling import experiment_for
+
         sweep = load_sweep_config(ROOT / path)
-        assert sweep is not None
+        assert sweep.families and all(len(f.sizes) >= sweep.min_sizes for f in sweep.families)
+        for fam in sweep.families:  # every size is its base experiment with the size's model keys
+            for i, size in enumerate(fam.sizes):
+                cfg = experiment_for(sweep, fam, i)
+                assert isinstance(cfg, ExperimentConfig)
+                assert {k: cfg.model.overrides[k] for k in size} == size
         return
     cfg = load_config(ROOT / path)
     assert isinstance(cfg, ExperimentConfig)

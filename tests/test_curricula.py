@@ -200,3 +200,31 @@ def test_shipped_curriculum_configs_load():
     for p in found:
         cfg = load_config(p)
         assert cfg.options.curriculum in CURRICULA.names()
+
+
+def test_flops_and_mfu_follow_the_curriculum_phase(small_corpus, tmp_path):
+    """A combined phase runs the decoder twice: the loop's FLOPs per example (and so MFU) change at the switch."""
+    from memlab.loading import load_pretrained
+    from memlab.models.memory.recipe import memory_flops
+
+    phases = [{"objective": "blank_copy", "steps": 3}, {"objective": "combined", "options": {"weight": 0.5}}]
+    cfg = write_config(tmp_path / "c.yaml", small_corpus, recipe="memory",
+                       model={"family": "memory", "preset": "toy", "overrides": {"chunk_len": 8}},
+                       data={"vocab_size": 300, "seq_len": 16},
+                       train={"max_steps": 6, "batch_size": 4, "eval_every": 6, "save_every": 6, "log_every": 1,
+                              "eval_batches": 1},
+                       options={"curriculum": "phases", "phases": phases, "eval_objectives": ["blank_copy"]})
+    run = tmp_path / "run"
+    summary = run_experiment(load_config(cfg), run)
+    recs = [r for r in _records(run) if r["split"] == "train"]
+    assert [r["objective"] for r in recs] == ["blank_copy"] * 3 + ["combined"] * 3
+    model = load_pretrained(run)
+    k = model.config.num_memories
+    expect = {1: memory_flops(model, 1, k, 8, 2, True), 2: memory_flops(model, 2, k, 8, 2, True)}
+    assert expect[1] < expect[2] < 2 * expect[1]  # the encoder pass is not repeated
+    for r in recs:
+        assert r["flops_per_example"] == pytest.approx(expect[2 if r["objective"] == "combined" else 1], rel=1e-9)
+        # MFU is the window's FLOPs over its time and the measured matmul rate
+        assert r["mfu"] * summary["matmul_flops_per_s"] == pytest.approx(r["flops_per_example"] * r["examples_per_s"],
+                                                                          rel=1e-6)
+    assert summary["mfu"] > 0

@@ -65,26 +65,36 @@ def test_judge_bad_replies(server):
         judge.ask("http://127.0.0.1:9/v1", "m", "x", timeout=2)
 
 
-def test_judge_is_off_by_default():
-    from memlab.app.eval.tasks import TaskOptions
+class _Echo:
+    name, max_context = "echo", 1000
 
-    assert TaskOptions().judge_url is None
+    def count_tokens(self, t):
+        return len(t.split())
+
+    def generate(self, prompts, n):
+        return ["The rain stopped. Then the sun came out." for _ in prompts]
+
+
+def test_judge_is_off_by_default(monkeypatch):
+    """Default options send nothing anywhere: the judge is never called and no judge scores appear."""
+    from memlab.app.eval.tasks import TaskOptions, get_task
+
+    def called(*a, **kw):
+        raise AssertionError("the judge was called without --judge-url")
+
+    monkeypatch.setattr(judge, "judge_texts", called)
+    monkeypatch.setattr(judge, "ask", called)
+    task = get_task("next_sentence")
+    opts = TaskOptions(limit=2)
+    res = task.evaluate(_Echo(), task.load(opts), opts)
+    assert res["n"] == 2 and not [k for k in res if k.startswith("judge_")]
 
 
 def test_next_sentence_task_calls_the_judge(server):
     from memlab.app.eval.tasks import TaskOptions, get_task
 
-    class Echo:
-        name, max_context = "echo", 1000
-
-        def count_tokens(self, t):
-            return len(t.split())
-
-        def generate(self, prompts, n):
-            return ["The rain stopped. Then the sun came out." for _ in prompts]
-
     task = get_task("next_sentence")
     opts = TaskOptions(limit=2, judge_url=server, judge_model="m")
-    res = task.evaluate(Echo(), task.load(opts), opts)
+    res = task.evaluate(_Echo(), task.load(opts), opts)
     assert res["judge_grammar"] == 8.0 and res["judge_plot"] == 5.0 and len(_Fake.seen) == 2
     assert res["first_rouge_l"] >= 0 and res["n"] == 2

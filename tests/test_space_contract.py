@@ -5,7 +5,7 @@ import torch
 
 from memlab.space import EmbeddingSpace, reconstruction_loss, tokenize
 from memlab.testing import check_embedding_space
-from toy_space import ToySpace, toy_tokenizer
+from toy_spaces import ToySpace, toy_tokenizer
 
 
 @pytest.fixture(scope="module")

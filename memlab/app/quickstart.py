@@ -28,9 +28,9 @@ from typing import Callable
 
 from memlab import assets
 from memlab.errors import MemlabError
+from memlab.paths import resource, shipped_config
 
-REPO = Path(__file__).resolve().parents[2]
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "resources" / "checkpoints"
+CHECKPOINTS = resource("checkpoints")
 
 FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=20, hidden_size=128, num_layers=2, num_heads=4,
             batch_size=32, lr=2e-3, n_examples=3)
@@ -62,10 +62,7 @@ def _train(config: str, out: Path, overrides: list[str]) -> Path:
     from memlab.config import load_config
     from memlab.train.run import run_experiment
 
-    path = REPO / config
-    if not path.is_file():
-        raise MemlabError(f"{path}: not found; training from scratch needs the repository's configs/")
-    run_experiment(load_config(path, overrides), out)
+    run_experiment(load_config(shipped_config(config), overrides), out)
     return out
 
 
@@ -77,7 +74,7 @@ def _token_lm_dir(ctx: Context) -> Path:
     if not (out / "summary.json").is_file():
         over = ["train.max_steps=10", "train.eval_every=10", "train.save_every=10"] if ctx.fast else []
         ctx.notes.append(f"token_lm: trained now with `memlab train configs/token_lm/toy.yaml {' '.join(over)}`")
-        _train("configs/token_lm/toy.yaml", out, over)
+        _train("token_lm/toy.yaml", out, over)
     return out
 
 
@@ -100,7 +97,7 @@ def _memory_ae_spec(ctx: Context) -> str:
                 "train.mixed_precision='no'", "train.warmup_steps=5" if ctx.fast else "train.warmup_steps=40"]
         ctx.notes.append(f"memory_ae: no shipped checkpoint, trained now with "
                          f"`memlab train configs/memory/ae_small.yaml {' '.join(over)}` (a short run: a floor for it)")
-        _train("configs/memory/ae_small.yaml", out, over)
+        _train("memory/ae_small.yaml", out, over)
     return f"space:memory_ae:{out}"
 
 

@@ -79,11 +79,3 @@ def split_sentences(text: str, language: str = "english") -> list[str]:
     """Split text into sentences: paragraph by paragraph, Punkt within each."""
     tok = punkt_tokenizer(language)
     return [s for p in paragraphs(text) for s in tok.tokenize(p)]
-
-
-def check_sentence_lengths(sentences: list[str], tokenizer, max_tokens: int) -> None:
-    """Raise a DataError naming the first sentence longer than ``max_tokens`` tokens."""
-    for i, s in enumerate(sentences):
-        n = len(tokenizer(s, add_special_tokens=False)["input_ids"])
-        if n > max_tokens:
-            raise DataError(f"sentence {i} has {n} tokens, more than the model allows ({max_tokens}): {s[:60]!r}...")

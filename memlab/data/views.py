@@ -1,7 +1,7 @@
 """Two views of a corpus: fixed token chunks, and documents as sentence lists.
 
-:func:`prepare_corpus` does the shared steps once (load, cut into units,
-split, tokenizer); :func:`token_chunks` and :func:`sentence_documents` turn a
+:func:`split_corpus` loads, cuts into units and splits; :func:`prepare_corpus` adds the
+tokenizer; :func:`token_chunks` and :func:`sentence_documents` turn a
 split into the view a model family trains on.
 """
 
@@ -35,13 +35,9 @@ def clean_text(text: str) -> str:
     return "\n".join(paragraphs(text))
 
 
-def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
-                   tokenizer_spec: str | None = None) -> PreparedCorpus:
-    """Load, cut and split the corpus, then build the tokenizer on the training split.
-
-    ``tokenizer_spec`` replaces ``cfg.tokenizer`` (a model started from saved
-    weights must keep the tokenizer it was trained with).
-    """
+def split_corpus(cfg: DataConfig) -> dict[str, list[Document]]:
+    """Load the corpus, cut it into units (``data.split_by``) and hold out whole units with a seeded
+    permutation: ``{"train", "validation", "test"} -> units``. Every view of a corpus starts here."""
     import sys
 
     docs = load_corpus(cfg.corpus, cfg.text_field, cfg.hf_split, cfg.streaming, cfg.max_documents)
@@ -49,6 +45,17 @@ def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
     if cfg.val_fraction > 0 and not splits["validation"]:
         print(f"memlab: warning: corpus '{cfg.corpus}' has too few units to hold any out; no validation data",
               file=sys.stderr)
+    return splits
+
+
+def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
+                   tokenizer_spec: str | None = None) -> PreparedCorpus:
+    """Load, cut and split the corpus, then build the tokenizer on the training split.
+
+    ``tokenizer_spec`` replaces ``cfg.tokenizer`` (a model started from saved
+    weights must keep the tokenizer it was trained with).
+    """
+    splits = split_corpus(cfg)
     train_texts = [clean_text(d.text) for d in splits["train"]]
     if tokenizer_dir is not None and (Path(tokenizer_dir) / "tokenizer_config.json").is_file():
         from memlab.data.tokenizer import load_tokenizer

@@ -13,8 +13,8 @@ sees exactly the batches that an uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -259,16 +259,18 @@ class Trainer:
         t_start = time.perf_counter()
         t_window, examples_window = time.perf_counter(), 0
         steps_done, examples_total = 0, 0
+        flops_window = flops_total = 0.0  # training FLOPs, at each step's own rate (curriculum phases differ)
         sums: dict[str, float] = {}
         weight = 0.0
         params = [p for p in model.parameters() if p.requires_grad]
         while self.step < cfg.max_steps:
             for cb in self.setup.callbacks:
                 cb.on_step_start(self.step)
+            step_flops = self.setup.step_flops_per_example() if matmul else 0.0  # after the phase switch
             micro = self._micro_batches()
             for i, batch in enumerate(micro):
                 last = i == len(micro) - 1
-                ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else _null()
+                ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else contextlib.nullcontext()
                 with ctx:
                     with self.acc.autocast():
                         out: StepOutput = self.setup.loss_fn(model, batch)
@@ -294,6 +296,8 @@ class Trainer:
             self._advance_data()
             examples_window += cfg.batch_size
             examples_total += cfg.batch_size
+            flops_window += cfg.batch_size * step_flops
+            flops_total += cfg.batch_size * step_flops
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 m = self._reduce_mean(sums, weight)
@@ -305,11 +309,12 @@ class Trainer:
                 if self.setup.tokens_per_example:
                     rec["tokens_per_s"] = examples_window * self.setup.tokens_per_example / dt
                 if matmul:
-                    rec["mfu"] = examples_window * self.setup.flops_per_example / dt / (matmul * self.acc.num_processes)
+                    rec["mfu"] = flops_window / dt / (matmul * self.acc.num_processes)
+                    rec["flops_per_example"] = flops_window / examples_window
                 self._log(rec)
                 bar.set_postfix(loss=f"{m['loss']:.3f}")
                 sums, weight = {}, 0.0
-                t_window, examples_window = time.perf_counter(), 0
+                t_window, examples_window, flops_window = time.perf_counter(), 0, 0.0
             if self.step % cfg.eval_every == 0 or self.step == cfg.max_steps:
                 self._run_eval()
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
@@ -332,7 +337,7 @@ class Trainer:
             summary["tokens_per_s"] = examples_total * self.setup.tokens_per_example / wall
         if matmul and wall > 0:
             summary["matmul_flops_per_s"] = matmul
-            summary["mfu"] = examples_total * self.setup.flops_per_example / wall / (matmul * self.acc.num_processes)
+            summary["mfu"] = flops_total / wall / (matmul * self.acc.num_processes)
         return summary
 
     def _run_eval(self) -> None:
@@ -346,11 +351,3 @@ class Trainer:
         if self.best_eval is None or metrics["loss"] < self.best_eval:
             self.best_eval = metrics["loss"]
         self._log({"step": self.step, "split": "eval", **metrics, **extra})
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False

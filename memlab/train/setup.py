@@ -63,10 +63,16 @@ class TrainSetup:
     """Saved beside the model in every checkpoint."""
     tokens_per_example: int = 0
     """For throughput: tokens the model processes per example."""
-    flops_per_example: float = 0.0
-    """For model FLOPs utilisation: training FLOPs (forward + backward) per example, 0 if unknown."""
+    flops_per_example: float | Callable[[], float] = 0.0
+    """For model FLOPs utilisation: training FLOPs (forward + backward) per example, 0 if unknown; a callable
+    when they change during training (a curriculum's phases), read at every optimizer step."""
     summary: dict[str, Any] = field(default_factory=dict)
     """Extra facts recorded in summary.json (data sizes, parameter counts)."""
+
+    def step_flops_per_example(self) -> float:
+        """Training FLOPs per example of the coming optimizer step."""
+        f = self.flops_per_example
+        return float(f() if callable(f) else f)
 
 
 class Recipe(Protocol):

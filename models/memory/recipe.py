@@ -16,6 +16,7 @@ import torch
 from memlab.data.views import prepare_corpus, sentence_documents, token_chunks
 from memlab.errors import ConfigError, DataError, ModelError
 from memlab.flops import transformer_train_flops
+from memlab.loading import check_fits_tokenizer, config_for_tokenizer
 from memlab.registry import CURRICULA, FAMILIES, RECIPES
 from memlab.train.setup import TrainSetup
 
@@ -168,6 +169,44 @@ def memory_flops(model, objective_passes: float, prefix: int, length: int, chunk
     return chunks * (enc + objective_passes * dec)
 
 
+@dataclass
+class Shape:
+    """How an example is cut: ``chunks`` of ``chunk_len`` tokens, ``seq_len`` tokens (or the longest sentence)."""
+
+    chunk_len: int
+    seq_len: int
+    chunks: int
+
+
+@dataclass
+class MemoryData:
+    """The training and validation examples (token ids, masks, cached frozen-encoder memories)."""
+
+    train: CachedDataset
+    val: CachedDataset | None
+    dropped_sentences: int
+
+
+def phase_flops(model, shape: Shape, sentences: bool, frozen: bool):
+    """``objective -> float``: training FLOPs per example while ``objective`` trains (:func:`memory_flops`); a
+    ``combined`` objective runs the decoder twice, a causal one reads no memory. The recipe hands the loop
+    this function of the curriculum's current objective, so MFU is right in every phase."""
+
+    counted: dict[tuple, float] = {}
+
+    def flops(obj) -> float:
+        # slot states are computed once per chunk in both memory modes (the "previous" mode's rows share them);
+        # the attention of tokens to earlier chunks' slots is not counted
+        prefix = model.config.num_memories if obj.mode in ("previous", "own") else 0
+        key = (obj.decoder_passes, prefix, not frozen and obj.uses_memory)
+        if key not in counted:  # read every step: count each kind of phase once
+            length = shape.chunk_len + (1 if sentences else 0)
+            counted[key] = memory_flops(model, key[0], prefix, length, shape.chunks, key[2])
+        return counted[key]
+
+    return flops
+
+
 class MemoryRecipe:
     """Memory model: autoencoder (blank copy), memory LM (next token), combined, or a curriculum."""
 
@@ -175,17 +214,15 @@ class MemoryRecipe:
     options_class = MemoryOptions
 
     def build_loss(self, opts: MemoryOptions):
-        objective_options = {"combined": {"weight": opts.copy_weight, "copy": opts.copy_objective}}
-        if opts.curriculum:
-            factory = CURRICULA.get(opts.curriculum)
-            if opts.curriculum == "blank_copy_then_next_token":
-                return factory(threshold=opts.switch_threshold, max_steps=opts.switch_max_steps, **objective_options)
-            if not opts.phases:
-                raise ConfigError(f"curriculum '{opts.curriculum}' needs options.phases")
-            return factory(opts.phases, **objective_options)
-        from memlab.curricula.schedules import PhaseSchedule
+        """The objective schedule: the named curriculum, else one phase of ``options.objective``."""
+        from memlab.curricula.schedules import CurriculumSpec, PhaseSchedule
 
-        return PhaseSchedule([{"objective": opts.objective}], objective_options)
+        objective_options = {"combined": {"weight": opts.copy_weight, "copy": opts.copy_objective}}
+        if not opts.curriculum:
+            return PhaseSchedule([{"objective": opts.objective}], objective_options)
+        spec = CurriculumSpec(phases=list(opts.phases), switch_threshold=opts.switch_threshold,
+                              switch_max_steps=opts.switch_max_steps, objective_options=objective_options)
+        return CURRICULA.get(opts.curriculum)(spec)
 
     def setup(self, cfg, run_dir: Path) -> TrainSetup:
         from memlab.curricula.objectives import evaluate_objectives, make_objective
@@ -195,58 +232,97 @@ class MemoryRecipe:
             raise ConfigError(f"options.view must be 'chunks' or 'sentences', got {opts.view!r}")
         schedule = self.build_loss(opts)  # validates objectives before any data work
         evals = [make_objective(n).name for n in opts.eval_objectives]
-        family = FAMILIES.get(cfg.model.family)
-        loaded = None
-        if cfg.model.init_from:  # the saved model's architecture, with training-time keys overridden
-            from memlab.loading import load_pretrained
+        loaded = self.load_init_from(cfg)
+        shape = self.example_shape(cfg, opts, loaded.config if loaded is not None else
+                                   FAMILIES.get(cfg.model.family).make_config(cfg.model.preset, **cfg.model.overrides))
+        corpus = self.corpus(cfg, opts, run_dir)
+        tok = corpus.tokenizer
+        model = loaded if loaded is not None else self.new_model(cfg, tok)
+        check_fits_tokenizer(model.config, tok)
+        frozen = bool(opts.encoder_from) and opts.freeze_encoder
+        if opts.encoder_from:
+            load_frozen_encoder(model, opts.encoder_from, opts.freeze_encoder)
+        data = self.datasets(model, corpus, opts, shape, frozen)
+        flops = phase_flops(model, shape, opts.view == "sentences", frozen)
+        return TrainSetup(
+            model=model,
+            train_data=data.train,
+            eval_data=data.val,
+            loss_fn=schedule,
+            eval_fn=lambda m, batches: evaluate_objectives(m, batches, evals),
+            callbacks=[schedule],
+            tokenizer=tok,
+            tokens_per_example=shape.chunks * shape.chunk_len,
+            flops_per_example=lambda: flops(schedule.objective),
+            summary={"train_examples": len(data.train), "eval_examples": len(data.val) if data.val is not None else 0,
+                     "chunks_per_example": shape.chunks, "chunk_len": shape.chunk_len,
+                     "dropped_sentences": data.dropped_sentences,
+                     "encoder_parameters": sum(p.numel() for p in model.encoder.parameters()),
+                     "decoder_parameters": sum(p.numel() for p in model.decoder.parameters()),
+                     "frozen_encoder": frozen, "vocab_size": len(tok)},
+        )
 
-            loaded = load_pretrained(cfg.model.init_from)
-            if not isinstance(loaded, family.model_class):
-                raise ConfigError(f"model.init_from={cfg.model.init_from} holds a {type(loaded).__name__}, "
-                                  f"not a {family.model_class.__name__}")
-            apply_init_from_overrides(loaded.config, cfg.model.overrides, cfg.model.init_from)
-        probe = loaded.config if loaded is not None else family.make_config(cfg.model.preset, **cfg.model.overrides)
-        t, seq = probe.chunk_len, cfg.data.seq_len
+    @staticmethod
+    def load_init_from(cfg):
+        """``model.init_from``: the saved model, with the training-time keys of ``model.overrides`` applied."""
+        if not cfg.model.init_from:
+            return None
+        from memlab.loading import load_pretrained
+
+        family = FAMILIES.get(cfg.model.family)
+        loaded = load_pretrained(cfg.model.init_from)
+        if not isinstance(loaded, family.model_class):
+            raise ConfigError(f"model.init_from={cfg.model.init_from} holds a {type(loaded).__name__}, "
+                              f"not a {family.model_class.__name__}")
+        apply_init_from_overrides(loaded.config, cfg.model.overrides, cfg.model.init_from)
+        return loaded
+
+    @staticmethod
+    def example_shape(cfg, opts: MemoryOptions, config) -> Shape:
+        """Check ``data.seq_len`` against the model's chunk length and chunk count (before any data work)."""
+        t, seq = config.chunk_len, cfg.data.seq_len
         if opts.view == "chunks" and seq % t:
             raise ConfigError(f"data.seq_len={seq} is not a whole number of model chunks (chunk_len={t})")
         if opts.view == "sentences" and seq > t:
             raise ConfigError(f"data.seq_len={seq} (longest sentence) does not fit the model's chunk_len={t}")
         chunks = seq // t if opts.view == "chunks" else 1
-        if chunks > probe.max_chunks:
-            raise ConfigError(f"{chunks} chunks per example exceed model.max_chunks={probe.max_chunks}")
-        probe.validate_memory()
+        if chunks > config.max_chunks:
+            raise ConfigError(f"{chunks} chunks per example exceed model.max_chunks={config.max_chunks}")
+        config.validate_memory()
+        return Shape(chunk_len=t, seq_len=seq, chunks=chunks)
 
+    @staticmethod
+    def corpus(cfg, opts: MemoryOptions, run_dir: Path):
+        """The split corpus and its tokenizer (a trained model's tokenizer is kept, not rebuilt)."""
         from memlab.loading import resolve_model_dir
 
-        trained = cfg.model.init_from or opts.encoder_from  # a trained model's tokenizer is kept, not rebuilt
-        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
-                                tokenizer_spec=str(resolve_model_dir(trained)) if trained else None)
+        trained = cfg.model.init_from or opts.encoder_from
+        return prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
+                              tokenizer_spec=str(resolve_model_dir(trained)) if trained else None)
+
+    @staticmethod
+    def new_model(cfg, tok):
+        """A fresh model sized to the tokenizer; the blank token is its mask token (else padding)."""
+        family = FAMILIES.get(cfg.model.family)
+        blank = tok.mask_token_id if tok.mask_token_id is not None else tok.pad_token_id
+        return family.model_class(config_for_tokenizer(family, cfg.model.preset, cfg.model.overrides, tok,
+                                                       blank_token_id=blank))
+
+    @staticmethod
+    def datasets(model, corpus, opts: MemoryOptions, shape: Shape, frozen: bool) -> MemoryData:
+        """The chunk or sentence view of the train and validation splits; with a frozen encoder, its memories
+        computed once."""
         tok = corpus.tokenizer
-        if loaded is not None:
-            model = loaded
-        else:
-            over = dict(cfg.model.overrides)
-            over.setdefault("vocab_size", len(tok))
-            for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-                over.setdefault(name, getattr(tok, name))
-            over.setdefault("blank_token_id", tok.mask_token_id if tok.mask_token_id is not None else tok.pad_token_id)
-            model = family.model_class(family.make_config(cfg.model.preset, **over))
-        config = model.config
-        if config.vocab_size < len(tok):
-            raise ConfigError(f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {len(tok)} tokens")
-        frozen = bool(opts.encoder_from) and opts.freeze_encoder
-        if opts.encoder_from:
-            load_frozen_encoder(model, opts.encoder_from, opts.freeze_encoder)
 
         def view(split: str):
             if opts.view == "chunks":
                 texts = corpus.texts(split)
                 cuts = opts.train_offsets if split == "train" else 1
-                return (chunk_view(texts, tok, seq, t, cuts), None, 0) if texts else (None, None, 0)
+                return (chunk_view(texts, tok, shape.seq_len, shape.chunk_len, cuts), None, 0) if texts else (None, None, 0)
             if opts.train_offsets != 1:
                 raise ConfigError("options.train_offsets applies to the chunk view only")
             docs = corpus.splits[split]
-            return sentence_view(docs, tok, seq) if docs else (None, None, 0)
+            return sentence_view(docs, tok, shape.seq_len) if docs else (None, None, 0)
 
         train_ids, train_mask, dropped = view("train")
         if opts.max_examples:
@@ -259,31 +335,8 @@ class MemoryRecipe:
             train_mem = cache_memories(model, train_ids, train_mask)  # (N, C, K, M)
             val_mem = cache_memories(model, val_ids, val_mask) if val_ids is not None else None
             model.train()
-
-        def eval_fn(m, batches):
-            return evaluate_objectives(m, batches, evals)
-
-        obj = schedule.objectives[0]
-        # slot states are computed once per chunk in both memory modes (the "previous" mode's rows share them);
-        # the attention of tokens to earlier chunks' slots is not counted
-        prefix = config.num_memories if obj.mode in ("previous", "own") else 0
-        length = t + (1 if opts.view == "sentences" else 0)
-        return TrainSetup(
-            model=model,
-            train_data=CachedDataset(train_ids, train_mask, train_mem),
-            eval_data=CachedDataset(val_ids, val_mask, val_mem) if val_ids is not None else None,
-            loss_fn=schedule,
-            eval_fn=eval_fn,
-            callbacks=[schedule],
-            tokenizer=tok,
-            tokens_per_example=chunks * t,
-            flops_per_example=memory_flops(model, obj.decoder_passes, prefix, length, chunks, not frozen and obj.uses_memory),
-            summary={"train_examples": int(train_ids.shape[0]), "eval_examples": int(val_ids.shape[0]) if val_ids is not None else 0,
-                     "chunks_per_example": chunks, "chunk_len": t, "dropped_sentences": dropped,
-                     "encoder_parameters": sum(p.numel() for p in model.encoder.parameters()),
-                     "decoder_parameters": sum(p.numel() for p in model.decoder.parameters()),
-                     "frozen_encoder": frozen, "vocab_size": len(tok)},
-        )
+        val = CachedDataset(val_ids, val_mask, val_mem) if val_ids is not None else None
+        return MemoryData(train=CachedDataset(train_ids, train_mask, train_mem), val=val, dropped_sentences=dropped)
 
 
 RECIPES.register("memory", MemoryRecipe(), description=MemoryRecipe.__doc__)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memlab.data import embcache
-from memlab.data.corpus import load_corpus, make_splits, units
-from memlab.data.views import sentence_documents
+from memlab.data.views import sentence_documents, split_corpus
 from memlab.errors import ConfigError
 from memlab.flops import measured_step_flops
 from memlab.models.sentence.data import SentenceDocDataset, collate_documents, make_documents
@@ -62,9 +61,7 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
 
     from memlab.data.tokenizer import cache_dir
 
-    d = cfg.data
-    docs = load_corpus(d.corpus, d.text_field, d.hf_split, d.streaming, d.max_documents)
-    splits = make_splits(units(docs, d.split_by), d.val_fraction, d.test_fraction, d.split_seed)
+    splits = split_corpus(cfg.data)
     h = hashlib.sha256(json.dumps([opts.window_sentences, opts.end_sentence, opts.short_documents]).encode())
     for name in sorted(splits):
         h.update(name.encode())

@@ -16,27 +16,19 @@ import torch
 
 from memlab.data.embcache import space_device
 from memlab.errors import ModelError
-from memlab.registry import SPACES
-
-
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    if not spec or not spec.strip():
-        raise ModelError("no space given: set options.space (e.g. memory_ae:RUN_DIR, sonar:NAME, toy_ae)")
-    name, _, arg = spec.strip().partition(":")
-    return name, (arg or None)
+from memlab.space import build_space, parse_space_spec
 
 
 def normalize_spec(spec: str) -> str:
     """Make a path argument absolute, so that a run can rebuild its space from anywhere."""
-    name, arg = parse_spec(spec)
+    name, arg = parse_space_spec(spec)
     if arg and Path(arg).exists():
         return f"{name}:{Path(arg).resolve()}"
     return spec.strip()
 
 
 def load_space(spec: str):
-    name, arg = parse_spec(spec)
-    space = SPACES.get(name)(arg)
+    space = build_space(spec)
     for m in modules_of(space):
         m.eval()
     return space

@@ -14,7 +14,6 @@ one, ``toy_ae`` alone builds a seeded random one over a byte-level tokenizer.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -181,6 +180,7 @@ def fit_toy_space(space: ToySentenceAE, sentences: list[str], steps: int = 200, 
                   seed: int = 0, log_every: int = 0) -> list[float]:
     """Train the toy autoencoder to rebuild ``sentences``; returns the loss per step."""
     from memlab.space import reconstruction_loss
+    from memlab.train.schedule import warmup_cosine
 
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(space.parameters(), lr=lr)
@@ -193,7 +193,7 @@ def fit_toy_space(space: ToySentenceAE, sentences: list[str], steps: int = 200, 
         opt.zero_grad()
         loss.backward()
         for group in opt.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+            group["lr"] = lr * warmup_cosine(step, 0, steps)
         opt.step()
         losses.append(float(loss.detach()))
         if log_every and (step + 1) % log_every == 0:

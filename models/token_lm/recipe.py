@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
-from memlab.errors import ConfigError
 from memlab.flops import matrix_params, transformer_train_flops
+from memlab.loading import check_fits_tokenizer, config_for_tokenizer
 from memlab.losses import linear_cross_entropy, logits_cross_entropy
 from memlab.registry import FAMILIES, RECIPES
 from memlab.train.setup import StepOutput, TrainSetup
@@ -47,23 +47,9 @@ def build_model_for_tokenizer(cfg, tokenizer, seq_len: int):
         from memlab.loading import load_pretrained
 
         model = load_pretrained(cfg.model.init_from, family.model_class)
-        _check_fits(model.config, tokenizer, seq_len)
+        check_fits_tokenizer(model.config, tokenizer, seq_len)
         return model
-    over = dict(cfg.model.overrides)
-    over.setdefault("vocab_size", len(tokenizer))
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        over.setdefault(name, getattr(tokenizer, name))
-    config = family.make_config(cfg.model.preset, **over)
-    _check_fits(config, tokenizer, seq_len)
-    return family.model_class(config)
-
-
-def _check_fits(config, tokenizer, seq_len: int) -> None:
-    if config.vocab_size < len(tokenizer):
-        raise ConfigError(f"the model has {config.vocab_size} embeddings for the tokenizer's {len(tokenizer)} tokens")
-    max_pos = getattr(config, "max_position_embeddings", None)
-    if max_pos is not None and seq_len > max_pos:
-        raise ConfigError(f"data.seq_len={seq_len} is longer than the model allows (max_position_embeddings={max_pos})")
+    return family.model_class(config_for_tokenizer(family, cfg.model.preset, cfg.model.overrides, tokenizer, seq_len))
 
 
 class LMRecipe:

@@ -3,8 +3,8 @@
 Every task has ``load(data, limit) -> examples`` and ``evaluate(adapter, examples, opts) -> dict``.
 ``data`` is one of:
 
-- ``None`` / ``"local"``: the task's small local set (``tests/data/eval/<file>.jsonl`` in a
-  checkout) or, for next-sentence and needle tasks, text from the bundled Austen corpus;
+- ``None`` / ``"local"``: the task's small local set (``memlab/resources/eval/<file>.jsonl``,
+  shipped in the package) or, for next-sentence and needle tasks, text from the bundled Austen corpus;
 - ``"hub"``: the public dataset through ``datasets`` (needs a network);
 - a path to a ``.jsonl`` file with the task's fields.
 """
@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import DataError, MemlabError
+from memlab.paths import resource
 from memlab.registry import TASKS
 
-LOCAL_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "eval"
-"""The small local task sets (in a source checkout)."""
+LOCAL_DIR = resource("eval")
+"""The small local task sets (package data)."""
 
 
 @dataclass
@@ -88,7 +89,7 @@ def resolve_rows(data: str | None, local_file: str, fields: tuple[str, ...], hub
     if data in (None, "local"):
         path = LOCAL_DIR / local_file
         if not path.is_file():
-            raise DataError(f"no local set {local_file} here (not a source checkout); use --data hub or a .jsonl file")
+            raise DataError(f"no local set {local_file} in {LOCAL_DIR}; use --data hub or a .jsonl file")
         rows = read_jsonl(path, fields)
     elif data == "hub":
         rows = hub(limit)
