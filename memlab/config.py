@@ -309,7 +309,11 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     else:
         cfg.options = from_dict(opt_cls, options or {}, prefix="options.")
     family = FAMILIES.get(cfg.model.family)
-    family.make_config(cfg.model.preset, **cfg.model.overrides)  # validates keys and preset
+    built = family.make_config(cfg.model.preset, **cfg.model.overrides)  # validates keys and preset
+    for key in sorted(built.to_dict()):
+        value = getattr(built, key, None)
+        if (key == "num_hidden_layers" or key.endswith("_layers")) and isinstance(value, int) and value < 1:
+            raise ConfigError(f"'model.overrides.{key}' must be >= 1 (a model needs at least one layer), got {value}")
     for frac in ("val_fraction", "test_fraction"):
         v = getattr(cfg.data, frac)
         if not 0.0 <= v < 1.0:
@@ -341,15 +345,32 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     return cfg
 
 
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; a syntax error becomes one ConfigError line naming the file, line and column."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot be read ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(problem).split())})") from None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read a YAML experiment, apply dotted overrides, validate strictly."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml(p)
+    if data is None:
+        raise ConfigError(f"{p}: config file is empty (it holds no keys; start from a file in configs/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a config must be a YAML mapping")
     apply_overrides(data, overrides or [])
