@@ -118,6 +118,9 @@ class TrainConfig:
     block-wise loss through its base model) are not affected."""
     progress: bool | None = None
     """Show a progress bar (default: only on a TTY)."""
+    log_with: list[str] | str | None = None
+    """Experiment trackers that receive every metrics.jsonl record and the resolved config: ``tensorboard``
+    (offline, in RUN/tensorboard/), ``wandb``, ``mlflow``, a list of them, or none."""
 
 
 @dataclass
@@ -340,6 +343,9 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     for k, ok in checks.items():
         if not ok:
             raise ConfigError(f"'train.{k}' is out of range: {getattr(t, k)}")
+    from memlab.tracking import parse_log_with
+
+    parse_log_with(t.log_with)
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise ConfigError("'train.batch_size' must be a multiple of 'train.grad_accum'")
     return cfg
