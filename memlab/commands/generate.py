@@ -37,6 +37,9 @@ def run(args) -> int:
     if not 0 < args.top_p <= 1:
         raise MemlabError("--top-p must be in (0, 1]")
     d = resolve_model_dir(args.run)
+    from memlab.train.checkpoint import check_finite_files
+
+    check_finite_files(d)  # a diverged (NaN) model is refused, not run to print the prompt alone
     torch.manual_seed(args.seed)
     family = family_of(d)
     if any(not p.strip() for p in args.prompt):

@@ -97,7 +97,24 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
 
 
+_VERIFIED: dict[tuple, str | None] = {}  # (folder, file sizes and times) -> verdict: each checkpoint is hashed once
+_WARNED: set[str] = set()
+
+
 def verify_checkpoint(ckpt: Path) -> str | None:
+    """What is wrong with a checkpoint (one phrase), or None when it matches its manifest (cached per process)."""
+    ckpt = Path(ckpt)
+    try:
+        key = (str(ckpt.resolve()),) + tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                                                    for p in ckpt.rglob("*") if p.is_file()))
+    except OSError:
+        return _verify(ckpt)
+    if key not in _VERIFIED:
+        _VERIFIED[key] = _verify(ckpt)
+    return _VERIFIED[key]
+
+
+def _verify(ckpt: Path) -> str | None:
     """What is wrong with a checkpoint (one phrase), or None when it matches its manifest.
 
     A checkpoint saved before manifests existed is not checked (its files are
@@ -146,7 +163,27 @@ def newest_intact_checkpoint(run_dir: Path, warn: Callable[[str], None] | None =
 
 
 def _warn(msg: str) -> None:
-    print(f"memlab: warning: {msg}", file=sys.stderr)
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"memlab: warning: {msg}", file=sys.stderr)
+
+
+def check_finite_files(model_dir: Path) -> None:
+    """A one-line ModelError when a saved model's safetensors hold NaN or infinite values (or cannot be read)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    t = fh.get_tensor(name)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise ModelError(f"{f}: tensor '{name}' holds NaN or infinite values; the model diverged "
+                                         "and cannot generate (use an earlier checkpoint or retrain with a lower train.lr)")
+        except ModelError:
+            raise
+        except Exception as e:  # SafetensorError: truncated or corrupt
+            raise ModelError(f"{f} is damaged ({' '.join(str(e).split())[:120]})") from None
 
 
 def weights_are_finite(model) -> bool:
