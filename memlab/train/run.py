@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def prepare_run_dir(run_dir: Path, resume: bool):
             raise MemlabError(f"cannot resume {run_dir}: it holds no config.yaml")
         lock = claim(run_dir, fresh=False)
         try:
-            start = ckpt.newest_intact_checkpoint(run_dir)
+            start = ckpt.newest_intact_checkpoint(
+                run_dir, warn=lambda m: print(f"memlab: warning: {m}; resuming from it", file=sys.stderr))
             if start is not None:
                 ckpt.set_aside_newer(run_dir, start)
         except BaseException:
