@@ -52,6 +52,14 @@ def _split_texts(corpus: str) -> dict[str, list[str]]:
     return {k: [clean_text(d.text) for d in v] for k, v in splits.items()}
 
 
+@lru_cache(maxsize=2)
+def split_description(corpus: str) -> str:
+    """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
+    from memlab.data.corpus import describe_splits
+
+    return describe_splits(make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0))
+
+
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0) -> torch.Tensor:
     """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``.
 

@@ -72,6 +72,9 @@ def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
     tok = train_bpe([one_file.read_text()], 300)
     ids = probe_chunks(tok, 16, 8, "test", str(one_file), 0)
     assert ids.shape == (8, 16)
+    from memlab.probes.train import split_description
+
+    assert "paragraph blocks" in split_description(str(one_file))
 
 
 def test_an_empty_split_is_named(tmp_path):

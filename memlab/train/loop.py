@@ -78,8 +78,6 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float3
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def _as_tensor(v: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return v.detach().to(device=device, dtype=dtype) if torch.is_tensor(v) else torch.tensor(float(v), dtype=dtype, device=device)
 
 
 def model_flops_utilization(examples: int, seconds: float, flops_per_example: float, matmul_flops: float,
@@ -106,22 +104,26 @@ class MetricWindow:
 
     def reset(self) -> None:
         dev = self.acc.device
-        self.sums: dict[str, torch.Tensor] = {}
-        self.weight = torch.zeros((), dtype=self.dtype, device=dev)
+        # python numbers stay on the host and tensors on the device: no copy either way until read()
+        self.sums: dict[str, Any] = {}
+        self.weight: Any = 0.0
         self.bad_step = torch.full((), -1, dtype=torch.long, device=dev)
         self.bad_value = torch.zeros((), dtype=self.dtype, device=dev)
 
+    def _value(self, v: Any) -> Any:
+        return v.detach().to(dtype=self.dtype) if torch.is_tensor(v) else float(v)
+
     def add(self, out: StepOutput, step: int) -> None:
-        dev, dt = self.acc.device, self.dtype
-        w = _as_tensor(out.weight, dev, dt)
+        w = self._value(out.weight)
         for k, v in {"loss": out.loss, **out.metrics}.items():
-            t = _as_tensor(v, dev, dt) * w
+            t = self._value(v) * w
             self.sums[k] = self.sums[k] + t if k in self.sums else t
         self.weight = self.weight + w
-        loss = _as_tensor(out.loss, dev, dt)
-        first = ~torch.isfinite(loss) & (self.bad_step < 0)
-        self.bad_step = torch.where(first, torch.full_like(self.bad_step, step), self.bad_step)
-        self.bad_value = torch.where(first, loss, self.bad_value)
+        if torch.is_tensor(out.loss):
+            loss = self._value(out.loss)
+            first = ~torch.isfinite(loss) & (self.bad_step < 0)
+            self.bad_step = torch.where(first, torch.full_like(self.bad_step, step), self.bad_step)
+            self.bad_value = torch.where(first, loss.to(self.bad_value.device), self.bad_value)
 
     def first_nonfinite(self) -> tuple[int, float] | None:
         """(step, loss) of the first non-finite loss of the window on any process, or None (one sync)."""
@@ -136,7 +138,9 @@ class MetricWindow:
     def read(self) -> dict[str, float]:
         """Weighted means over the window and all processes (one transfer)."""
         keys = sorted(self.sums)
-        t = torch.stack([self.sums[k] for k in keys] + [self.weight])  # (K + 1,)
+        dev = self.acc.device
+        t = torch.stack([v.to(dev) if torch.is_tensor(v) else torch.tensor(v, dtype=self.dtype, device=dev)
+                         for v in [self.sums[k] for k in keys] + [self.weight]])  # (K + 1,)
         t = self.acc.reduce(t, reduction="sum") if self.acc.num_processes > 1 else t
         vals = t.tolist()
         w = vals[-1] or 1.0
