@@ -105,6 +105,8 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
     run_dir = Path(run_dir)
     held = _HELD.get(_key(run_dir)) if run_dir.exists() else None
     if held is not None:
+        if fresh and used_entries(run_dir):  # this process wrote into it already (e.g. an earlier probe)
+            raise MemlabError(f"{what} directory {run_dir} already holds files; choose another --out")
         return held
     created = False
     if fresh:

@@ -448,3 +448,24 @@ def test_metrics_stay_on_the_device_and_nan_is_caught_within_one_interval(tmp_pa
     with pytest.raises(MemlabError, match="loss became nan at step 8"):
         t.train()
     assert t.step == 10
+
+
+def test_claim_rules(tmp_path):
+    from memlab.rundir import LOCK_NAME, claim
+
+    d = tmp_path / "out"
+    c = claim(d, fresh=True, what="probe")
+    assert c.created and (d / LOCK_NAME).is_file()
+    assert claim(d, fresh=True, what="probe") is c  # this process holds it; still empty
+    (d / "report.json").write_text("{}")
+    with pytest.raises(MemlabError, match="already holds files"):
+        claim(d, fresh=True, what="probe")  # a second probe of this process into the same folder
+    c.release()
+    with pytest.raises(MemlabError, match="already holds files"):
+        claim(d, fresh=True)
+    with claim(d, fresh=False):  # a resume of it
+        pass
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / LOCK_NAME).write_text("123\n")  # a lock left by a killed process: the folder is still unused
+    claim(empty, fresh=True).release()
