@@ -75,6 +75,20 @@ def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
     from memlab.probes.train import split_description
 
     assert "paragraph blocks" in split_description(str(one_file))
+    # and `memlab probe --corpus book.txt` runs end to end
+    import transformers as tf
+
+    model = tmp_path / "tiny-llama"
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=len(tok), max_position_embeddings=48)
+                        ).save_pretrained(model)
+    tok.save_pretrained(model)
+    out = tmp_path / "probe"
+    assert main(["probe", "--model", str(model), "--corpus", str(one_file), "--out", str(out), "--seq-len", "16",
+                 "--n-train", "32", "--n-eval", "8", "--epochs", "1", "--hidden-size", "32", "--num-layers", "1",
+                 "--no-control", "num_heads=4", "n_examples=1"]) == 0
+    assert json.loads((out / "report.json").read_text())["n_eval"] == 8
 
 
 def test_an_empty_split_is_named(tmp_path):
@@ -333,6 +347,7 @@ def test_damaged_files_without_manifest_are_one_line(finished_run):
 def test_torn_metrics_line_is_dropped(finished_run, capsys):
     m = finished_run / "metrics.jsonl"
     m.write_text(m.read_text() + '{"step": 7, "split": "tr')
+    assert main(["plot", str(finished_run)]) == 0  # plotting a crashed run's metrics works too
     assert main(["train", "--resume", str(finished_run), "train.max_steps=8"]) == 0
     assert "incomplete" in capsys.readouterr().err
     steps = [json.loads(x)["step"] for x in m.read_text().splitlines() if '"train"' in x]
