@@ -137,7 +137,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         elif resume and state.is_main_process:  # killed before its first checkpoint: start over cleanly
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         if state.is_main_process:
-            save_config(cfg, run_dir / "config.yaml")
+            try:
+                save_config(cfg, run_dir / "config.yaml")
+            except OSError as e:
+                raise MemlabError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror}") from None
             if trackers:
                 tracker = tracking.start(trackers, run_dir, cfg.name, config=to_dict(cfg),
                                          resume_step=trainer.step if resume else None)
