@@ -118,6 +118,9 @@ class TrainConfig:
     block-wise loss through its base model) are not affected."""
     progress: bool | None = None
     """Show a progress bar (default: only on a TTY)."""
+    log_with: list[str] | str | None = None
+    """Experiment trackers that receive every metrics.jsonl record and the resolved config: ``tensorboard``
+    (offline, in RUN/tensorboard/), ``wandb``, ``mlflow``, a list of them, or none."""
 
 
 @dataclass
@@ -324,7 +327,11 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     else:
         cfg.options = from_dict(opt_cls, options or {}, prefix="options.")
     family = FAMILIES.get(cfg.model.family)
-    family.make_config(cfg.model.preset, **cfg.model.overrides)  # validates keys and preset
+    built = family.make_config(cfg.model.preset, **cfg.model.overrides)  # validates keys and preset
+    for key in sorted(built.to_dict()):
+        value = getattr(built, key, None)
+        if (key == "num_hidden_layers" or key.endswith("_layers")) and isinstance(value, int) and value < 1:
+            raise ConfigError(f"'model.overrides.{key}' must be >= 1 (a model needs at least one layer), got {value}")
     for frac in ("val_fraction", "test_fraction"):
         v = getattr(cfg.data, frac)
         if not 0.0 <= v < 1.0:
@@ -351,9 +358,30 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     for k, ok in checks.items():
         if not ok:
             raise ConfigError(f"'train.{k}' is out of range: {getattr(t, k)}")
+    from memlab.tracking import parse_log_with
+
+    parse_log_with(t.log_with)
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise ConfigError("'train.batch_size' must be a multiple of 'train.grad_accum'")
     return cfg
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; a syntax error becomes one ConfigError line naming the file, line and column."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot be read ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(problem).split())})") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -361,10 +389,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml(p)
+    if data is None:
+        raise ConfigError(f"{p}: config file is empty (it holds no keys; start from a file in configs/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a config must be a YAML mapping")
     apply_overrides(data, overrides or [])

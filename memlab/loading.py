@@ -9,13 +9,13 @@ from memlab.errors import ModelError
 
 def resolve_model_dir(path: str | Path) -> Path:
     """A run directory -> its latest checkpoint; a ``save_pretrained`` folder -> itself."""
-    from memlab.train.checkpoint import latest_checkpoint
+    from memlab.train.checkpoint import newest_intact_checkpoint
 
     p = Path(path)
     if (p / "config.json").is_file():
         return p
     if (p / "checkpoints").is_dir():
-        last = latest_checkpoint(p)
+        last = newest_intact_checkpoint(p)  # a damaged newer checkpoint is named in one line and skipped
         if last is not None:
             return last
     raise ModelError(f"{p}: neither a saved model (config.json) nor a run directory with a checkpoint")
@@ -32,7 +32,12 @@ def load_pretrained(path: str | Path, model_class=None):
     d = resolve_model_dir(path)
     if model_class is None:
         model_class = FAMILIES.get(family_of(d)).model_class
-    return model_class.from_pretrained(str(d))
+    try:
+        return model_class.from_pretrained(str(d))
+    except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
+        if type(e).__name__ not in ("SafetensorError", "JSONDecodeError") and not isinstance(e, OSError):
+            raise
+        raise ModelError(f"{d}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
 
 
 def family_of(model_dir: str | Path) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -38,10 +37,10 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    """Records of a metrics.jsonl (a torn last line, from a crash mid-write, is dropped with a warning)."""
+    from memlab.train.metrics import read_metrics as read
+
+    return read(Path(path))
 
 
 def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str, ...] = ("loss", "token_accuracy")) -> list[Path]:

@@ -194,6 +194,10 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     from memlab.probes.loading import load_encoder
 
     validate(opts)
+    if run_dir is not None:  # a used or unwritable folder is refused before any compute; locked until the process ends
+        from memlab.rundir import claim
+
+        claim(run_dir, fresh=True, what="probe")
     if opts.threads:
         torch.set_num_threads(opts.threads)
     t_start = time.perf_counter()

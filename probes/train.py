@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memlab.data.corpus import load_corpus, make_splits, units
+from memlab.data.corpus import load_corpus, make_splits, require_split, units
 from memlab.data.views import clean_text, token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
@@ -52,6 +52,14 @@ def _split_texts(corpus: str) -> dict[str, list[str]]:
     return {k: [clean_text(d.text) for d in v] for k, v in splits.items()}
 
 
+@lru_cache(maxsize=2)
+def split_description(corpus: str) -> str:
+    """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
+    from memlab.data.corpus import describe_splits
+
+    return describe_splits(make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0))
+
+
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0) -> torch.Tensor:
     """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``.
 
@@ -64,6 +72,8 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     if split not in splits:
         raise DataError(f"unknown split '{split}'; use train, validation or test")
     texts = splits[split]
+    if not texts:  # names the empty split and how the corpus was cut
+        require_split(make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0), split, corpus)
     order = np.random.default_rng(seed).permutation(len(texts))
     chosen, n_chars = [], 0
     need_chars = 8 * seq_len * n * 2  # about 4 characters a token, twice the need

@@ -104,8 +104,11 @@ def _load_files(files: list[Path], text_field: str, root: Path | None = None) ->
             stem = _doc_stem(f, root)
             for i, rec in enumerate(ds):
                 text = rec[field]
+                if text is None and kind != "text":  # datasets fills a field that a record lacks with None
+                    raise DataError(f"{f}: missing field '{field}' in row {i + 1}; every record needs it "
+                                    "(set data.text_field to the field that holds the text)")
                 if not isinstance(text, str):
-                    raise DataError(f"{f}: record {i} field '{field}' is not text")
+                    raise DataError(f"{f}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
                 docs.append(Document(id=f"{stem}/{i}" if len(ds) > 1 else stem, text=_check_text(text, str(f)), group=stem))
     return docs
 
@@ -205,13 +208,119 @@ def split_chapters(doc: Document) -> list[Document]:
     return [Document(id=f"{doc.id}/ch{n:03d}", text=t, group=doc.group or doc.id) for n, t in pieces]
 
 
+MIN_UNITS = 20
+"""Below this many chapter units, documents without chapter headings are cut into paragraph blocks."""
+BLOCK_ID = "/b"
+"""A paragraph block's id is ``DOC/bNNNN``."""
+
+
+def _windows(text: str, size: int) -> list[str]:
+    """Cut text into pieces of about ``size`` characters at whitespace (fixed windows)."""
+    out, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut if cut > start else end
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def paragraph_blocks(doc: Document, block_chars: int) -> list[Document]:
+    """Cut a document into blocks of whole paragraphs of about ``block_chars`` characters.
+
+    Paragraphs are separated by blank lines; a paragraph longer than twice the
+    block (a text without blank lines) is cut at line ends, then at spaces.
+    """
+    pieces: list[str] = []
+    for para in re.split(r"\n[ \t]*\n", doc.text):
+        if len(para) <= 2 * block_chars:
+            pieces.append(para)
+            continue
+        for line in para.split("\n"):
+            pieces.extend([line] if len(line) <= 2 * block_chars else _windows(line, block_chars))
+    blocks, cur, size = [], [], 0
+    for piece in pieces:
+        if not piece.strip():
+            continue
+        cur.append(piece)
+        size += len(piece)
+        if size >= block_chars:
+            blocks.append("\n\n".join(cur))
+            cur, size = [], 0
+    if cur:
+        if blocks and size < block_chars // 2:  # a short tail joins the block before it
+            blocks[-1] += "\n\n" + "\n\n".join(cur)
+        else:
+            blocks.append("\n\n".join(cur))
+    if len(blocks) <= 1:
+        return [doc]
+    return [Document(id=f"{doc.id}{BLOCK_ID}{n:04d}", text=t, group=doc.group or doc.id) for n, t in enumerate(blocks)]
+
+
+def block_size(docs: list[Document]) -> int:
+    """Characters per paragraph block: about a hundred blocks over the text, within [1,000, 20,000]."""
+    total = sum(len(d.text) for d in docs)
+    return max(1000, min(20000, total // 100))
+
+
 def units(docs: Iterable[Document], split_by: str) -> list[Document]:
-    """Documents cut into the held-out unit: chapters or whole documents."""
+    """Documents cut into the held-out unit: chapters or whole documents.
+
+    With ``chapter``, when the corpus yields fewer than :data:`MIN_UNITS`
+    units (one large plain-text file, a few files), documents that have no
+    chapter headings are cut into paragraph blocks (:func:`paragraph_blocks`,
+    :func:`block_size`), so that held-out splits exist.
+    :func:`describe_units` says how a corpus was cut.
+    """
+    docs = list(docs)
     if split_by == "document":
-        return list(docs)
-    if split_by == "chapter":
-        return [c for d in docs for c in split_chapters(d)]
-    raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
+        return docs
+    if split_by != "chapter":
+        raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
+    cut = [split_chapters(d) for d in docs]
+    if sum(len(c) for c in cut) >= MIN_UNITS:
+        return [c for parts in cut for c in parts]
+    whole = [d for d, parts in zip(docs, cut) if len(parts) == 1 and parts[0] is d]
+    size = block_size(whole) if whole else 0
+    out: list[Document] = []
+    for d, parts in zip(docs, cut):
+        out.extend(paragraph_blocks(d, size) if (len(parts) == 1 and parts[0] is d) else parts)
+    return out
+
+
+def describe_units(docs: list[Document]) -> str:
+    """How a corpus was cut into held-out units, in words (for run summaries and probe reports)."""
+    blocks = [d for d in docs if BLOCK_ID in d.id and d.id.rsplit(BLOCK_ID, 1)[1].isdigit()]
+    chapters = [d for d in docs if re.search(r"/ch\d{3}$", d.id)]
+    parts = []
+    if chapters:
+        parts.append(f"{len(chapters)} chapters (cut at chapter headings)")
+    if blocks:
+        mean = sum(len(d.text) for d in blocks) // len(blocks)
+        sources = len({d.group for d in blocks})
+        parts.append(f"{len(blocks)} paragraph blocks of about {mean} characters (cut from {sources} document(s) "
+                     "without chapter headings)")
+    rest = len(docs) - len(chapters) - len(blocks)
+    if rest:
+        parts.append(f"{rest} whole documents")
+    return f"{len(docs)} units: " + ", ".join(parts)
+
+
+def describe_splits(splits: dict[str, list[Document]]) -> str:
+    """One line: how units were made and how many each split holds."""
+    every = [d for v in splits.values() for d in v]
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    return f"{describe_units(every)}; {sizes} (whole units per split)"
+
+
+def require_split(splits: dict[str, list[Document]], name: str, corpus: str) -> list[Document]:
+    """The units of split ``name``, or a DataError that names the empty split and how the corpus was cut."""
+    if splits.get(name):
+        return splits[name]
+    raise DataError(f"the {name} split of corpus '{corpus}' is empty ({describe_splits(splits)}); "
+                    "use a larger corpus, more documents, or larger data.val_fraction / data.test_fraction")
 
 
 def _unit_draw(seed: int, unit_id: str) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from memlab.config import DataConfig
-from memlab.data.corpus import Document, load_corpus, make_splits, units
+from memlab.data.corpus import Document, describe_splits, load_corpus, make_splits, units
 from memlab.data.sentences import paragraphs, split_sentences
 from memlab.data.tokenizer import build_tokenizer
 from memlab.errors import DataError
@@ -25,6 +25,8 @@ class PreparedCorpus:
 
     splits: dict[str, list[Document]]
     tokenizer: object
+    split_description: str = ""
+    """How the corpus was cut into units and how many each split holds (:func:`describe_splits`)."""
 
     def texts(self, split: str) -> list[str]:
         return [clean_text(d.text) for d in self.splits[split]]
@@ -43,8 +45,13 @@ def split_corpus(cfg: DataConfig) -> dict[str, list[Document]]:
     docs = load_corpus(cfg.corpus, cfg.text_field, cfg.hf_split, cfg.streaming, cfg.max_documents)
     splits = make_splits(units(docs, cfg.split_by), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
     if cfg.val_fraction > 0 and not splits["validation"]:
-        print(f"memlab: warning: corpus '{cfg.corpus}' has too few units to hold any out; no validation data",
-              file=sys.stderr)
+        print(f"memlab: warning: the validation split of corpus '{cfg.corpus}' is empty "
+              f"({describe_splits(splits)}); no validation data", file=sys.stderr)
+    if not splits["train"]:
+        from memlab.data.corpus import require_split
+
+        require_split(splits, "train", cfg.corpus)
+    SPLIT_DESCRIPTIONS[_data_key(cfg)] = describe_splits(splits)
     return splits
 
 
@@ -63,7 +70,21 @@ def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
         tok = load_tokenizer(str(tokenizer_dir))  # a resumed run keeps the tokenizer it saved
     else:
         tok = build_tokenizer(tokenizer_spec or cfg.tokenizer, train_texts, cfg.vocab_size, tokenizer_dir)
-    return PreparedCorpus(splits=splits, tokenizer=tok)
+    return PreparedCorpus(splits=splits, tokenizer=tok, split_description=SPLIT_DESCRIPTIONS[_data_key(cfg)])
+
+
+SPLIT_DESCRIPTIONS: dict[tuple, str] = {}
+"""Data config -> how :func:`split_corpus` split it in this process (read into a run's summary)."""
+
+
+def _data_key(cfg: DataConfig) -> tuple:
+    return (cfg.corpus, cfg.text_field, cfg.hf_split, cfg.max_documents, cfg.split_by, cfg.val_fraction,
+            cfg.test_fraction, cfg.split_seed)
+
+
+def split_description(cfg: DataConfig) -> str | None:
+    """How this process's :func:`split_corpus` split the corpus of ``cfg``; None if it did not."""
+    return SPLIT_DESCRIPTIONS.get(_data_key(cfg))
 
 
 def token_chunks(texts: list[str], tokenizer, seq_len: int, add_eos: bool = True) -> torch.Tensor:

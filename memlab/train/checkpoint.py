@@ -10,21 +10,39 @@ Layout of ``RUN/checkpoints/step-00000100/``::
     rng-RANK.pt                        RNG states of each process (torch CPU and CUDA, python, numpy)
     scaler.pt                          the fp16 gradient scaler, when there is one
     trainer_state.json                 step, data position, last evaluation, callback state
+    manifest.json                      size and SHA-256 of every file above, written last
+
+A checkpoint is written only from finite weights. :func:`verify_checkpoint`
+checks a checkpoint against its manifest; :func:`newest_intact_checkpoint`
+is what ``--resume``, ``memlab generate`` and ``memlab probe`` of a run load:
+a damaged newer checkpoint is named in one line and left in place.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from memlab.errors import MemlabError, ModelError
+
 CKPT_PREFIX = "step-"
+MANIFEST = "manifest.json"
+DAMAGED = ".damaged"
+"""Suffix of a damaged checkpoint moved aside when a run resumes from an older one (never deleted)."""
+
+
+class NonFiniteWeights(MemlabError):
+    """The model holds NaN or infinite weights: nothing is saved."""
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
@@ -64,6 +82,116 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
 
 
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``manifest.json``: size and SHA-256 of every file of a checkpoint folder (written last)."""
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+
+
+_VERIFIED: dict[tuple, str | None] = {}  # (folder, file sizes and times) -> verdict: each checkpoint is hashed once
+_WARNED: set[str] = set()
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """What is wrong with a checkpoint (one phrase), or None when it matches its manifest (cached per process)."""
+    ckpt = Path(ckpt)
+    try:
+        key = (str(ckpt.resolve()),) + tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                                                    for p in ckpt.rglob("*") if p.is_file()))
+    except OSError:
+        return _verify(ckpt)
+    if key not in _VERIFIED:
+        _VERIFIED[key] = _verify(ckpt)
+    return _VERIFIED[key]
+
+
+def _verify(ckpt: Path) -> str | None:
+    """What is wrong with a checkpoint (one phrase), or None when it matches its manifest.
+
+    A checkpoint saved before manifests existed is not checked (its files are
+    still read with one-line errors).
+    """
+    ckpt = Path(ckpt)
+    man = ckpt / MANIFEST
+    if not man.is_file():
+        return None
+    try:
+        files = json.loads(man.read_text())["files"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"{MANIFEST} is unreadable"
+    for name, meta in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != meta["size"]:
+            return f"{name} has {size} bytes, {meta['size']} were saved"
+        if sha256_file(f) != meta["sha256"]:
+            return f"{name} does not match its saved SHA-256"
+    return None
+
+
+def newest_intact_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The newest checkpoint that matches its manifest (None when the run has none).
+
+    Damaged newer ones are named through ``warn`` (default: one line on
+    stderr) and left in place; when every checkpoint is damaged this raises a
+    one-line MemlabError.
+    """
+    dirs = checkpoint_dirs(run_dir)
+    damaged: list[str] = []
+    for d in reversed(dirs):
+        problem = verify_checkpoint(d)
+        if problem is None:
+            if damaged:
+                (warn or _warn)(f"checkpoint {'; '.join(damaged)}: damaged (left in place); using {d.name}, "
+                                "the newest intact one")
+            return d
+        damaged.append(f"{d.name} ({problem})")
+    if damaged:
+        raise MemlabError(f"no intact checkpoint in {run_dir}: {'; '.join(damaged)}")
+    return None
+
+
+def _warn(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"memlab: warning: {msg}", file=sys.stderr)
+
+
+def check_finite_files(model_dir: Path) -> None:
+    """A one-line ModelError when a saved model's safetensors hold NaN or infinite values (or cannot be read)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    t = fh.get_tensor(name)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise ModelError(f"{f}: tensor '{name}' holds NaN or infinite values; the model diverged "
+                                         "and cannot generate (use an earlier checkpoint or retrain with a lower train.lr)")
+        except ModelError:
+            raise
+        except Exception as e:  # SafetensorError: truncated or corrupt
+            raise ModelError(f"{f} is damaged ({' '.join(str(e).split())[:120]})") from None
+
+
+def weights_are_finite(model) -> bool:
+    """Whether every parameter and buffer of ``model`` is finite (one device sync)."""
+    flags = [torch.isfinite(t).all() for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+    return bool(torch.stack(flags).all().item()) if flags else True
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -76,23 +204,39 @@ def save_checkpoint(
     rank_rng: list[dict[str, Any]] | None = None,
     scaler=None,
 ) -> Path:
-    """Write a checkpoint atomically (temp folder, then rename) and prune old ones (``keep=0`` keeps all)."""
+    """Write a checkpoint atomically (temp folder, manifest last, then rename) and prune old ones (``keep=0`` keeps all).
+
+    Refuses (:class:`NonFiniteWeights`) a model with NaN or infinite weights;
+    a failed write (a full disk) removes the partial folder and raises one
+    line that names the checkpoint the run still has.
+    """
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{CKPT_PREFIX}{step:08d}"
+    if not weights_are_finite(model):
+        good = newest_intact_checkpoint(run_dir, warn=lambda m: None)
+        raise NonFiniteWeights(f"the weights at step {step} are not finite (NaN or inf) and were not saved; last good "
+                               f"checkpoint: {good or 'none'}; lower train.lr or check the data")
     tmp = root / f"{final.name}.tmp{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    if scaler is not None:
-        torch.save(scaler.state_dict(), tmp / "scaler.pt")
-    for rank, st in enumerate(rank_rng or [rng_state()]):
-        torch.save(st, tmp / f"rng-{rank}.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(dict(trainer_state, step=step)))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if scaler is not None:
+            torch.save(scaler.state_dict(), tmp / "scaler.pt")
+        for rank, st in enumerate(rank_rng or [rng_state()]):
+            torch.save(st, tmp / f"rng-{rank}.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(dict(trainer_state, step=step)))
+        write_manifest(tmp)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, RuntimeError) and not _is_disk_error(e):
+            raise
+        raise MemlabError(save_failure(run_dir, f"checkpoint {final.name}", e)) from None
     old = None
     if final.exists():  # re-saving the same step: move the old copy aside, never leave no checkpoint
         old = root / f"{final.name}.old{os.getpid()}"
@@ -105,31 +249,72 @@ def save_checkpoint(
     return final
 
 
+def _is_disk_error(e: BaseException) -> bool:
+    text = str(e).lower()
+    return "no space" in text or "disk quota" in text or "file write failed" in text or "enospc" in text
+
+
+def save_failure(run_dir: Path, what: str, e: BaseException) -> str:
+    """One line for a failed write: why, what the run folder still holds, how to go on."""
+    reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:120]
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason = "the disk is full"
+    try:
+        good = newest_intact_checkpoint(run_dir, warn=lambda m: None)
+    except MemlabError:
+        good = None
+    kept = (f"the run keeps checkpoint {good.name}; free some space, then continue it with "
+            f"`memlab train --resume {run_dir}`") if good else "the run has no checkpoint yet"
+    return f"could not write {what} ({reason}); {kept}"
+
+
 def remove_partial_checkpoints(run_dir: Path) -> None:
-    """Delete temporary folders that a killed save left behind."""
+    """Delete temporary folders that a killed save left behind (``.tmpPID``, ``.oldPID``; never damaged ones)."""
     root = Path(run_dir) / "checkpoints"
     if root.is_dir():
         for p in root.iterdir():
-            if p.is_dir() and p.name.startswith(CKPT_PREFIX) and ("." in p.name):
+            if p.is_dir() and p.name.startswith(CKPT_PREFIX) and (".tmp" in p.name or ".old" in p.name):
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def set_aside_newer(run_dir: Path, ckpt: Path) -> list[Path]:
+    """Rename checkpoints newer than ``ckpt`` (damaged ones a resumed run skips) to ``step-N.damaged``, keeping them."""
+    moved = []
+    for d in checkpoint_dirs(run_dir):
+        if int(d.name[len(CKPT_PREFIX):]) > int(Path(ckpt).name[len(CKPT_PREFIX):]):
+            target = d.with_name(d.name + DAMAGED)
+            n = 1
+            while target.exists():
+                target, n = d.with_name(f"{d.name}{DAMAGED}{n}"), n + 1
+            os.replace(d, target)
+            moved.append(target)
+    return moved
+
+
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((Path(ckpt) / "trainer_state.json").read_text())
+    f = Path(ckpt) / "trainer_state.json"
+    try:
+        state = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{f} is damaged ({type(e).__name__}); resume from an older checkpoint") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ModelError(f"{f} is damaged (no step); resume from an older checkpoint")
+    return state
 
 
 def load_model_weights(model, ckpt: Path) -> None:
     """Load ``model.safetensors`` (or sharded safetensors) from a checkpoint into ``model`` (strict)."""
     from safetensors.torch import load_file
 
-    from memlab.errors import ModelError
-
     files = sorted(Path(ckpt).glob("model*.safetensors"))
     if not files:
         raise ModelError(f"{ckpt}: no model*.safetensors")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:  # SafetensorError (truncated or corrupt header), OSError
+            raise ModelError(f"{f} is damaged ({' '.join(str(e).split())[:120]})") from None
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatch
@@ -144,4 +329,10 @@ def load_model_weights(model, ckpt: Path) -> None:
 
 
 def load_torch(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """``torch.load`` (weights only) of a checkpoint file; a damaged file is one ModelError line."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ModelError(f"{path} is missing") from None
+    except Exception as e:  # a truncated zip archive, an unpickling error
+        raise ModelError(f"{path} is damaged ({' '.join(str(e).split())[:120]})") from None

@@ -24,6 +24,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
+from memlab.train.metrics import MetricWindow, UniformWatch
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
@@ -78,17 +79,28 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float3
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def _to_float(v: Any) -> float:
-    return float(v.detach().float().item()) if torch.is_tensor(v) else float(v)
+
+
+def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
+    """MFU: model FLOPs done (``flops``, each step at its own curriculum phase's rate) per second over the
+    measured matmul FLOP/s of all processes (None if unknown)."""
+    if not (flops and matmul_flops and seconds > 0):
+        return None
+    return flops / seconds / (matmul_flops * processes)
 
 
 class Trainer:
-    """Runs a :class:`TrainSetup` under an experiment's ``train`` config into a run directory."""
+    """Runs a :class:`TrainSetup` under an experiment's ``train`` config into a run directory.
 
-    def __init__(self, setup: TrainSetup, cfg, run_dir: Path):
+    ``tracker`` (:class:`memlab.tracking.Tracker`, optional) receives every
+    record that goes to ``metrics.jsonl``.
+    """
+
+    def __init__(self, setup: TrainSetup, cfg, run_dir: Path, tracker=None):
         from accelerate import Accelerator
 
         self.setup, self.cfg, self.run_dir = setup, cfg, Path(run_dir)
+        self.tracker = tracker
         cpu = use_cpu(cfg)
         self.acc = Accelerator(cpu=cpu, mixed_precision=_mixed_precision(cfg.mixed_precision, cpu))
         world = self.acc.num_processes
@@ -113,12 +125,18 @@ class Trainer:
         self.best_eval: float | None = None
         self.last_eval: dict[str, float] = {}
         self._permutation: tuple[int, list[int]] | None = None
+        self.window = MetricWindow(self.acc)
+        vocab = getattr(getattr(setup.model, "config", None), "vocab_size", None)
+        self.uniform = UniformWatch(vocab if isinstance(vocab, int) else None, cfg.warmup_steps)
 
     # ------------------------------------------------------------------ data
     def _collate(self, items: list) -> dict:
         if self.setup.collate_fn is not None:
             return self.setup.collate_fn(items)
         return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+    def _to_device(self, items: list) -> dict:
+        return {k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()}
 
     def _global_batch_indices(self) -> list[int]:
         if self._permutation is None or self._permutation[0] != self.epoch:  # one permutation per epoch
@@ -129,11 +147,8 @@ class Trainer:
 
     def _micro_batches(self) -> list[dict]:
         idx = self._global_batch_indices()[self.acc.process_index :: self.acc.num_processes]  # this process's share
-        out = []
-        for a in range(self.cfg.grad_accum):
-            items = [self.setup.train_data[i] for i in idx[a * self.micro : (a + 1) * self.micro]]
-            out.append({k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()})
-        return out
+        return [self._to_device([self.setup.train_data[i] for i in idx[a * self.micro : (a + 1) * self.micro]])
+                for a in range(self.cfg.grad_accum)]
 
     def _advance_data(self) -> None:
         self.batch_in_epoch += 1
@@ -151,45 +166,51 @@ class Trainer:
         n = -(-n // world) * world
         idx = [i % len(data) for i in range(n)][self.acc.process_index :: world]
         for s in range(0, len(idx), size):
-            items = [data[i] for i in idx[s : s + size]]
-            yield {k: (v.to(self.acc.device) if torch.is_tensor(v) else v) for k, v in self._collate(items).items()}
+            yield self._to_device([data[i] for i in idx[s : s + size]])
 
     # ------------------------------------------------------------------ logging
-    def _reduce_mean(self, sums: dict[str, float], weight: float) -> dict[str, float]:
-        keys = sorted(sums)
-        t = torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64, device=self.acc.device)
-        t = self.acc.reduce(t, reduction="sum") if self.acc.num_processes > 1 else t
-        w = t[-1].item() or 1.0
-        return {k: t[i].item() / w for i, k in enumerate(keys)}
-
     def _log(self, record: dict[str, Any]) -> None:
         for cb in self.setup.callbacks:
             record.update(cb.log_fields())
         if self.acc.is_main_process:
-            with open(self.metrics_path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            try:
+                with open(self.metrics_path, "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+            except OSError as e:
+                raise MemlabError(ckpt.save_failure(self.run_dir, f"{self.metrics_path.name} at step {self.step}", e)) from None
+            if self.tracker is not None:
+                self.tracker.log(record, step=record["step"])
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Loss metrics over the evaluation batches, plus the recipe's ``eval_fn`` on the same (collated once) batches."""
         if self.setup.eval_data is None:
             return {}
         model = self.model
         model.eval()
-        sums: dict[str, float] = {}
-        weight = 0.0
-        for batch in self.eval_batches():
+        batches = list(self.eval_batches())  # collated and moved once, read by the loss and by eval_fn
+        window = MetricWindow(self.acc)
+        for batch in batches:
             with self.acc.autocast():
-                out: StepOutput = self.setup.loss_fn(model, batch)
-            vals = {"loss": out.loss, **out.metrics}
-            for k, v in vals.items():
-                sums[k] = sums.get(k, 0.0) + _to_float(v) * out.weight
-            weight += out.weight
-        metrics = self._reduce_mean(sums, weight)
+                window.add(self.setup.loss_fn(model, batch), self.step)
+        metrics = window.read()
         if self.setup.eval_fn is not None:
-            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), self.eval_batches()))
+            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), iter(batches)))
         model.train()
         return metrics
+
+    def _run_eval(self) -> None:
+        metrics = self.evaluate()
+        if not metrics:
+            return
+        extra: dict[str, Any] = {}
+        for cb in self.setup.callbacks:
+            extra.update(cb.on_eval(self.step, metrics) or {})
+        self.last_eval = metrics
+        if self.best_eval is None or metrics["loss"] < self.best_eval:
+            self.best_eval = metrics["loss"]
+        self._log({"step": self.step, "split": "eval", **metrics, **extra})
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path | None:
@@ -237,90 +258,122 @@ class Trainer:
             self.acc.scaler.load_state_dict(ckpt.load_torch(path / "scaler.pt"))
         if self.acc.is_main_process:
             ckpt.remove_partial_checkpoints(self.run_dir)
-        if self.acc.is_main_process and self.metrics_path.is_file():  # drop records past the checkpoint
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
-            self.metrics_path.write_text("".join(k + "\n" for k in keep))
+            from memlab.train.metrics import truncate_metrics
+
+            truncate_metrics(self.metrics_path, self.step)  # records past the checkpoint go; a torn last line too
 
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict[str, Any]:
+        """Step until ``max_steps``: log, evaluate and save on their schedules; return the run summary."""
+        if self.step >= self.cfg.max_steps:
+            raise MemlabError(f"the run already finished at step {self.step}; resume with train.max_steps=N (N > {self.step}) to extend it")
+        self.model.train()
+        bar = self._progress_bar()
+        matmul = self._reference_flops()
+        t_start = time.perf_counter()
+        self._t_window, self._examples_window, examples_total = time.perf_counter(), 0, 0
+        self._flops_window = flops_total = 0.0  # training FLOPs, each step at its own rate (curriculum phases differ)
+        while self.step < self.cfg.max_steps:
+            lr, grad_norm = self._optimizer_step()
+            step_flops = self.cfg.batch_size * self._step_flops if matmul else 0.0
+            self._examples_window += self.cfg.batch_size
+            self._flops_window += step_flops
+            examples_total += self.cfg.batch_size
+            flops_total += step_flops
+            bar.update(1)
+            self._after_step(lr, grad_norm, matmul, bar)
+        bar.close()
+        return self._summary(time.perf_counter() - t_start, examples_total, flops_total, matmul)
+
+    def _progress_bar(self):
         from tqdm.auto import tqdm
 
-        cfg = self.cfg
-        if self.step >= cfg.max_steps:
-            raise MemlabError(f"the run already finished at step {self.step}; resume with train.max_steps=N (N > {self.step}) to extend it")
-        model = self.model
-        model.train()
-        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (show and self.acc.is_main_process),
-                   desc="train", dynamic_ncols=True)
+        show = self.cfg.progress if self.cfg.progress is not None else sys.stderr.isatty()
+        return tqdm(total=self.cfg.max_steps, initial=self.step, disable=not (show and self.acc.is_main_process),
+                    desc="train", dynamic_ncols=True)
+
+    def _reference_flops(self) -> float:
+        """Matmul FLOP/s of this device, the MFU reference (0 when the setup gives no FLOPs per example)."""
+        if not self.setup.flops_per_example:
+            return 0.0
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(self.acc.mixed_precision), torch.float32)
-        size = 4096 if self.acc.device.type == "cuda" else 1024
-        matmul = measure_matmul_flops(self.acc.device, dtype, n=size) if self.setup.flops_per_example else 0.0
-        t_start = time.perf_counter()
-        t_window, examples_window = time.perf_counter(), 0
-        steps_done, examples_total = 0, 0
-        flops_window = flops_total = 0.0  # training FLOPs, at each step's own rate (curriculum phases differ)
-        sums: dict[str, float] = {}
-        weight = 0.0
-        params = [p for p in model.parameters() if p.requires_grad]
-        while self.step < cfg.max_steps:
-            for cb in self.setup.callbacks:
-                cb.on_step_start(self.step)
-            step_flops = self.setup.step_flops_per_example() if matmul else 0.0  # after the phase switch
-            micro = self._micro_batches()
-            for i, batch in enumerate(micro):
-                last = i == len(micro) - 1
-                ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else contextlib.nullcontext()
-                with ctx:
-                    with self.acc.autocast():
-                        out: StepOutput = self.setup.loss_fn(model, batch)
-                    if not torch.isfinite(out.loss):
-                        last_ck = ckpt.latest_checkpoint(self.run_dir)
-                        raise MemlabError(
-                            f"the loss became {out.loss.item()} at step {self.step}; lower train.lr or check the data "
-                            f"(last checkpoint: {last_ck or 'none'})"
-                        )
-                    self.acc.backward(out.loss / cfg.grad_accum)
-                for k, v in {"loss": out.loss, **out.metrics}.items():
-                    sums[k] = sums.get(k, 0.0) + _to_float(v) * out.weight
-                weight += out.weight
-            grad_norm = None
-            if cfg.clip_grad > 0:
-                grad_norm = self.acc.clip_grad_norm_(params, cfg.clip_grad)
-            lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
-            steps_done += 1
-            self._advance_data()
-            examples_window += cfg.batch_size
-            examples_total += cfg.batch_size
-            flops_window += cfg.batch_size * step_flops
-            flops_total += cfg.batch_size * step_flops
-            bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                m = self._reduce_mean(sums, weight)
-                dt = time.perf_counter() - t_window
-                rec = {"step": self.step, "split": "train", **m, "lr": lr,
-                       "examples_per_s": examples_window / dt, "epoch": self.epoch}
-                if grad_norm is not None:
-                    rec["grad_norm"] = _to_float(grad_norm)
-                if self.setup.tokens_per_example:
-                    rec["tokens_per_s"] = examples_window * self.setup.tokens_per_example / dt
-                if matmul:
-                    rec["mfu"] = flops_window / dt / (matmul * self.acc.num_processes)
-                    rec["flops_per_example"] = flops_window / examples_window
-                self._log(rec)
-                bar.set_postfix(loss=f"{m['loss']:.3f}")
-                sums, weight = {}, 0.0
-                t_window, examples_window, flops_window = time.perf_counter(), 0, 0.0
-            if self.step % cfg.eval_every == 0 or self.step == cfg.max_steps:
-                self._run_eval()
-            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
-                self.save()
-        bar.close()
-        wall = time.perf_counter() - t_start
+        return measure_matmul_flops(self.acc.device, dtype, n=4096 if self.acc.device.type == "cuda" else 1024)
+
+    def _optimizer_step(self) -> tuple[float, torch.Tensor | None]:
+        """One optimizer step over the accumulated micro-batches; no value is read back from the device."""
+        cfg, model = self.cfg, self.model
+        for cb in self.setup.callbacks:
+            cb.on_step_start(self.step)
+        self._step_flops = self.setup.step_flops_per_example() if self.setup.flops_per_example else 0.0  # this phase's
+        micro = self._micro_batches()
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else contextlib.nullcontext()
+            with ctx:
+                with self.acc.autocast():
+                    out: StepOutput = self.setup.loss_fn(model, batch)
+                self.acc.backward(out.loss / cfg.grad_accum)
+            self.window.add(out, self.step)
+        grad_norm = None
+        if cfg.clip_grad > 0:
+            grad_norm = self.acc.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_grad)
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._advance_data()
+        return lr, grad_norm
+
+    def _after_step(self, lr: float, grad_norm, matmul: float, bar) -> None:
+        """Log, evaluate and save when their step comes; a non-finite loss stops the run before any of them."""
+        cfg, final = self.cfg, self.step == self.cfg.max_steps
+        log = self.step % cfg.log_every == 0 or final
+        evaluate = self.step % cfg.eval_every == 0 or final
+        save = self.step % cfg.save_every == 0 or final
+        if log or evaluate or save:
+            self._stop_if_nonfinite()
+        if log:
+            self._log_train(lr, grad_norm, matmul, bar)
+        if evaluate:
+            self._run_eval()
+        if save:
+            self.save()
+
+    def _stop_if_nonfinite(self) -> None:
+        bad = self.window.first_nonfinite()
+        if bad is None:
+            return
+        step, value = bad
+        try:
+            good = ckpt.newest_intact_checkpoint(self.run_dir, warn=lambda m: None)
+        except MemlabError:
+            good = None
+        raise MemlabError(f"the loss became {value} at step {step + 1}; lower train.lr or check the data (last good "
+                          f"checkpoint: {good or 'none'}; nothing was saved after it)")
+
+    def _log_train(self, lr: float, grad_norm, matmul: float, bar) -> None:
+        m = self.window.read()
+        dt = time.perf_counter() - self._t_window
+        n = self._examples_window
+        rec = {"step": self.step, "split": "train", **m, "lr": lr, "examples_per_s": n / dt, "epoch": self.epoch}
+        if grad_norm is not None:
+            rec["grad_norm"] = float(grad_norm)
+        if self.setup.tokens_per_example:
+            rec["tokens_per_s"] = n * self.setup.tokens_per_example / dt
+        mfu = model_flops_utilization(self._flops_window, dt, matmul, self.acc.num_processes)
+        if mfu is not None:
+            rec["mfu"] = mfu
+            rec["flops_per_example"] = self._flops_window / n
+        self._log(rec)
+        bar.set_postfix(loss=f"{m['loss']:.3f}")
+        warning = self.uniform.update(self.step, m["loss"])
+        if warning and self.acc.is_main_process:
+            print(f"memlab: warning: {warning}", file=sys.stderr)
+        self.window.reset()
+        self._t_window, self._examples_window, self._flops_window = time.perf_counter(), 0, 0.0
+
+    def _summary(self, wall: float, examples_total: int, flops_total: float, matmul: float) -> dict[str, Any]:
         summary = {
             "steps": self.step,
             "wall_seconds": wall,
@@ -330,24 +383,13 @@ class Trainer:
             "processes": self.acc.num_processes,
             "device": str(self.acc.device),
             "mixed_precision": self.acc.mixed_precision,
-            "parameters": sum(p.numel() for p in self.acc.unwrap_model(model).parameters()),
+            "parameters": sum(p.numel() for p in self.acc.unwrap_model(self.model).parameters()),
             **self.setup.summary,
         }
         if self.setup.tokens_per_example and wall > 0:
             summary["tokens_per_s"] = examples_total * self.setup.tokens_per_example / wall
-        if matmul and wall > 0:
+        mfu = model_flops_utilization(flops_total, wall, matmul, self.acc.num_processes)
+        if mfu is not None:
             summary["matmul_flops_per_s"] = matmul
-            summary["mfu"] = flops_total / wall / (matmul * self.acc.num_processes)
+            summary["mfu"] = mfu
         return summary
-
-    def _run_eval(self) -> None:
-        metrics = self.evaluate()
-        if not metrics:
-            return
-        extra: dict[str, Any] = {}
-        for cb in self.setup.callbacks:
-            extra.update(cb.on_eval(self.step, metrics) or {})
-        self.last_eval = metrics
-        if self.best_eval is None or metrics["loss"] < self.best_eval:
-            self.best_eval = metrics["loss"]
-        self._log({"step": self.step, "split": "eval", **metrics, **extra})

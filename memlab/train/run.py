@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memlab.config import ExperimentConfig, save_config
+from memlab.config import ExperimentConfig, save_config, to_dict
 from memlab.errors import MemlabError
 from memlab.registry import trainable_recipe
 from memlab.train import checkpoint as ckpt
@@ -36,7 +37,7 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 # Fields that a resumed run may change: they alter neither the data order nor the model.
 RESUMABLE_OVERRIDES = ("train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every",
-                       "train.log_every", "train.keep_checkpoints", "train.progress")
+                       "train.log_every", "train.keep_checkpoints", "train.progress", "train.log_with")
 
 
 def check_resume_overrides(overrides: list[str]) -> None:
@@ -49,25 +50,29 @@ def check_resume_overrides(overrides: list[str]) -> None:
             )
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> tuple[Path | None, bool]:
-    """Create the run directory, or find the checkpoint to resume.
+def prepare_run_dir(run_dir: Path, resume: bool):
+    """Check and lock the run directory (:func:`memlab.rundir.claim`), and find the checkpoint to resume.
 
-    Returns ``(checkpoint to resume or None, whether this call created the directory)``.
+    Returns ``(checkpoint to resume or None, the claim)``. On resume, a damaged
+    newer checkpoint is named in one line and set aside (``step-N.damaged``,
+    never deleted); the run continues from the newest intact one.
     """
+    from memlab.rundir import claim
+
     if resume:
         if not (run_dir / "config.yaml").is_file():
             raise MemlabError(f"cannot resume {run_dir}: it holds no config.yaml")
-        return ckpt.latest_checkpoint(run_dir), False  # None: start over inside the same run dir
-    if run_dir.exists() and not run_dir.is_dir():
-        raise MemlabError(f"--out {run_dir} is a file, not a directory")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise MemlabError(f"run directory {run_dir} already holds files; resume it with --resume or choose --out")
-    created = not run_dir.exists()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MemlabError(f"cannot create run directory {run_dir}: {e.strerror}") from None
-    return None, created
+        lock = claim(run_dir, fresh=False)
+        try:
+            start = ckpt.newest_intact_checkpoint(
+                run_dir, warn=lambda m: print(f"memlab: warning: {m}; resuming from it", file=sys.stderr))
+            if start is not None:
+                ckpt.set_aside_newer(run_dir, start)
+        except BaseException:
+            lock.release()
+            raise
+        return start, lock  # None: start over inside the same run dir
+    return None, claim(run_dir, fresh=True)
 
 
 def _broadcast(state, obj: Any) -> Any:
@@ -80,30 +85,47 @@ def _broadcast(state, obj: Any) -> Any:
     return box[0]
 
 
-def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train ``cfg`` into ``run_dir``; with ``resume``, continue from its latest checkpoint.
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    tmp = run_dir / f"summary.json.tmp{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, run_dir / "summary.json")
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise MemlabError(ckpt.save_failure(run_dir, "summary.json", e)) from None
 
-    On a fresh start the directory is created here and removed again if the
-    setup fails before training (so a corrected command can reuse it); the
-    resolved config is written once the setup has succeeded.
+
+def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` into ``run_dir``; with ``resume``, continue from its newest intact checkpoint.
+
+    On a fresh start the directory is created and locked here, before any
+    compute, and removed again if the setup fails before training (so a
+    corrected command can reuse it); the resolved config is written once the
+    setup has succeeded. The lock is held until the run ends.
     """
     from accelerate import PartialState
 
+    from memlab import tracking
     from memlab.train.loop import Trainer, use_cpu
 
+    trackers = tracking.parse_log_with(cfg.train.log_with)
+    tracking.check_available(trackers)
     state = PartialState(cpu=use_cpu(cfg.train))
     run_dir = Path(_broadcast(state, str(run_dir if run_dir is not None else default_run_dir(cfg))))
-    err, start, created = None, None, False
+    err, start, lock = None, None, None
     if state.is_main_process:
         try:
-            start, created = prepare_run_dir(run_dir, resume)
+            start, lock = prepare_run_dir(run_dir, resume)
         except MemlabError as e:
             err = str(e)
     err = _broadcast(state, err)
     if err is not None:
         raise MemlabError(err)
-    if not state.is_main_process:
-        start = ckpt.latest_checkpoint(run_dir) if resume else None
+    if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
+        name = _broadcast(state, str(start) if start is not None else "")
+        start = Path(name) if name else None
+    created = lock is not None and lock.created
+    tracker = None
     try:
         seed_everything(cfg.train.seed)
         recipe = trainable_recipe(cfg.recipe)
@@ -114,19 +136,40 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
             trainer.resume(start)
         elif resume and state.is_main_process:  # killed before its first checkpoint: start over cleanly
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        if state.is_main_process:
+            try:
+                save_config(cfg, run_dir / "config.yaml")
+            except OSError as e:
+                raise MemlabError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror}") from None
+            if trackers:
+                tracker = tracking.start(trackers, run_dir, cfg.name, config=to_dict(cfg),
+                                         resume_step=trainer.step if resume else None)
+                trainer.tracker = tracker
     except BaseException:
-        if created and state.is_main_process:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    if state.is_main_process:
-        save_config(cfg, run_dir / "config.yaml")
-    summary = trainer.train()
-    summary.update({"name": cfg.name, "recipe": cfg.recipe, "family": cfg.model.family, "run_dir": str(run_dir)})
-    if trainer.acc.is_main_process:
-        tmp = run_dir / f"summary.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, run_dir / "summary.json")
-        from memlab.plots import plot_metrics
+        if lock is not None:
+            lock.release()
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            elif not resume:  # a pre-existing empty folder: leave it empty
+                from memlab.rundir import LOCK_NAME
 
-        plot_metrics(run_dir / "metrics.jsonl", run_dir / "plots")
+                (run_dir / LOCK_NAME).unlink(missing_ok=True)
+        raise
+    try:
+        summary = trainer.train()
+        summary.update({"name": cfg.name, "recipe": cfg.recipe, "family": cfg.model.family, "run_dir": str(run_dir)})
+        from memlab.data.views import split_description
+
+        if split_description(cfg.data):
+            summary["data_split"] = split_description(cfg.data)
+        if trainer.acc.is_main_process:
+            _write_summary(run_dir, summary)
+            from memlab.plots import plot_metrics
+
+            plot_metrics(run_dir / "metrics.jsonl", run_dir / "plots")
+    finally:
+        if tracker is not None:
+            tracker.finish()
+        if lock is not None:
+            lock.release()
     return summary

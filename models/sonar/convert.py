@@ -20,6 +20,7 @@ Three sources:
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -134,8 +135,57 @@ def convert_hf_port(state_dict: Mapping, part: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def known_heads() -> dict[int, int]:
+    """Width -> attention heads of the published SONAR configurations (memlab's presets other than ``toy``)."""
+    from memlab.models.sonar.configuration_sonar import PRESETS
+
+    return {p["d_model"]: p["encoder_attention_heads"] for name, p in PRESETS.items() if name != "toy"}
+
+
+HEAD_KEYS = ("num_heads", "encoder_attention_heads", "num_attention_heads", "model_num_heads", "num_encoder_attn_heads")
+
+
+def heads_beside(weights_path: str) -> int | None:
+    """The head count written beside a checkpoint: ``config.json`` (a heads key) or a fairseq2 asset card
+    (``*.yaml`` with ``num_heads`` or ``model_arch: basic``) in the same folder; None when there is none."""
+    import json
+
+    import yaml
+
+    folder = Path(weights_path).parent
+    cards: list[dict] = []
+    if (folder / "config.json").is_file():
+        try:
+            cards.append(json.loads((folder / "config.json").read_text()))
+        except ValueError:
+            raise ModelError(f"{folder / 'config.json'} is not valid JSON") from None
+    for card in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")):
+        try:
+            data = yaml.safe_load(card.read_text())
+        except yaml.YAMLError:
+            continue
+        if isinstance(data, dict):
+            cards.append(data)
+    from memlab.models.sonar.configuration_sonar import PRESETS
+
+    for c in cards:
+        for k in HEAD_KEYS:
+            if isinstance(c.get(k), int) and c[k] > 0:
+                return c[k]
+        arch = c.get("model_arch")
+        if isinstance(arch, str) and arch in PRESETS and arch != "toy":
+            return PRESETS[arch]["encoder_attention_heads"]
+    return None
+
+
 def config_from_state_dict(sd: Mapping[str, torch.Tensor], **overrides) -> dict:
-    """Sizes of a converted (memlab-keyed) state dict, as SonarConfig kwargs; heads cannot be read off weights."""
+    """Sizes of a converted (memlab-keyed) state dict, as SonarConfig kwargs.
+
+    Heads cannot be read off the weights: ``num_heads`` (given, or read from a
+    card beside the weights by the caller) is used, else the head count of the
+    published SONAR configuration of that width (:func:`known_heads`); any
+    other width without ``num_heads`` is refused.
+    """
     cfg: dict = {}
     for part in ("encoder", "decoder"):
         emb = sd.get(f"{part}.embed_tokens.weight")
@@ -148,7 +198,12 @@ def config_from_state_dict(sd: Mapping[str, torch.Tensor], **overrides) -> dict:
             cfg[f"{part}_ffn_dim"] = sd[f"{part}.layers.0.fc1.weight"].shape[0]
     if "d_model" not in cfg:
         raise ModelError("no embedding found in the state dict")
-    heads = overrides.pop("num_heads", None) or max(1, cfg["d_model"] // 64)
+    heads = overrides.pop("num_heads", None) or known_heads().get(cfg["d_model"])
+    if heads is None:
+        known = ", ".join(f"{d} ({h} heads)" for d, h in known_heads().items())
+        raise ModelError(f"SONAR width d_model={cfg['d_model']} is not a known SONAR configuration (known: {known}) and "
+                         "the head count is not stored in the weights: pass num_heads=N, or put a config.json with "
+                         "num_heads beside the checkpoint")
     cfg.setdefault("encoder_attention_heads", heads)
     cfg.setdefault("decoder_attention_heads", heads)
     cfg.update(overrides)

@@ -27,11 +27,11 @@ from memlab.models.sonar.configuration_sonar import SonarConfig
 _ACT = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
-def sinusoidal_positions(length: int, dim: int, offset: int, device=None) -> torch.Tensor:
+def sinusoidal_positions(length: int, dim: int, offset: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """fairseq's sinusoidal table for steps ``offset .. offset + length - 1``: ``(length, dim)``, sin | cos halves."""
     half = dim // 2
-    steps = torch.arange(offset, offset + length, device=device, dtype=torch.float32)  # (S,)
-    idx = torch.arange(half, device=device, dtype=torch.float32)
+    steps = torch.arange(offset, offset + length, device=device, dtype=dtype)  # (S,)
+    idx = torch.arange(half, device=device, dtype=dtype)
     freqs = torch.exp(idx * -math.log(10000.0) / (half - 1))  # (D/2,)
     ang = torch.outer(steps, freqs)  # (S, D/2)
     return torch.cat([ang.sin(), ang.cos()], dim=-1)  # (S, D)
@@ -146,8 +146,9 @@ class _Stack(nn.Module):
         if start + ids.shape[1] > self.max_len:
             raise ModelError(f"SONAR takes at most {self.max_len} tokens (special tokens included), got {start + ids.shape[1]}")
         x = self.embed_tokens(ids) * self.scale  # (B, T, D)
-        pos = sinusoidal_positions(ids.shape[1], x.shape[-1], self.offset + start, ids.device)  # (T, D)
-        return self.drop((x.float() + pos).type_as(x))
+        dt = torch.promote_types(x.dtype, torch.float32)  # float32 for half precisions, the model's own in float64
+        pos = sinusoidal_positions(ids.shape[1], x.shape[-1], self.offset + start, ids.device, dt)  # (T, D)
+        return self.drop((x.to(dt) + pos).type_as(x))
 
 
 class SonarEncoder(_Stack):

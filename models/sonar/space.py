@@ -149,8 +149,9 @@ def _tokenizer(spec, fallback: str | None):
 
 def from_fairseq2(encoder_path: str, decoder_path: str, tokenizer=None, num_heads: int | None = None, **cfg_overrides) -> SonarSpace:
     """Official fairseq2 checkpoints (``.pt``, read with ``weights_only=True``) -> a memlab SONAR space."""
-    from memlab.models.sonar.convert import config_from_state_dict, convert_fairseq2, load_checkpoint_file
+    from memlab.models.sonar.convert import config_from_state_dict, convert_fairseq2, heads_beside, load_checkpoint_file
 
+    num_heads = num_heads or heads_beside(encoder_path)  # explicit, else a config.json / asset card beside the weights
     sd = {**convert_fairseq2(load_checkpoint_file(encoder_path), "encoder"),
           **convert_fairseq2(load_checkpoint_file(decoder_path), "decoder")}
     return _build(sd, config_from_state_dict(sd, num_heads=num_heads, **cfg_overrides), _tokenizer(tokenizer, None))

@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
     p.add_argument("--no-control", action="store_true", help="skip the control decoder")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
-    p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP)")
+    p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP); must be new or empty")
+    p.add_argument("--log-with", help="also log the report to trackers: tensorboard, wandb, mlflow (comma-separated)")
     p.add_argument("overrides", nargs="*", help="option overrides key=value (e.g. prefix_len=8)")
     p.set_defaults(func=run)
 
@@ -61,7 +62,15 @@ def run(args) -> int:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(opts.model).name or opts.model)
     out = Path(args.out) if args.out else Path("runs") / f"probe-{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.log_with:
+        from memlab.tracking import check_available, parse_log_with
+
+        check_available(parse_log_with(args.log_with))
     report = run_probe(opts, out)
+    if args.log_with:
+        from memlab.tracking import log_report
+
+        log_report(report, out, args.log_with, name=f"probe-{safe}")
     print(format_summary(report))
     print(f"run: {out}")
     return 0
