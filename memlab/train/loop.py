@@ -24,7 +24,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
-from memlab.train.metrics import MetricWindow, UniformWatch
+from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
@@ -77,8 +77,6 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float3
         if device.type == "cuda":
             torch.cuda.synchronize()
     return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
 
 
 def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
@@ -201,10 +199,7 @@ class Trainer:
                 windows.setdefault(name, MetricWindow(self.acc)).add(out, self.step)
         if windows and "loss" not in windows:
             raise MemlabError("the recipe's eval_step_fn gave no 'loss' group")
-        metrics: dict[str, float] = {}
-        for name, window in windows.items():  # the loss group first: later groups replace its same-named metrics
-            m = window.read()
-            metrics.update(m if name == "loss" else {k: v for k, v in m.items() if k != "loss"})
+        metrics = read_groups(windows)
         if self.setup.eval_fn is not None:
             metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), iter(batches)))
         model.train()
