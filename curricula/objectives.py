@@ -317,6 +317,7 @@ class ObjectiveEvaluation:
         need = any(o.uses_memory for o in self.objectives) or (train.uses_memory and train.whole_batch())
         mem = memories_for(model, batch) if need else None
         out, done = train.step(model, batch, mem)
+        done = {} if model.training else done  # a training-mode objective (memory mixtures) differs from the plain one
         groups = {"loss": out}
         for o in self.objectives:
             loss, acc, n = done[o.name] if o.name in done else o.decode_loss(model, batch, mem)
