@@ -53,18 +53,22 @@ def blank_targets(model, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[
     return torch.full_like(dec, _cfg_ids(model)[3]), labels
 
 
-def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Mean CE over targets != -100, token accuracy, number of targets."""
+Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Mean CE, token accuracy and number of targets of one batch: three scalars on the batch's device."""
+
+
+def token_stats(logits: torch.Tensor, labels: torch.Tensor) -> Stats:
+    """Mean CE over targets != -100, token accuracy, number of targets (nothing is read back to the host)."""
     total, correct, n = logits_cross_entropy(logits, labels)
     return _means(total, correct, n)
 
 
-def _means(total: torch.Tensor, correct: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+def _means(total: torch.Tensor, correct: torch.Tensor, n: torch.Tensor) -> Stats:
     den = n.clamp(min=1)
-    return total / den, correct / den, float(n.item())
+    return total / den, correct / den, n
 
 
-def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str) -> Stats:
     """:func:`token_stats` of the decoder's logits; a model with ``decode_features``/``output_head`` runs its head
     block by block (:func:`memlab.losses.linear_cross_entropy`: same values, no full logits tensor)."""
     if not hasattr(model, "decode_features"):
@@ -119,18 +123,31 @@ class Objective:
     def targets(self, model, ids, mask):
         return shifted_targets(model, ids, mask)
 
-    def decode_loss(self, model, batch: dict, memories) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def decode_loss(self, model, batch: dict, memories) -> Stats:
         ids, mask = _ids(batch)
         dec, labels = self.targets(model, ids, mask)
         return decoder_stats(model, memories if self.uses_memory else None, dec, labels, self.mode)
 
-    def __call__(self, model, batch: dict, memories=None) -> StepOutput:
+    def whole_batch(self) -> bool:
+        """True when this objective reads the batch as it is (no ``length`` cut), so it can share the batch's
+        memories with other objectives (one encoder pass per batch in evaluation)."""
+        return not self.length
+
+    def step(self, model, batch: dict, memories=None) -> tuple[StepOutput, dict[str, Stats]]:
+        """The StepOutput, and the :data:`Stats` of every plain objective computed on the whole batch on the
+        way, by name (evaluation reads them instead of computing them again). ``memories``: the whole
+        batch's, used only when :meth:`whole_batch`."""
+        memories = memories if self.whole_batch() else None
         batch = self.batch_view(batch)
         if memories is None and self.uses_memory:
             memories = memories_for(model, batch)
-        loss, acc, n = self.decode_loss(model, batch, memories)
-        return StepOutput(loss=loss, metrics={"token_accuracy": acc, f"{self.name}_loss": loss,
-                                              f"{self.name}_accuracy": acc}, weight=n)
+        loss, acc, n = stats = self.decode_loss(model, batch, memories)
+        out = StepOutput(loss=loss, metrics={"token_accuracy": acc, f"{self.name}_loss": loss,
+                                             f"{self.name}_accuracy": acc}, weight=n)
+        return out, ({self.name: stats} if self.whole_batch() else {})
+
+    def __call__(self, model, batch: dict, memories=None) -> StepOutput:
+        return self.step(model, batch, memories)[0]
 
     decoder_passes = 1
 
@@ -173,7 +190,7 @@ class OwnMemory(Objective):
         w = torch.where((torch.rand(n, device=device) < self.mix)[:, None], w, own)
         return torch.stack(parts, 1), w
 
-    def decode_loss(self, model, batch: dict, memories) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def decode_loss(self, model, batch: dict, memories) -> Stats:
         if not (self.mix and model.training):
             return super().decode_loss(model, batch, memories)
         ids, mask = _ids(batch)
@@ -195,7 +212,7 @@ class OwnMemory(Objective):
             ce = -logp.gather(-1, y.clamp(min=0)[..., None])[..., 0]  # (N, L)
             num = num + (w[:, j, None] * keep * ce).sum()
             den = den + (w[:, j, None] * keep).sum()
-        return num / den.clamp(min=1e-6), acc, float(own.sum().item())
+        return num / den.clamp(min=1e-6), acc, own.sum()
 
 
 class Copy(OwnMemory):
@@ -246,19 +263,26 @@ class Combined(Objective):
         self.weight = float(weight)
         self.ntp, self.copy = NextToken(), OBJECTIVES.get(copy)(length=copy_length)
 
-    def __call__(self, model, batch: dict, memories=None) -> StepOutput:
+    def step(self, model, batch: dict, memories=None) -> tuple[StepOutput, dict[str, Stats]]:
+        memories = memories if self.whole_batch() else None
         batch = self.batch_view(batch)
         memories = memories if memories is not None else memories_for(model, batch)
-        l_ntp, a_ntp, n = self.ntp.decode_loss(model, batch, memories)
+        l_ntp, a_ntp, n = ntp = self.ntp.decode_loss(model, batch, memories)
         if self.copy.length:
             short = self.copy.batch_view(batch)  # the chunks' first copy_length tokens, encoded on their own
-            l_cp, a_cp, _ = self.copy.decode_loss(model, short, memories_for(model, short))
+            l_cp, a_cp, _ = cp = self.copy.decode_loss(model, short, memories_for(model, short))
         else:
-            l_cp, a_cp, _ = self.copy.decode_loss(model, batch, memories)
+            l_cp, a_cp, _ = cp = self.copy.decode_loss(model, batch, memories)
         c = self.copy.name
-        return StepOutput(loss=l_ntp + self.weight * l_cp, weight=n, metrics={
+        out = StepOutput(loss=l_ntp + self.weight * l_cp, weight=n, metrics={
             "token_accuracy": a_ntp, "next_token_loss": l_ntp, "next_token_accuracy": a_ntp,
             f"{c}_loss": l_cp, f"{c}_accuracy": a_cp})
+        parts = {}
+        if self.whole_batch():
+            parts["next_token"] = ntp
+            if not self.copy.length:
+                parts[c] = cp
+        return out, parts
 
 
 for _cls in (NextToken, Copy, BlankCopy, CausalLM, Combined):
@@ -274,20 +298,51 @@ def make_objective(name: str, **kwargs) -> Objective:
         raise MemlabError(f"objective '{name}' does not take these options: {', '.join(kwargs)} ({e})") from None
 
 
+class ObjectiveEvaluation:
+    """One evaluation pass of a memory model per batch (the recipe's ``TrainSetup.eval_step_fn``): the
+    training objective's StepOutput (``loss`` and its metrics) and the loss and accuracy of every
+    objective in ``names``, from one encoder call per batch; an objective the training objective already
+    ran on the whole batch is not run again. The values equal those of the loss function followed by
+    :func:`evaluate_objectives` on the same batches.
+
+    ``loss_objective``: a function returning the objective that trains now (a curriculum's changes)."""
+
+    def __init__(self, loss_objective, names=("blank_copy", "copy", "next_token")):
+        self.loss_objective = loss_objective
+        self.objectives = [make_objective(n) for n in names]
+
+    @torch.no_grad()
+    def __call__(self, model, batch: dict) -> dict[str, StepOutput]:
+        train = self.loss_objective()
+        need = any(o.uses_memory for o in self.objectives) or (train.uses_memory and train.whole_batch())
+        mem = memories_for(model, batch) if need else None
+        out, done = train.step(model, batch, mem)
+        done = {} if model.training else done  # a training-mode objective (memory mixtures) differs from the plain one
+        groups = {"loss": out}
+        for o in self.objectives:
+            loss, acc, n = done[o.name] if o.name in done else o.decode_loss(model, batch, mem)
+            groups[o.name] = StepOutput(loss=loss, metrics={f"{o.name}_loss": loss, f"{o.name}_accuracy": acc}, weight=n)
+        return groups
+
+
 @torch.no_grad()
 def evaluate_objectives(model, batches, names=("blank_copy", "copy", "next_token")) -> dict[str, float]:
-    """Mean loss and token accuracy of each named objective over ``batches`` (target-weighted)."""
+    """Mean loss and token accuracy of each named objective over ``batches`` (target-weighted); the sums stay on
+    the device and are read once at the end."""
     objs = [make_objective(n) for n in names]
-    sums = {o.name: [0.0, 0.0, 0.0] for o in objs}
+    sums: dict[str, torch.Tensor] = {}
     for batch in batches:
         mem = memories_for(model, batch) if any(o.uses_memory for o in objs) else None
         for o in objs:
             loss, acc, n = o.decode_loss(model, batch, mem)
-            s = sums[o.name]
-            s[0] += loss.item() * n
-            s[1] += acc.item() * n
-            s[2] += n
+            n = n.double()
+            s = torch.stack([loss.double() * n, acc.double() * n, n])  # (3,)
+            sums[o.name] = sums[o.name] + s if o.name in sums else s
+    if not sums:
+        return {o.name + k: 0.0 for o in objs for k in ("_loss", "_accuracy")}
+    names_ = list(sums)
+    vals = torch.stack([sums[k] for k in names_]).tolist()  # (O, 3): one read
     out = {}
-    for name, (l, a, n) in sums.items():
+    for name, (l, a, n) in zip(names_, vals):
         out[f"{name}_loss"], out[f"{name}_accuracy"] = l / max(n, 1), a / max(n, 1)
     return out

@@ -32,15 +32,14 @@ def default_block_rows(vocab: int) -> int:
     return max(256, (4 << 20) // (4 * max(vocab, 1)))
 
 
-def _argmax_hits(p: torch.Tensor, py: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``p.argmax(-1) == y`` for probabilities ``p (r, V)`` with ``py = p[:, y]``, through the vectorised ``amax``
-    (a tenth of ``argmax``'s cost); rows whose maximum is tied fall back to ``argmax`` (first index wins)."""
+def _argmax_hits(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``p.argmax(-1) == y`` for probabilities ``p (r, V)`` through vectorised ``amax``/``amin`` (a fraction of
+    ``argmax``'s cost; a tied maximum goes to its first index, as with ``argmax``), with no value read back
+    to the host. Also returns the maximum ``(r,)`` and its first index ``(r,)``."""
     top = p.amax(-1)  # (r,)
-    hit = py >= top
-    tied = hit & ((p == top[:, None]).sum(-1) > 1)
-    if tied.any():
-        hit[tied] = p[tied].argmax(-1) == y[tied]
-    return hit
+    cols = torch.arange(p.shape[-1], device=p.device, dtype=torch.int32)  # (V,)
+    first = torch.where(p == top[:, None], cols, p.shape[-1]).amin(-1)  # (r,) first index of the maximum
+    return first == y, top, first.clamp(max=p.shape[-1] - 1)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -62,12 +61,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             yk = torch.where(keep, y, torch.zeros_like(y))
             p = torch.softmax(logits, -1)  # (r, V) one fused pass (max, exp, sum)
             py = p.gather(1, yk[:, None])[:, 0]  # (r,)
-            ce = -py.clamp(min=_TINY).log()
-            low = py < _TINY  # the target's probability underflowed: exact value from the logits
-            if low.any():
-                ce[low] = torch.logsumexp(logits[low], -1) - logits[low].gather(1, yk[low][:, None])[:, 0]
+            hit, top, first = _argmax_hits(p, y)
+            # where the target's probability underflowed, the exact value from the logits: the log-sum-exp is
+            # the top logit minus the log of its probability (>= 1/V, never underflows); no branch, no sync
+            lse = logits.gather(1, first[:, None].long())[:, 0] - top.log()  # (r,)
+            ce = torch.where(py < _TINY, lse - logits.gather(1, yk[:, None])[:, 0], -py.clamp(min=_TINY).log())
             total += (ce * keep).sum()
-            correct += (_argmax_hits(p, py, y) & keep).sum()
+            correct += (hit & keep).sum()
             if gh is None and gw is None and gb is None:
                 continue
             p[torch.arange(p.shape[0], device=p.device), yk] -= 1.0

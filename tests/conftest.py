@@ -37,6 +37,24 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts reads of a tensor's value back to the host (``item``, ``tolist``, ``float()``, ``bool()``, as in an
+    ``if``): ``host_reads["n"]``, set it to 0 before the code under test. On an accelerator each is a sync."""
+    import torch
+
+    reads = {"n": 0}
+    for name in ("item", "tolist", "__float__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            reads["n"] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> Path:
     """Two short 'novels' cut from the bundled Austen text, with chapter headings: a fast local corpus."""

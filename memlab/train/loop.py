@@ -24,7 +24,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
-from memlab.train.metrics import MetricWindow, UniformWatch
+from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
@@ -77,8 +77,6 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float3
         if device.type == "cuda":
             torch.cuda.synchronize()
     return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
 
 
 def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
@@ -184,17 +182,24 @@ class Trainer:
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss metrics over the evaluation batches, plus the recipe's ``eval_fn`` on the same (collated once) batches."""
+        """Loss metrics over the evaluation batches (the recipe's ``eval_step_fn`` when it gives one, else
+        ``loss_fn``), plus the recipe's ``eval_fn`` on the same (collated once) batches."""
         if self.setup.eval_data is None:
             return {}
         model = self.model
         model.eval()
         batches = list(self.eval_batches())  # collated and moved once, read by the loss and by eval_fn
-        window = MetricWindow(self.acc)
+        step_fn = self.setup.eval_step_fn
+        windows: dict[str, MetricWindow] = {}
         for batch in batches:
             with self.acc.autocast():
-                window.add(self.setup.loss_fn(model, batch), self.step)
-        metrics = window.read()
+                groups = (step_fn(self.acc.unwrap_model(model), batch) if step_fn is not None
+                          else {"loss": self.setup.loss_fn(model, batch)})
+            for name, out in groups.items():
+                windows.setdefault(name, MetricWindow(self.acc)).add(out, self.step)
+        if windows and "loss" not in windows:
+            raise MemlabError("the recipe's eval_step_fn gave no 'loss' group")
+        metrics = read_groups(windows)
         if self.setup.eval_fn is not None:
             metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), iter(batches)))
         model.train()

@@ -113,6 +113,16 @@ class MetricWindow:
         return {k: vals[i] / w for i, k in enumerate(keys)}
 
 
+def read_groups(windows: dict[str, MetricWindow]) -> dict[str, float]:
+    """The metrics of an evaluation's windows (``TrainSetup.eval_step_fn`` groups): all of group ``loss``, then
+    every other group's metrics but its loss, in order, replacing same-named ones."""
+    metrics: dict[str, float] = {}
+    for name, window in windows.items():
+        m = window.read()
+        metrics.update(m if name == "loss" else {k: v for k, v in m.items() if k != "loss"})
+    return metrics
+
+
 class UniformWatch:
     """Warns once when the training loss sits at ln V, a uniform prediction over the vocabulary.
 

@@ -57,7 +57,16 @@ class TrainSetup:
     """``loss_fn(model, batch) -> StepOutput``; used for training and (under no_grad) for evaluation."""
     collate_fn: Callable | None = None
     eval_fn: Callable[[torch.nn.Module, Any], dict[str, float]] | None = None
-    """Optional extra evaluation ``eval_fn(model, eval_batches) -> metrics`` (e.g. generation metrics)."""
+    """Optional extra evaluation ``eval_fn(model, eval_batches) -> metrics`` (e.g. generation metrics), run after
+    the loss pass over the same batches; its metrics replace loss metrics of the same name."""
+    eval_step_fn: Callable[[torch.nn.Module, dict], dict[str, StepOutput]] | None = None
+    """Optional evaluation of one batch that replaces the loop's own loss pass, for a recipe whose evaluation
+    metrics share work with its loss (a memory model's objectives share one encoder pass):
+    ``eval_step_fn(model, batch) -> {group: StepOutput}``. Group ``"loss"`` is required and is logged as
+    ``loss_fn``'s output would be (``loss`` and its metrics); every other group's metrics (not its loss) are
+    averaged over the batches with that group's own weights and, in the order given, replace same-named
+    metrics. Called under no_grad and autocast with the unwrapped model; nothing in it should read a device
+    value back (the loop reads every sum once per evaluation)."""
     callbacks: list[Callback] = field(default_factory=list)
     tokenizer: Any = None
     """Saved beside the model in every checkpoint."""

@@ -35,7 +35,7 @@ class LCMLoss:
         valid, ids, tmask = next_sentence_targets(batch, self.handle.tokenizer.pad_token_id or 0)  # (B, S-1), (N, L)
         out = model(inp, mask, targets=target, target_mask=valid)
         metrics: dict = {}
-        n_tokens = float(tmask.sum())
+        n_tokens = tmask.sum()  # a device scalar: the loop averages with it without reading it back
         if not model.training:  # the shared yardstick: decoder CE of the model's next-sentence embedding
             z = (model.sample(inp, mask, all_positions=True) if self.diffusion else out.predictions)[valid]  # (N, E)
             total, correct, count = decoder_cross_entropy(self.handle.space, self.handle.shape, z, ids, tmask)

@@ -23,6 +23,7 @@ single prefix vector.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -77,11 +78,13 @@ class MemoryEncoder(nn.Module):
         n, t = input_ids.shape
         if t > self.cfg.chunk_len:
             raise ModelError(f"a chunk of {t} tokens does not fit the encoder (chunk_len={self.cfg.chunk_len})")
+        # no mask given (chunks): none in attention either; a given mask is used as it is (asking whether it is
+        # all ones would read it back from the device at every batch)
+        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (N, 1, 1, T) keys
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         keep = attention_mask.bool()  # (N, T)
         x = self.embed(input_ids) + self.pos.weight[:t]  # (N, T, D)
-        attn_mask = keep[:, None, None, :] if not bool(keep.all()) else None  # (N, 1, 1, T) keys
         for layer in self.layers:
             x = layer(x, mask=attn_mask, pad=keep)
         x = self.norm(x)  # (N, T, D)
@@ -234,7 +237,7 @@ class MemoryDecoder(nn.Module):
         causal = torch.ones(length, length, dtype=torch.bool, device=tok.device).tril()  # (L, L)
         tok_part = torch.zeros(length, length, dtype=tok.dtype, device=tok.device).masked_fill(~causal, float("-inf"))
         groups = []  # rows c0:c1 need only the slots of chunks < c1 - 1: skip keys no row of a group sees
-        bounds = torch.linspace(0, c, min(c, self.SLOT_GROUPS) + 1).round().long().tolist()
+        bounds = _group_bounds(c, min(c, self.SLOT_GROUPS))
         for c0, c1 in zip(bounds[:-1], bounds[1:]):
             s = (c1 - 1) * k
             mask = torch.empty(c1 - c0, h, length, s + length, dtype=tok.dtype, device=tok.device)  # (G, H, L, s + L)
@@ -245,6 +248,12 @@ class MemoryDecoder(nn.Module):
         for layer in self.layers:
             x, slots = layer.forward_with_slots(x, slots, groups)
         return apply_head(x, self.norm, weight, logits_to_keep)  # (B, C, L, V), (B, n, V) or features (B, C, L, d)
+
+
+@lru_cache(maxsize=None)
+def _group_bounds(chunks: int, groups: int) -> list[int]:
+    """Chunk rows ``0..chunks`` cut into ``groups`` near-equal groups: the bounds, computed once per shape."""
+    return torch.linspace(0, chunks, groups + 1).round().long().tolist()
 
 
 def add_memory_noise(memories: torch.Tensor, sigma: float, sampling: str = "fixed") -> torch.Tensor:

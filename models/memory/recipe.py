@@ -225,7 +225,7 @@ class MemoryRecipe:
         return CURRICULA.get(opts.curriculum)(spec)
 
     def setup(self, cfg, run_dir: Path) -> TrainSetup:
-        from memlab.curricula.objectives import evaluate_objectives, make_objective
+        from memlab.curricula.objectives import ObjectiveEvaluation, make_objective
 
         opts: MemoryOptions = cfg.options or MemoryOptions()
         if opts.view not in ("chunks", "sentences"):
@@ -249,7 +249,7 @@ class MemoryRecipe:
             train_data=data.train,
             eval_data=data.val,
             loss_fn=schedule,
-            eval_fn=lambda m, batches: evaluate_objectives(m, batches, evals),
+            eval_step_fn=ObjectiveEvaluation(lambda: schedule.objective, evals),
             callbacks=[schedule],
             tokenizer=tok,
             tokens_per_example=shape.chunks * shape.chunk_len,

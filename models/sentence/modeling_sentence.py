@@ -106,6 +106,12 @@ class SentenceBackbone(nn.Module):
         if embeddings.shape[1] > max_pos:
             raise ModelError(f"{embeddings.shape[1]} sentences, more than the model allows (max_position_embeddings={max_pos})")
         x = self.in_proj(self.normalizer.normalize(embeddings.to(self.in_proj.weight.dtype)))  # (B, S, H)
+        if attention_mask is not None and attention_mask.dim() == 2 and self.decoder.config._attn_implementation == "sdpa":
+            # the causal padding mask made here: from a 2-D mask transformers would first ask whether it is all
+            # ones, reading it back from the device at every batch
+            s = x.shape[1]
+            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()  # (S, S)
+            attention_mask = causal & attention_mask.bool()[:, None, None, :]  # (B, 1, S, S)
         return self.decoder(inputs_embeds=x, attention_mask=attention_mask).last_hidden_state  # (B, S, H)
 
 

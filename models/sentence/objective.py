@@ -30,13 +30,13 @@ def decoder_cross_entropy(space, shape: list[int], z: torch.Tensor, ids: torch.T
     in chunks of ``chunk`` sentences."""
     total = z.new_zeros((), dtype=torch.float32)
     correct = z.new_zeros((), dtype=torch.float32)
-    count = 0
+    count = z.new_zeros((), dtype=torch.float32)  # kept on the device: nothing is read back per batch
     for a in range(0, z.shape[0], chunk):
         dec_in, labels = space.decoder_inputs(ids[a : a + chunk], mask[a : a + chunk])  # (n, T'), (n, T')
         zz = z[a : a + chunk]
         t, c, n = decoder_token_stats(space, zz.reshape(zz.shape[0], *shape), dec_in, labels)
-        total, correct, count = total + t, correct + c, count + int(n)
-    return total, correct, torch.tensor(float(count))
+        total, correct, count = total + t, correct + c, count + n.to(count.device)
+    return total, correct, count
 
 
 def select_targets(next_input_ids: torch.Tensor, next_token_mask: torch.Tensor, pad_id: int,

@@ -32,7 +32,7 @@ class SonarLLMLoss:
         cos = F.cosine_similarity(out.predictions[valid].detach().float(), batch["embeddings"][:, 1:][valid].float(), dim=-1)
         n = out.num_tokens.clamp(min=1)
         return StepOutput(loss=out.loss, metrics={"token_accuracy": out.correct_tokens / n, "cosine": cos.mean()},
-                          weight=float(out.num_tokens))
+                          weight=out.num_tokens)  # a device scalar, never read back here
 
 
 class SonarLLMRecipe(SentenceRecipe):
