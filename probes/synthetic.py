@@ -2,8 +2,9 @@
 
 ``memlab probe --model synthetic:NAME[:TOKENIZER_DIR]`` probes one like any model:
 
-* ``concat``: each token id has a fixed random code (``code_dim`` Gaussian
-  numbers, seeded); the chunk's embedding is the concatenation of its tokens'
+* ``concat``: each token id has a fixed random code (``code_dim`` = 32
+  Gaussian numbers scaled to unit length, seeded: wide enough that a linear
+  read-out tells 4096 codes apart); the chunk's embedding is the concatenation of its tokens'
   codes, position by position (zero-padded to ``max_len`` positions). Fully
   invertible: a working probe rebuilds every token.
 * ``bag``: the mean of the tokens' codes (``bag_dim`` numbers each). The set
@@ -36,7 +37,7 @@ class SyntheticEncoder:
     pool = "synthetic"
     layer = None
 
-    def __init__(self, kind: str, tokenizer, max_len: int = 64, code_dim: int = 16, bag_dim: int = 512,
+    def __init__(self, kind: str, tokenizer, max_len: int = 64, code_dim: int = 32, bag_dim: int = 512,
                  seed: int = 0):
         if kind not in KINDS:
             raise ModelError(f"unknown synthetic encoder '{kind}'; use synthetic:{', synthetic:'.join(KINDS)}")
@@ -47,7 +48,8 @@ class SyntheticEncoder:
         self.code_dim = int(code_dim if kind == "concat" else bag_dim)
         gen = torch.Generator().manual_seed(seed)
         v = len(tokenizer)
-        self.codes = torch.randn(v, self.code_dim, generator=gen)  # (V, c): one fixed random code per token id
+        codes = torch.randn(v, self.code_dim, generator=gen)  # (V, c): one fixed random code per token id
+        self.codes = codes / codes.norm(dim=1, keepdim=True)  # unit length: every code is as loud as any other
         self.dim = self.max_length * self.code_dim if kind == "concat" else (8 if kind == "constant" else self.code_dim)
 
     def describe(self) -> dict:
