@@ -77,6 +77,10 @@ class ProbeOptions:
     """Decoder blocks."""
     num_heads: int = 4
     """Decoder attention heads."""
+    bag_head: bool = False
+    """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
+    cond_dropout: float = 0.0
+    """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
     epochs: float = 8.0
     """Most passes of the decoder over the cached training embeddings (early stopping may end sooner)."""
     val_fraction: float = 0.1

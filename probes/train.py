@@ -141,7 +141,8 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
     cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
                              max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
-                             inputs=opts.inputs)
+                             inputs=opts.inputs, cond_dropout=getattr(opts, "cond_dropout", 0.0),
+                             bag_head=getattr(opts, "bag_head", False))
     return ProbeDecoder(cfg)
 
 
