@@ -41,8 +41,10 @@ from memlab.errors import MemlabError
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS = Path(__file__).resolve().parent / "resources" / "checkpoints"
 
-FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=20, hidden_size=128, num_layers=2, num_heads=4,
+FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, hidden_size=128, num_layers=2, num_heads=4,
             batch_size=32, lr=2e-3, n_examples=3)
+"""2000 training chunks keep nine entries within 10 minutes on 2 cores; the probe is not saturated there
+(docs/probes.md: learning curve): the calibration rows say how far it sees."""
 FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
 

@@ -4,17 +4,21 @@ A frozen encoder (any HF model read at one layer and pooled, or any memlab
 space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
 chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
 that cache to rebuild the tokens in the encoder's own tokenizer. By default
-its token inputs are blanked (``inputs="blank"``) and the embedding is added
-to every position (``conditioning="unrolled"``), so all it knows of a chunk
-comes through the embedding; ``inputs="teacher"`` feeds the true previous
-tokens instead. A tenth of the training chunks is held back for early stopping
+it reads the true previous tokens (``inputs="teacher"``), the embedding is
+added to every position (``conditioning="unrolled"``) and a position-shared
+linear read-out of it is added to every position's logits (``bag_head``);
+``inputs="blank"`` blanks the token inputs, so all it knows of a chunk comes
+through the embedding (see docs/probes.md for the measured choice). A tenth of the training chunks is held back for early stopping
 (the best epoch's weights are kept). A *control* decoder, same size and
 budget, trains on a constant embedding (the mean training embedding): it
 measures what the decoder guesses without the embedding (with blank inputs:
 the most likely token at each position; with teacher forcing: language).
-Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
-information gain ``(CE_control - CE_probe) / CE_control``, accuracy by
-position, reconstructions.
+Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
+F1, sentence BLEU and exact match of the greedy reconstruction, the
+information gain ``(CE_control - CE_probe) / CE_control``, what limits the
+reading (order or content), accuracy by position, reconstructions, the
+bag-of-words read-out (:mod:`memlab.probes.bow`) and the calibration status
+(:mod:`memlab.probes.fit`).
 
 Python::
 
@@ -68,24 +72,25 @@ class ProbeOptions:
     """How the decoder reads the embedding: unrolled (projected and added per position) or prefix (memory prefix)."""
     prefix_len: int = 4
     """Memory prefix vectors (prefix conditioning)."""
-    inputs: str = "blank"
-    """Decoder token inputs: blank (start token everywhere: blank copy, all it knows comes from the embedding)
-    or teacher (true previous tokens: the decoder's language knowledge helps, as the control shows)."""
+    inputs: str = "teacher"
+    """Decoder token inputs: teacher (true previous tokens, greedy generation is autoregressive: the decoder's
+    language knowledge helps, as the control shows) or blank (start token everywhere: all it knows comes from the
+    embedding; it cannot spread an order-free set over positions)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
     """Decoder blocks."""
     num_heads: int = 4
     """Decoder attention heads."""
-    bag_head: bool = False
+    bag_head: bool = True
     """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
     cond_dropout: float = 0.0
     """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
-    epochs: float = 8.0
+    epochs: float = 10.0
     """Most passes of the decoder over the cached training embeddings (early stopping may end sooner)."""
     val_fraction: float = 0.1
     """Share of the training chunks held back for early stopping (0: train all epochs, keep the last weights)."""
-    patience: int = 3
+    patience: int = 2
     """Early stopping: epochs without a better held-back CE before training stops (best weights are kept)."""
     batch_size: int = 32
     """Decoder batch size."""

@@ -16,7 +16,7 @@ from memlab.probes.synthetic import SyntheticEncoder
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = ["hidden_size=64", "num_heads=4", "num_layers=1", "batch_size=32", "seq_len=8", "n_train=600", "n_eval=64",
-         "epochs=15", "patience=15", "n_examples=1"]
+         "epochs=15", "patience=15", "n_examples=1", "inputs=blank", "bag_head=false"]
 
 
 @pytest.fixture(scope="module")
