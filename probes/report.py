@@ -110,6 +110,8 @@ def format_summary(report: dict) -> str:
         lines.append(f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
                      f"(frequency prior {b['prior']:.3f})")
     lines += calibration_lines(report.get("calibration"))
+    if report.get("budget_note"):
+        lines.append(f"note: {report['budget_note']}")
     t = report["timing"]
     lines.append(f"time: encode {t.get('encode_s', 0):.1f}s, probe decoder {t['train_s']:.1f}s"
                  + (f", control {t['control_s']:.1f}s" if c else "") + f", bow {t.get('bow_s', 0):.1f}s; "

@@ -75,6 +75,7 @@ def test_failed_positive_control_is_reported(tokenizer, small_corpus):
     assert rep["calibration"]["status"] == "failed" and rep["bow"] is None
     text = format_summary(rep)
     assert "calibration: failed" in text and "WARNING" in text and "could not see" in text
+    assert "note: n_train=64 is below" in text  # a budget under the measured saturation is marked
 
 
 def test_scores_agree_with_references():

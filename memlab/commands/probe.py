@@ -8,14 +8,14 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
     "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
     "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
-    "--n-train": ("n_train", str, "training chunks (default 2000); a comma list (1000,4000,16000) fits each size on one "
+    "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
                                   "encoder pass and writes the learning curve"),
     "--n-eval": ("n_eval", int, "held-out chunks (default 256)"),
-    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 8; early stopping)"),
+    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 10; early stopping)"),
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
     "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
     "--conditioning": ("conditioning", str, "unrolled (added per position, default) or prefix (memory prefix)"),
-    "--inputs": ("inputs", str, "decoder token inputs: blank (blank copy, default) or teacher (true previous tokens)"),
+    "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens, default) or blank (blank copy)"),
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
     "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
