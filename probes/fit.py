@@ -17,6 +17,8 @@ says that the probe could not see, not that the model forgot.
 
 from __future__ import annotations
 
+import torch
+
 from memlab.probes import train as T
 from memlab.probes.bow import fit_bow
 from memlab.probes.scores import limit_line, reconstruction_scores
@@ -97,13 +99,13 @@ def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
 
     checks = []
     concat = SyntheticEncoder("concat", tok, max_len=train_ids.shape[1])
-    zc_t, zc_e = concat.encode(train_ids, train_ids.ne(-1)), concat.encode(eval_ids, eval_ids.ne(-1))  # (N, D)
+    zc_t, zc_e = concat.encode(train_ids, torch.ones_like(train_ids)), concat.encode(eval_ids, torch.ones_like(eval_ids))  # (N, D)
     _, m, _, secs = fit_sequence(opts, tok, train_ids, eval_ids, zc_t, zc_e, desc="calibration decoder")
     checks.append({"control": "synthetic:concat", "metric": "token_accuracy", "value": m["token_accuracy"],
                    "needs": "token_accuracy >= 0.99", "passed": m["token_accuracy"] >= 0.99, "seconds": secs})
     bag = SyntheticEncoder("bag", tok, max_len=train_ids.shape[1])
-    b = fit_bow_readout(train_ids, eval_ids, bag.encode(train_ids, train_ids.ne(-1)),
-                        bag.encode(eval_ids, eval_ids.ne(-1)), seed=opts.seed)
+    b = fit_bow_readout(train_ids, eval_ids, bag.encode(train_ids, torch.ones_like(train_ids)),
+                        bag.encode(eval_ids, torch.ones_like(eval_ids)), seed=opts.seed)
     checks.append({"control": "synthetic:bag (bag-of-words read-out)", "metric": "recovered", "value": b["recovered"],
                    "needs": "recovered >= 0.9", "passed": b["recovered"] >= 0.9, "seconds": b["seconds"]})
     return {"status": "passed" if all(c["passed"] for c in checks) else "failed", "checks": checks}
