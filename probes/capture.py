@@ -268,6 +268,53 @@ class HiddenStateEncoder:
         h = self.hidden_states(ids.to(dev), mask.to(dev))  # (B, T', D)
         return pool_states(h.float(), mask.to(dev), self.pool).cpu()  # (B, D)
 
+    def layer_index(self, layers: str | list[int]) -> list[int]:
+        """``"all"``, ``"0,3,6"`` or a list -> layer indices 0..n (negatives count from the end); checked."""
+        n = len(self.layers)
+        if isinstance(layers, str):
+            if layers.strip() == "all":
+                return list(range(n + 1))
+            try:
+                layers = [int(x) for x in layers.split(",") if x.strip()]
+            except ValueError:
+                raise ModelError(f"--layers takes 'all' or a comma list of integers, got {layers!r}") from None
+        bad = [x for x in layers if not -(n + 1) <= x <= n]
+        if bad or not layers:
+            raise ModelError(f"layers {bad or layers} are out of range for {self.name}: it has {n} blocks, so layers "
+                             f"go from 0 (embeddings) to {n} (or -{n + 1} to -1)")
+        return sorted({x % (n + 1) for x in layers})
+
+    def encode_layers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: list[int]) -> torch.Tensor:
+        """``(B, T)`` ids -> ``(B, L, D)`` pooled states of every layer in ``layers`` (0..n), in one forward pass."""
+        ids, mask = right_pad(input_ids, attention_mask)
+        ids, mask = wrap_special(ids, mask, self.prefix, self.suffix, self.pad_id)
+        dev = self.device
+        got: dict[int, torch.Tensor] = {}
+        last = max(layers)
+
+        def keep(i, out):
+            got[i] = out[0] if isinstance(out, tuple) else out
+            if i == last:
+                raise _Stop
+
+        handles = []
+        for i in layers:
+            if i == 0:
+                handles.append(self.layers[0].register_forward_pre_hook(
+                    lambda m, a, kw: keep(0, a[0] if a else kw["hidden_states"]), with_kwargs=True))
+            else:
+                handles.append(self.layers[i - 1].register_forward_hook(lambda m, a, o, i=i: keep(i, o)))
+        try:
+            with torch.no_grad():
+                backbone(self.model)(input_ids=ids.to(dev), attention_mask=mask.to(dev))
+        except _Stop:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        m = mask.to(dev)
+        return torch.stack([pool_states(got[i].float(), m, self.pool).cpu() for i in layers], 1)  # (B, L, D)
+
     def encode_text(self, sentences: list[str]) -> torch.Tensor:
         enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, return_tensors="pt")
         return self.encode(enc["input_ids"], enc["attention_mask"])

@@ -14,6 +14,10 @@ Token inputs (``inputs``):
 * ``blank``: every input is the start token (blank copy), so all the decoder
   knows of a chunk comes through the embedding.
 
+Bag head (``bag_head``): a linear map of the embedding to the output classes,
+the same for every position, added to each position's logits: a
+bag-of-words read-out inside the decoder that every position trains.
+
 Embeddings are standardised per dimension with statistics of the training
 cache (buffers ``z_mean``, ``z_std``; each std floored at a tenth of the
 median), so models with huge activations train as easily as small ones.
@@ -40,7 +44,8 @@ class ProbeDecoderConfig(PretrainedConfig):
     def __init__(self, embed_dim: int = 64, vocab_size: int = 512, kept_ids: list[int] | None = None,
                  start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                  intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
-                 prefix_len: int = 4, inputs: str = "teacher", **kwargs):
+                 prefix_len: int = 4, inputs: str = "teacher", cond_dropout: float = 0.0, bag_head: bool = False,
+                 **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
@@ -53,6 +58,8 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.conditioning = conditioning
         self.prefix_len = prefix_len
         self.inputs = inputs
+        self.cond_dropout = cond_dropout  # dropout on the standardised embedding while training (regularises the map)
+        self.bag_head = bag_head  # add a position-shared linear read-out of the embedding to every position's logits
         super().__init__(**kwargs)
 
 
@@ -86,6 +93,9 @@ class ProbeDecoder(PreTrainedModel):
         with torch.no_grad():
             self.cond_norm.weight.fill_(0.02)
         self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
+        # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
+        # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
+        self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
         self.register_buffer("z_mean", torch.zeros(c.embed_dim))
         self.register_buffer("z_std", torch.ones(c.embed_dim))
         self.post_init()
@@ -95,6 +105,11 @@ class ProbeDecoder(PreTrainedModel):
             nn.init.normal_(module.weight, std=0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+
+    def post_init(self):
+        super().post_init()
+        if self.bag is not None:  # starts silent: the decoder begins as without it
+            nn.init.zeros_(self.bag.weight)
 
     def set_normalization(self, z: torch.Tensor) -> None:
         """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
@@ -119,6 +134,8 @@ class ProbeDecoder(PreTrainedModel):
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
         x = self.body.embed_tokens(ids)  # (B, T, d)
         zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)
+        if self.training and getattr(c, "cond_dropout", 0.0):
+            zn = nn.functional.dropout(zn, c.cond_dropout)
         cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
         if c.conditioning == "prefix":
             x = torch.cat([cond, x], dim=1)  # (B, P + T, d)
@@ -127,7 +144,10 @@ class ProbeDecoder(PreTrainedModel):
         h = self.body(inputs_embeds=x).last_hidden_state  # (B, P + T or T, d)
         if c.conditioning == "prefix":
             h = h[:, c.prefix_len :]  # (B, T, d)
-        return self.lm_head(h)  # (B, T, C)
+        logits = self.lm_head(h)  # (B, T, C)
+        if self.bag is not None:
+            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
+        return logits
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary labels (B, T) -> compact class ids, keeping -100."""

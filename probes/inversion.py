@@ -4,17 +4,21 @@ A frozen encoder (any HF model read at one layer and pooled, or any memlab
 space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
 chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
 that cache to rebuild the tokens in the encoder's own tokenizer. By default
-its token inputs are blanked (``inputs="blank"``) and the embedding is added
-to every position (``conditioning="unrolled"``), so all it knows of a chunk
-comes through the embedding; ``inputs="teacher"`` feeds the true previous
-tokens instead. A tenth of the training chunks is held back for early stopping
+it reads the true previous tokens (``inputs="teacher"``), the embedding is
+added to every position (``conditioning="unrolled"``) and a position-shared
+linear read-out of it is added to every position's logits (``bag_head``);
+``inputs="blank"`` blanks the token inputs, so all it knows of a chunk comes
+through the embedding (see docs/probes.md for the measured choice). A tenth of the training chunks is held back for early stopping
 (the best epoch's weights are kept). A *control* decoder, same size and
 budget, trains on a constant embedding (the mean training embedding): it
 measures what the decoder guesses without the embedding (with blank inputs:
 the most likely token at each position; with teacher forcing: language).
-Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, the
-information gain ``(CE_control - CE_probe) / CE_control``, accuracy by
-position, reconstructions.
+Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
+F1, sentence BLEU and exact match of the greedy reconstruction, the
+information gain ``(CE_control - CE_probe) / CE_control``, what limits the
+reading (order or content), accuracy by position, reconstructions, the
+bag-of-words read-out (:mod:`memlab.probes.bow`) and the calibration status
+(:mod:`memlab.probes.fit`).
 
 Python::
 
@@ -56,8 +60,9 @@ class ProbeOptions:
     """Wrap each chunk in the tokenizer's special tokens ([CLS] ... [SEP]) before encoding."""
     seq_len: int = 32
     """Tokens per chunk, in the probed model's tokenizer."""
-    n_train: int = 2000
-    """Training chunks (from the corpus's train split)."""
+    n_train: int = 8000
+    """Training chunks (from the corpus's train split). 8,000 from the learning curve (docs/probes.md): MiniLM's
+    readings still rise from 4,000 to 8,000, and concat calibration needs that many; fewer is marked in the report."""
     n_eval: int = 256
     """Held-out chunks (from ``eval_split``)."""
     corpus: str = "austen"
@@ -68,20 +73,25 @@ class ProbeOptions:
     """How the decoder reads the embedding: unrolled (projected and added per position) or prefix (memory prefix)."""
     prefix_len: int = 4
     """Memory prefix vectors (prefix conditioning)."""
-    inputs: str = "blank"
-    """Decoder token inputs: blank (start token everywhere: blank copy, all it knows comes from the embedding)
-    or teacher (true previous tokens: the decoder's language knowledge helps, as the control shows)."""
+    inputs: str = "teacher"
+    """Decoder token inputs: teacher (true previous tokens, greedy generation is autoregressive: the decoder's
+    language knowledge helps, as the control shows) or blank (start token everywhere: all it knows comes from the
+    embedding; it cannot spread an order-free set over positions)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
     """Decoder blocks."""
     num_heads: int = 4
     """Decoder attention heads."""
-    epochs: float = 8.0
+    bag_head: bool = True
+    """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
+    cond_dropout: float = 0.0
+    """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
+    epochs: float = 10.0
     """Most passes of the decoder over the cached training embeddings (early stopping may end sooner)."""
     val_fraction: float = 0.1
     """Share of the training chunks held back for early stopping (0: train all epochs, keep the last weights)."""
-    patience: int = 3
+    patience: int = 2
     """Early stopping: epochs without a better held-back CE before training stops (best weights are kept)."""
     batch_size: int = 32
     """Decoder batch size."""
@@ -91,6 +101,11 @@ class ProbeOptions:
     """AdamW weight decay."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
+    bow: bool = True
+    """Also fit the bag-of-words read-out (linear multi-label head) and its frequency prior."""
+    calibrate: bool = False
+    """Also fit the positive controls (synthetic concat and bag codes of the same chunks, same tokenizer) and
+    report whether the probe reads them; a synthetic model is always checked against what it must give."""
     compact_vocab: bool = True
     """Output layer over tokens seen in training plus one 'other' class (exact over V; much faster for large V)."""
     encode_batch_size: int = 32
@@ -172,16 +187,90 @@ class ProbeRecipe:
 
 
 def encoder_spec(opts: ProbeOptions) -> dict:
-    return {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
+    spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
+    if opts.model.startswith("synthetic:"):
+        spec["max_len"] = opts.seq_len  # the concat code's width depends on it
+    return spec
 
 
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
     """What a control run depends on: the token data, the vocabulary size and the decoder's options."""
-    encoder_side = set(encoder_spec(opts)) | {"encoder_dtype", "cache_dir", "progress", "threads", "n_examples",
+    encoder_side = set(encoder_spec(opts)) | {"max_len", "bow", "calibrate", "encoder_dtype", "cache_dir", "progress", "threads", "n_examples",
                                               "device", "encode_batch_size"}
     decoder_side = {k: v for k, v in vars(opts).items() if k not in encoder_side}
     return T.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
+
+
+def _load(opts: ProbeOptions, encoder):
+    from memlab.probes.loading import load_encoder
+
+    if encoder is not None:
+        return encoder
+    return load_encoder(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
+                        random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
+                        dtype=opts.encoder_dtype, max_len=opts.seq_len)
+
+
+def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer."""
+    if encoder.max_length is not None and opts.seq_len > encoder.max_length:
+        raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} tokens "
+                          "besides its special tokens)")
+    train_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_train, "train", opts.corpus, opts.seed)
+    eval_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed)
+    return train_ids, eval_ids  # (N, T), (M, T)
+
+
+def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
+    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
+    key = {**encoder_spec(opts), "enc": encoder.describe()}
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+    z_train, hit1 = T.cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
+    z_eval, hit2 = T.cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
+    return z_train, z_eval, bool(hit1 and hit2)
+
+
+SATURATION_HINT = 8000
+"""Training chunks below which the measured learning curves (docs/probes.md) still rise."""
+
+DEFINITIONS = {
+    "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
+    "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
+    "entropy_ratio": "H_r = 1 - CE / ln V",
+    "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",
+    "token_set_f1": "F1 between the sets of token ids of the greedy reconstruction and of the chunk, mean over chunks",
+    "sentence_bleu": "NLTK sentence BLEU (whitespace tokens, smoothing 4, 0-1) of the decoded greedy reconstruction",
+    "exact_match": "share of chunks rebuilt token for token",
+}
+
+
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, z_eval, fit: dict) -> dict:
+    """report.json's content from the fitted read-outs ``fit`` (:func:`memlab.probes.fit.fit_readings`)."""
+    tok, dec = encoder.tokenizer, fit["_decoder"]
+    k = min(opts.n_examples, eval_ids.shape[0]) if dec is not None else 0
+    recon = FittedProbe(encoder, dec).generate(z_eval[:k], max_new_tokens=opts.seq_len) if k else []
+    inputs = tok.batch_decode(eval_ids[:k].tolist(), skip_special_tokens=True)
+    return {
+        "model": opts.model if not opts.random_init else f"{opts.model} (random init)",
+        "encoder": encoder.describe(), "options": dict(vars(opts)), "vocab_size": len(tok), "seq_len": opts.seq_len,
+        "n_train": int(train_ids.shape[0]), "n_eval": int(eval_ids.shape[0]),
+        "decoder": None if dec is None else {"parameters": sum(p.numel() for p in dec.parameters()),
+                                             "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
+                                             "inputs": opts.inputs},
+        **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by", "bow",
+                                  "calibration", "history")},
+        "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
+        "timing": dict(fit["timing"]), "memory": peak_memory_mb(), "definitions": DEFINITIONS,
+    }
+
+
+def claim_out(run_dir: str | Path | None) -> None:
+    """A used or unwritable output folder is refused before any compute; it stays locked until the process ends."""
+    if run_dir is not None:
+        from memlab.rundir import claim
+
+        claim(run_dir, fresh=True, what="probe")
 
 
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
@@ -191,89 +280,30 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
     same decoder options is reused from it (the report names the probe that trained it).
     """
-    from memlab.probes.loading import load_encoder
+    from memlab.probes.fit import fit_readings
 
     validate(opts)
-    if run_dir is not None:  # a used or unwritable folder is refused before any compute; locked until the process ends
-        from memlab.rundir import claim
-
-        claim(run_dir, fresh=True, what="probe")
+    claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     t_start = time.perf_counter()
     with T.Timer() as t_load:
-        if encoder is None:
-            encoder = load_encoder(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
-                                   random_init=opts.random_init, special_tokens=opts.special_tokens,
-                                   device=opts.device, dtype=opts.encoder_dtype)
-    tok = encoder.tokenizer
-    if encoder.max_length is not None and opts.seq_len > encoder.max_length:
-        raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} tokens "
-                          "besides its special tokens)")
-    train_ids = T.probe_chunks(tok, opts.seq_len, opts.n_train, "train", opts.corpus, opts.seed)  # (N, T)
-    eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed)  # (M, T)
-    key = {**encoder_spec(opts), "enc": encoder.describe()}
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+        encoder = _load(opts, encoder)
+    train_ids, eval_ids = probe_data(opts, encoder)
     with T.Timer() as t_enc:
-        z_train, hit1 = T.cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
-        z_eval, hit2 = T.cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
-
-    dec = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
-    dec.set_normalization(z_train)
-    with T.Timer() as t_train:
-        hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc="probe decoder")
-    probe_metrics = T.evaluate(dec, z_eval, eval_ids)
-
-    control_metrics, hist_c, t_ctrl, control_from = None, [], 0.0, None
-    if opts.control:
-        # the control reads the mean training embedding, which the decoder's standardisation turns into exact
-        # zeros: it depends on the token data and the decoder options only, never on the encoder, so probes
-        # of the same chunks (same tokenizer) can share one (``control_cache``)
-        ckey = control_key(opts, tok, train_ids, eval_ids)
-        if control_cache is not None and ckey in control_cache:
-            control_metrics, hist_c, control_from = control_cache[ckey]
-        else:
-            ctrl = T.build_decoder(encoder.dim, tok, train_ids, opts, compact=opts.compact_vocab)
-            ctrl.set_normalization(z_train)
-            const = z_train.mean(0, keepdim=True)  # (1, D): the same constant for every chunk
-            with T.Timer() as t_c:
-                hist_c = T.train_decoder(ctrl, const.expand_as(z_train), train_ids, opts, progress=opts.progress,
-                                         desc="control decoder")
-            control_metrics = T.evaluate(ctrl, const.expand_as(z_eval), eval_ids)
-            t_ctrl = t_c.seconds
-            if control_cache is not None:
-                control_cache[ckey] = (control_metrics, hist_c, opts.model)
-
-    fitted = FittedProbe(encoder, dec)
-    k = min(opts.n_examples, eval_ids.shape[0])
-    recon = fitted.generate(z_eval[:k], max_new_tokens=opts.seq_len) if k else []
-    inputs = tok.batch_decode(eval_ids[:k].tolist(), skip_special_tokens=True)
-    report = {
-        "model": opts.model if not opts.random_init else f"{opts.model} (random init)",
-        "encoder": encoder.describe(),
-        "options": {k_: v for k_, v in vars(opts).items()},
-        "vocab_size": len(tok),
-        "seq_len": opts.seq_len,
-        "n_train": int(train_ids.shape[0]),
-        "n_eval": int(eval_ids.shape[0]),
-        "decoder": {"parameters": sum(p.numel() for p in dec.parameters()), "kept_vocab": dec.num_kept,
-                    "conditioning": opts.conditioning, "inputs": opts.inputs},
-        "probe": probe_metrics,
-        "control": control_metrics,
-        "control_shared_with": control_from,
-        "information_gain": T.information_gain(probe_metrics["ce"], control_metrics["ce"]) if control_metrics else None,
-        "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
-        "history": {"probe": hist, "control": hist_c},
-        "timing": {"load_s": t_load.seconds, "encode_s": t_enc.seconds, "encode_cached": bool(hit1 and hit2),
-                   "train_s": t_train.seconds, "control_s": t_ctrl, "total_s": time.perf_counter() - t_start},
-        "memory": peak_memory_mb(),
-        "definitions": {
-            "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
-            "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
-            "entropy_ratio": "H_r = 1 - CE / ln V",
-            "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",
-        },
-    }
+        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
+    ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
+    fit = fit_readings(opts, encoder.tokenizer, train_ids, eval_ids, z_train, z_eval, control_cache, ckey,
+                       bow=opts.bow)
+    report = build_report(opts, encoder, train_ids, eval_ids, z_eval, fit)
+    if not opts.model.startswith("synthetic:"):
+        report["data_split"] = T.split_description(opts.corpus)
+    report["timing"].update(load_s=t_load.seconds, encode_s=t_enc.seconds, encode_cached=cached,
+                            total_s=time.perf_counter() - t_start)
+    if opts.n_train < SATURATION_HINT:
+        report["budget_note"] = (f"n_train={opts.n_train} is below {SATURATION_HINT}: on the measured learning curves "
+                                 "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
+    fitted = FittedProbe(encoder, fit["_decoder"])
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)

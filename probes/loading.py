@@ -7,6 +7,8 @@
   e.g. ``space:memory_ae:runs/ae`` for a memory autoencoder;
 * a local path: a ``save_pretrained`` folder or a memlab run directory (its
   latest checkpoint); the tokenizer must be saved beside the weights;
+* ``synthetic:concat|bag|constant[:TOKENIZER_DIR]``: a calibration encoder of known content
+  (:mod:`memlab.probes.synthetic`);
 * a Hugging Face hub name, read from the local cache when offline.
 
 ``trust_remote_code`` stays off. ``random_init=True`` builds the same
@@ -116,14 +118,21 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
 
 def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
                  random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
-                 dtype: str = "float32"):
+                 dtype: str = "float32", max_len: int | None = None):
     """A frozen encoder for ``spec`` (see the module doc), with ``.tokenizer``, ``.dim``, ``.encode(ids, mask)``.
 
     ``pool=None`` takes the shortcut's pooling (``mean`` for MiniLM) or
     ``last`` otherwise. ``dtype`` is the encoder's weight type (``auto``: bf16
     where the hardware multiplies bf16 natively); embeddings are float32. Returns a :class:`HiddenStateEncoder` or, for
-    ``space:...``, a :class:`SpaceEncoder`.
+    ``space:...``, a :class:`SpaceEncoder`, or for ``synthetic:KIND`` a calibration encoder
+    (:mod:`memlab.probes.synthetic`, built for chunks of up to ``max_len`` tokens, default 64).
     """
+    if spec.startswith("synthetic:"):
+        from memlab.probes.synthetic import load_synthetic
+
+        if random_init:
+            raise ModelError("random_init applies to transformers models, not to synthetic encoders")
+        return load_synthetic(spec, max_len=max_len or 64)
     if spec.startswith("space:"):
         if random_init:
             raise ModelError("random_init applies to transformers models, not to memlab spaces")

@@ -72,19 +72,50 @@ def write_report(report: dict, run_dir: str | Path) -> list[Path]:
     return files
 
 
+def _metrics_line(name: str, m: dict) -> str:
+    return (f"{name:<8} token_accuracy={m['token_accuracy']:.3f}  TF1={m.get('token_set_f1', float('nan')):.3f}  "
+            f"BLEU={m.get('sentence_bleu', float('nan')):.3f}  exact={m.get('exact_match', float('nan')):.3f}  "
+            f"CE={m['ce']:.3f}  H_r={m['entropy_ratio']:.3f}")
+
+
+def calibration_lines(cal: dict | None) -> list[str]:
+    """The calibration status, with a warning when a positive control failed."""
+    if not cal:
+        return []
+    if cal["status"] == "unchecked":
+        return [f"calibration: unchecked ({cal.get('note', '')})"]
+    parts = [f"{c['control']} {c['metric']}={c['value']:.3f} ({'ok' if c['passed'] else 'FAILED'}, needs {c['needs']})"
+             for c in cal["checks"]]
+    lines = [f"calibration: {cal['status']}: " + "; ".join(parts)]
+    if cal["status"] == "failed":
+        lines.append("WARNING: the probe failed a positive control: at this budget it cannot read what is there, so a "
+                     "low reading says the probe could not see, not that the model forgot")
+    return lines
+
+
 def format_summary(report: dict) -> str:
     """A few lines for the terminal."""
     p, c = report["probe"], report.get("control")
     enc = report["encoder"]
     lines = [f"model: {report['model']}  layer: {enc.get('layer')}  pool: {enc.get('pool')}  dim: {enc.get('dim')}  "
-             f"V: {report['vocab_size']}  seq_len: {report['seq_len']}",
-             f"probe:   token_accuracy={p['token_accuracy']:.3f}  CE={p['ce']:.3f}  H_r={p['entropy_ratio']:.3f}"]
+             f"V: {report['vocab_size']}  seq_len: {report['seq_len']}  n_train: {report['n_train']}"]
+    if p:
+        lines.append(_metrics_line("probe:", p))
     if c:
-        lines.append(f"control: token_accuracy={c['token_accuracy']:.3f}  CE={c['ce']:.3f}  H_r={c['entropy_ratio']:.3f}"
-                     f"  information_gain={report['information_gain']:.3f}")
+        lines.append(_metrics_line("control:", c) + f"  information_gain={report['information_gain']:.3f}")
+    if report.get("limited_by"):
+        lines.append(f"limited by: {report['limited_by']}")
+    b = report.get("bow")
+    if b:
+        lines.append(f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
+                     f"(frequency prior {b['prior']:.3f})")
+    lines += calibration_lines(report.get("calibration"))
+    if report.get("budget_note"):
+        lines.append(f"note: {report['budget_note']}")
     t = report["timing"]
-    lines.append(f"time: encode {t['encode_s']:.1f}s, probe decoder {t['train_s']:.1f}s"
-                 + (f", control {t['control_s']:.1f}s" if c else "") + f"; peak memory {report['memory']}")
+    lines.append(f"time: encode {t.get('encode_s', 0):.1f}s, probe decoder {t['train_s']:.1f}s"
+                 + (f", control {t['control_s']:.1f}s" if c else "") + f", bow {t.get('bow_s', 0):.1f}s; "
+                 f"peak memory {report['memory']}")
     for ex in report.get("examples", [])[:3]:
         lines.append(f"  in:  {ex['input']!r}\n  out: {ex['reconstruction']!r}")
     return "\n".join(lines)

@@ -135,5 +135,6 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     spec = json.loads((p / "probe.json").read_text())
     encoder = load_encoder(spec["model"], layer=spec.get("layer", -1), pool=spec.get("pool"),
                            final_norm=spec.get("final_norm", False), random_init=spec.get("random_init", False),
-                           special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"))
+                           special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"),
+                           max_len=spec.get("max_len"))
     return FittedProbe(encoder, ProbeDecoder.from_pretrained(str(p / "decoder")))

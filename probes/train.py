@@ -46,18 +46,23 @@ def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=2)
-def _split_texts(corpus: str) -> dict[str, list[str]]:
-    """Cleaned texts of each split of a corpus (read once per process)."""
-    splits = make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
-    return {k: [clean_text(d.text) for d in v] for k, v in splits.items()}
+def _splits(corpus: str) -> dict:
+    """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
+    seed 0: memlab's default data settings, read once per process."""
+    return make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
 
 
 @lru_cache(maxsize=2)
+def _split_texts(corpus: str) -> dict[str, list[str]]:
+    """Cleaned texts of each split of a corpus."""
+    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus).items()}
+
+
 def split_description(corpus: str) -> str:
     """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
     from memlab.data.corpus import describe_splits
 
-    return describe_splits(make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0))
+    return describe_splits(_splits(corpus))
 
 
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0) -> torch.Tensor:
@@ -151,8 +156,60 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
     cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
                              max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
-                             inputs=opts.inputs)
+                             inputs=opts.inputs, cond_dropout=getattr(opts, "cond_dropout", 0.0),
+                             bag_head=getattr(opts, "bag_head", False))
     return ProbeDecoder(cfg)
+
+
+def _split_held_back(z: torch.Tensor, ids: torch.Tensor, fraction: float, gen: torch.Generator):
+    """Hold back ``fraction`` of the chunks for early stopping: (z, ids, z_val, ids_val); val None when none."""
+    n_val = int(round(fraction * ids.shape[0]))
+    if not n_val or ids.shape[0] - n_val < 1:
+        return z, ids, None, None
+    order = torch.randperm(ids.shape[0], generator=gen)
+    return z[order[n_val:]], ids[order[n_val:]], z[order[:n_val]], ids[order[:n_val]]
+
+
+def autocast_context(device: torch.device):
+    """bf16 autocast on CUDA and on CPUs that multiply bf16 natively; otherwise no autocast."""
+    import contextlib
+
+    from memlab.probes.loading import resolve_dtype
+
+    if resolve_dtype("auto", str(device)) == torch.bfloat16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp, step: int) -> float:
+    """One optimiser step on a batch: embeddings (b, D), chunks (b, T); returns the loss."""
+    with amp:
+        logits = dec(zb, shift_right(tb, int(dec.config.start_id)))  # (b, T, C)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                             dec.compact_targets(tb).reshape(-1))
+    if not torch.isfinite(loss):
+        raise MemlabError(f"the probe's loss became {loss.item()} at step {step}; lower the learning rate")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
+
+
+class _EarlyStop:
+    """Keeps the best held-back CE and its weights; ``done`` after ``patience`` epochs without a better one."""
+
+    def __init__(self, patience: int):
+        self.patience, self.best, self.state, self.bad = patience, float("inf"), None, 0
+
+    def update(self, dec: ProbeDecoder, ce: float) -> bool:
+        if ce < self.best:
+            self.best, self.bad = ce, 0
+            self.state = {k: v.detach().clone() for k, v in dec.state_dict().items()}
+        else:
+            self.bad += 1
+        return self.bad >= self.patience
 
 
 def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
@@ -161,31 +218,24 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
 
     Early stopping (``opts.val_fraction > 0``): that share of the training chunks is held back, its CE is
     measured after every epoch, training stops after ``opts.patience`` epochs without a new best and the
-    decoder ends with the weights of its best epoch. A decoder that only memorises its training chunks
-    (confident and wrong on new text) so never scores worse than what it knew at its best epoch.
+    decoder ends with the weights of its best epoch. AdamW, learning rate
+    :func:`memlab.train.schedule.warmup_cosine` (5 % warmup, cosine to 10 %); bf16 autocast where the
+    hardware has it.
     """
+    from memlab.train.schedule import warmup_cosine
+
     if z.shape[1] != dec.config.embed_dim:
         raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width {dec.config.embed_dim}")
     device = torch.device(opts.device)
     dec.to(device).train()
     gen = torch.Generator().manual_seed(opts.seed)
-    n_val = int(round(opts.val_fraction * ids.shape[0]))
-    if n_val and ids.shape[0] - n_val >= 1:
-        order = torch.randperm(ids.shape[0], generator=gen)
-        z_val, ids_val = z[order[:n_val]], ids[order[:n_val]]  # (n_val, D), (n_val, T)
-        z, ids = z[order[n_val:]], ids[order[n_val:]]
-    else:
-        n_val = 0
+    z, ids, z_val, ids_val = _split_held_back(z, ids, opts.val_fraction, gen)
     n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
-    steps_per_epoch = math.ceil(n / bs)
-    total = max(1, int(round(opts.epochs * steps_per_epoch)))
+    total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
     warm = max(1, int(0.05 * total))
     opt = torch.optim.AdamW(dec.parameters(), lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / total)))))
-    start = start_token_id_from(dec)
-    patience = opts.patience
-    best, best_state, bad = float("inf"), None, 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=0.1))
+    amp, stop = autocast_context(device), _EarlyStop(opts.patience)
     history, step, bar = [], 0, _bar(total, desc, progress)
     while step < total:
         perm = torch.randperm(n, generator=gen)
@@ -193,36 +243,22 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
             if step >= total:
                 break
             idx = perm[i : i + bs]
-            zb, tb = z[idx].to(device), ids[idx].to(device)  # (b, D), (b, T)
-            logits = dec(zb, shift_right(tb, start))  # (b, T, C)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), dec.compact_targets(tb).reshape(-1))
-            if not torch.isfinite(loss):
-                raise MemlabError(f"the probe's loss became {loss.item()} at step {step}; lower the learning rate")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            loss = _step(dec, opt, sched, z[idx].to(device), ids[idx].to(device), amp, step)  # (b, D), (b, T)
             step += 1
             if step % 10 == 0 or step == total:
-                history.append({"step": step, "loss": loss.item()})
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                history.append({"step": step, "loss": loss})
+                bar.set_postfix(loss=f"{loss:.3f}")
             bar.update(1)
-        if n_val:  # end of an epoch (or of training)
+        if z_val is not None:  # end of an epoch (or of training)
             ce = evaluate(dec, z_val, ids_val)["ce"]
             dec.train()
             history.append({"step": step, "val_ce": ce})
-            if ce < best:
-                best, bad = ce, 0
-                best_state = {k: v.detach().clone() for k, v in dec.state_dict().items()}
-            else:
-                bad += 1
-                if bad >= patience:
-                    break
+            if stop.update(dec, ce):
+                break
     bar.close()
-    if best_state is not None:
-        dec.load_state_dict(best_state)
-        history.append({"step": step, "best_val_ce": best})
+    if stop.state is not None:
+        dec.load_state_dict(stop.state)
+        history.append({"step": step, "best_val_ce": stop.best})
     dec.eval()
     return history
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_default_entries_and_shipped_checkpoint():
     names = [e.name for e in default_entries()]
-    assert names == ["memory_ae", "token_lm", "random_init", "minilm", "smollm2"]
+    assert names == ["memory_ae", "token_lm", "random_init", "minilm", "smollm2", "minilm_random",
+                     "synthetic:concat", "synthetic:bag", "synthetic:constant"]
     lm = CHECKPOINTS / "token_lm-toy"
     assert (lm / "model.safetensors").is_file() and (lm / "tokenizer.json").is_file()
     assert (lm / "README.md").read_text().count("memlab train configs/token_lm/toy.yaml") >= 1
@@ -23,17 +24,21 @@ def test_default_entries_and_shipped_checkpoint():
 
 def test_quickstart_fast_cli(tmp_path, capsys):
     out = tmp_path / "qs"
-    rc = main(["quickstart", "--fast", "--only", "token_lm", "random_init", "--out", str(out)])
+    rc = main(["quickstart", "--fast", "--only", "token_lm", "random_init", "synthetic:constant", "--out", str(out)])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["name"]: r for r in summary["rows"]}
-    assert set(rows) == {"token_lm", "random_init"}
+    assert set(rows) == {"token_lm", "random_init", "synthetic:constant"}
     for r in rows.values():
         assert 0 <= r["token_accuracy"] <= 1 and r["entropy_ratio"] < 1
+        assert 0 <= r["token_set_f1"] <= 1 and 0 <= r["bow_recovered"] <= 1
+    # the constant calibration row (token_lm's tokenizer: it shares token_lm's control) gives nothing
+    assert abs(rows["synthetic:constant"]["information_gain"]) <= 0.01
+    assert rows["synthetic:constant"]["calibration"] == "passed" and rows["token_lm"]["calibration"] == ""
     assert (out / "quickstart.png").stat().st_size > 1000
     assert (out / "entries" / "token_lm" / "report.json").is_file()
     printed = capsys.readouterr().out
-    assert "| token_lm |" in printed and "| random_init |" in printed and "H_r" in printed
+    assert "| token_lm |" in printed and "| random_init |" in printed and "TF1" in printed
 
 
 def test_skipped_entries_and_bad_names(tmp_path, capsys):

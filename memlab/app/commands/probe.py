@@ -8,13 +8,14 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
     "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
     "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
-    "--n-train": ("n_train", int, "training chunks (default 2000)"),
+    "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
+                                  "encoder pass and writes the learning curve"),
     "--n-eval": ("n_eval", int, "held-out chunks (default 256)"),
-    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 8; early stopping)"),
+    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 10; early stopping)"),
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
     "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
     "--conditioning": ("conditioning", str, "unrolled (added per position, default) or prefix (memory prefix)"),
-    "--inputs": ("inputs", str, "decoder token inputs: blank (blank copy, default) or teacher (true previous tokens)"),
+    "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens, default) or blank (blank copy)"),
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
     "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
@@ -39,6 +40,12 @@ def add_parser(sub) -> None:
     p.add_argument("--final-norm", action="store_true", default=None, help="read the last layer after the final norm")
     p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
     p.add_argument("--no-control", action="store_true", help="skip the control decoder")
+    p.add_argument("--no-bow", action="store_true", help="skip the bag-of-words read-out")
+    p.add_argument("--calibrate", action="store_true", default=None,
+                   help="also fit the positive controls (synthetic concat/bag codes of the same chunks) and report them")
+    p.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit a bag-of-words "
+                                    "read-out per layer (retention by depth)")
+    p.add_argument("--layers-sequence", action="store_true", help="with --layers: also fit the sequence probe per layer")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP); must be new or empty")
     p.add_argument("--log-with", help="also log the report to trackers: tensorboard, wandb, mlflow (comma-separated)")
@@ -53,19 +60,36 @@ def run(args) -> int:
     from memlab.probes.inversion import load_options, run_probe
     from memlab.probes.report import format_summary
 
+    from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve
+
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
-    kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress)
+    kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress,
+              calibrate=args.calibrate)
+    sizes = parse_sizes(kw["n_train"]) if kw["n_train"] is not None else None
+    kw["n_train"] = max(sizes) if sizes else None
     if args.no_control:
         kw["control"] = False
+    if args.no_bow:
+        kw["bow"] = False
     opts = load_options(args.config, args.overrides, **kw)
     if not args.model and not args.config:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
+    if args.layers and sizes and len(sizes) > 1:
+        raise ConfigError("--layers and a list of --n-train sizes are separate sweeps; run them one at a time")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(opts.model).name or opts.model)
     out = Path(args.out) if args.out else Path("runs") / f"probe-{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.log_with:
         from memlab.tracking import check_available, parse_log_with
 
         check_available(parse_log_with(args.log_with))
+    if args.layers:
+        run_layer_sweep(opts, args.layers, out, sequence=args.layers_sequence)
+        print(f"run: {out}")
+        return 0
+    if sizes and len(sizes) > 1:
+        run_learning_curve(opts, sizes, out)
+        print(f"run: {out}")
+        return 0
     report = run_probe(opts, out)
     if args.log_with:
         from memlab.tracking import log_report

@@ -1,0 +1,148 @@
+"""The read-outs of one set of cached embeddings: sequence probe, control, bag-of-words, calibration.
+
+:func:`fit_readings` is what :func:`memlab.probes.inversion.run_probe`, the
+layer sweep and the learning curve (:mod:`memlab.probes.sweep`) fit on
+embeddings already computed: ``z_train`` (N, D) of ``train_ids`` (N, T) and
+``z_eval`` (M, D) of ``eval_ids`` (M, T).
+
+Calibration (``report["calibration"]``): a probe of a synthetic encoder
+(:mod:`memlab.probes.synthetic`) is checked against what it must read
+(``concat``: token accuracy >= 0.99; ``bag``: token-set F1 of the bag-of-words read-out >= 0.9;
+``constant``: information gain within 0.01 of 0). With ``calibrate=True`` a
+probe of any model also fits the same decoder on ``synthetic:concat`` codes
+and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks
+in the model's own tokenizer: when these positive controls fail, the report
+says that the probe could not see, not that the model forgot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.probes import train as T
+from memlab.probes.bow import fit_bow
+from memlab.probes.scores import limit_line, reconstruction_scores
+
+EXPECT = {"concat": ("token_accuracy", 0.99), "bag": ("bow_token_set_f1", 0.9), "constant": ("information_gain", 0.01)}
+"""What a working probe reads from each synthetic encoder: (metric, threshold). For ``bag`` the set is read by the
+bag-of-words read-out: its top-k at the chunk's own k is a token-set F1 (precision = recall there); a decoder
+that emits every position at once cannot spread an order-free set over positions (it repeats the likeliest
+token), so its TF1 is reported but not the test."""
+
+
+def fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
+    """Train a fresh decoder on (z_train, train_ids); returns (decoder, held-out metrics, history, seconds)."""
+    dec = T.build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
+    dec.set_normalization(z_train)
+    with T.Timer() as t:
+        hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc=desc)
+    metrics = T.evaluate(dec, z_eval, eval_ids)
+    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok))
+    return dec, metrics, hist, t.seconds
+
+
+def fit_control(opts, tok, train_ids, eval_ids, z_train, z_eval, cache: dict | None, key: str | None, owner: str):
+    """The control: the same decoder on the mean training embedding for every chunk.
+
+    It depends on the token data and decoder options only (the decoder's standardisation turns the mean into
+    exact zeros), so probes of the same chunks share one through ``cache`` (keyed by ``key``).
+    Returns (metrics, history, seconds, name of the probe that trained it or None).
+    """
+    if cache is not None and key in cache:
+        metrics, hist, owner_ = cache[key]
+        return metrics, hist, 0.0, owner_
+    const = z_train.mean(0, keepdim=True)  # (1, D)
+    _, metrics, hist, secs = fit_sequence(opts, tok, train_ids, eval_ids, const.expand_as(z_train),
+                                          const.expand_as(z_eval), desc="control decoder")
+    if cache is not None:
+        cache[key] = (metrics, hist, owner)
+    return metrics, hist, secs, None
+
+
+def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0) -> dict:
+    with T.Timer() as t:
+        out = fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed)
+    out["seconds"] = t.seconds
+    return out
+
+
+def check_synthetic(kind: str, readings: dict) -> dict:
+    """Calibration of a synthetic encoder's own probe: its metric against its threshold."""
+    metric, thr = EXPECT[kind]
+    if metric == "bow_token_set_f1" and readings.get("bow"):
+        value = readings["bow"]["recovered"]
+        ok = value >= thr
+        return {"status": "passed" if ok else "failed", "checks": [{"control": f"synthetic:{kind}", "metric": metric,
+                "value": value, "needs": f"{metric} >= {thr}", "passed": ok}]}
+    if readings.get("probe") is None:  # no sequence probe (a BoW-only sweep): the read-out's share
+        metric, thr = ("recovered", 0.9) if kind != "constant" else ("gain", 0.01)
+        value = readings["bow"][metric]
+        ok = value >= thr if kind != "constant" else abs(value) <= thr
+        return {"status": "passed" if ok else "failed", "checks": [{"control": f"synthetic:{kind}", "metric":
+                f"bow {metric}", "value": value, "needs": f"bow {metric} {'>=' if kind != 'constant' else '|x| <='} "
+                f"{thr}", "passed": ok}]}
+    if metric == "information_gain":
+        value = readings.get("information_gain")
+        ok = value is not None and abs(value) <= thr
+        need = f"|information gain| <= {thr}"
+    else:
+        value = readings["probe"][metric]
+        ok = value >= thr
+        need = f"{metric} >= {thr}"
+    return {"status": "passed" if ok else "failed", "checks": [{"control": f"synthetic:{kind}", "metric": metric,
+                                                                 "value": value, "needs": need, "passed": ok}]}
+
+
+def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
+    """Positive controls in the model's tokenizer on the same chunks: concat (sequence decoder), bag (BoW)."""
+    from memlab.probes.synthetic import SyntheticEncoder
+
+    checks = []
+    concat = SyntheticEncoder("concat", tok, max_len=train_ids.shape[1])
+    zc_t, zc_e = concat.encode(train_ids, torch.ones_like(train_ids)), concat.encode(eval_ids, torch.ones_like(eval_ids))  # (N, D)
+    _, m, _, secs = fit_sequence(opts, tok, train_ids, eval_ids, zc_t, zc_e, desc="calibration decoder")
+    checks.append({"control": "synthetic:concat", "metric": "token_accuracy", "value": m["token_accuracy"],
+                   "needs": "token_accuracy >= 0.99", "passed": m["token_accuracy"] >= 0.99, "seconds": secs})
+    bag = SyntheticEncoder("bag", tok, max_len=train_ids.shape[1])
+    b = fit_bow_readout(train_ids, eval_ids, bag.encode(train_ids, torch.ones_like(train_ids)),
+                        bag.encode(eval_ids, torch.ones_like(eval_ids)), seed=opts.seed)
+    checks.append({"control": "synthetic:bag (bag-of-words read-out)", "metric": "recovered", "value": b["recovered"],
+                   "needs": "recovered >= 0.9", "passed": b["recovered"] >= 0.9, "seconds": b["seconds"]})
+    return {"status": "passed" if all(c["passed"] for c in checks) else "failed", "checks": checks}
+
+
+def calibration(opts, tok, train_ids, eval_ids, readings: dict) -> dict:
+    """The report's calibration section (see the module doc)."""
+    if opts.model.startswith("synthetic:"):
+        return check_synthetic(opts.model.split(":")[1], readings)
+    if getattr(opts, "calibrate", False) and readings.get("probe"):
+        return calibrate_on(opts, tok, train_ids, eval_ids)
+    return {"status": "unchecked", "checks": [],
+            "note": "positive controls not run on these chunks (calibrate=true, or the quickstart's calibration rows)"}
+
+
+def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
+                 control_key: str | None = None, sequence: bool = True, bow: bool = True) -> dict:
+    """Sequence probe and control (``sequence``), bag-of-words read-out (``bow``), calibration, limit line.
+
+    Returns a dict with probe, control, information_gain, bow, limited_by, calibration, history, timing and
+    ``_decoder`` (the fitted sequence decoder, or None).
+    """
+    out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None, "bow": None,
+           "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
+           "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
+    if sequence:
+        dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = fit_sequence(
+            opts, tok, train_ids, eval_ids, z_train, z_eval)
+        out["_decoder"] = dec
+        if opts.control:
+            c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = fit_control(
+                opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache, control_key, opts.model)
+            out["control"] = c
+            out["information_gain"] = T.information_gain(out["probe"]["ce"], c["ce"])
+        out["limited_by"] = limit_line(out["probe"], out["control"])
+    if bow:
+        out["bow"] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed)
+        out["timing"]["bow_s"] = out["bow"]["seconds"]
+    out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
+    return out

@@ -1,0 +1,165 @@
+"""Probe sweeps on one encoder pass: retention by layer, and the learning curve over training chunks.
+
+* :func:`run_layer_sweep` (``memlab probe --layers all`` or ``--layers 0,3,6``):
+  every listed layer is captured in the same forward pass, and a bag-of-words
+  read-out (and, with ``sequence=True``, the sequence probe and its shared
+  control) is fitted per layer. Writes ``layers.json``, ``layers.md`` and
+  ``plots/layers.png`` (retention by depth).
+* :func:`run_learning_curve` (``memlab probe --n-train 1000,4000,16000``): the
+  chunks are encoded once at the largest size; each size fits the sequence
+  probe, its control and the bag-of-words read-out on the first ``n`` chunks,
+  scored on the same held-out chunks. Writes ``curve.json``, ``curve.md`` and
+  ``plots/learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from memlab.errors import ModelError
+from memlab.probes import train as T
+from memlab.probes.fit import fit_readings
+from memlab.probes.inversion import _load, claim_out, control_key, encode_data, probe_data, validate
+
+
+def _row(fit: dict) -> dict:
+    row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]}
+    if fit["probe"]:
+        p, c = fit["probe"], fit["control"]
+        row.update(token_accuracy=p["token_accuracy"], token_set_f1=p["token_set_f1"],
+                   sentence_bleu=p["sentence_bleu"], exact_match=p["exact_match"], ce=p["ce"],
+                   control_accuracy=c["token_accuracy"] if c else None,
+                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit["information_gain"])
+    row["seconds"] = sum(v for v in fit["timing"].values())
+    return row
+
+
+def _table(rows: list[dict], first: str) -> str:
+    cols = [first, "bow_recovered", "bow_prior", "token_accuracy", "control_accuracy", "token_set_f1",
+            "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                                       for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], x: str, path: Path, title: str, logx: bool = False) -> Path:
+    from memlab.plots import finish_axes, pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    xs = [r[x] for r in rows]
+    series = [("bow_recovered", "-o", "bag-of-words read-out"), ("bow_prior", ":", "its frequency prior"),
+              ("token_set_f1", "-s", "probe TF1"), ("control_token_set_f1", "--", "control TF1"),
+              ("token_accuracy", "-^", "probe token accuracy"), ("information_gain", "-d", "information gain")]
+    for key, style, label in series:
+        if all(r.get(key) is not None for r in rows):
+            ax.plot(xs, [r[key] for r in rows], style, ms=4, label=label)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    finish_axes(ax, x.replace("_", " "), "share", legend_fontsize=8)
+    return save_figure(fig, path)
+
+
+def _write(run_dir, stem: str, payload: dict, table: str, plot_fn) -> None:
+    if run_dir is None:
+        return
+    out = Path(run_dir)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    (out / f"{stem}.md").write_text(table + "\n")
+    payload["plot"] = str(plot_fn(out / "plots"))
+
+
+def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int) -> torch.Tensor:
+    """(N, T) chunks -> (N, L, D) pooled states of each layer, one forward pass per batch."""
+    out = [encoder.encode_layers(ids[i : i + batch_size], torch.ones_like(ids[i : i + batch_size]), layers)
+           for i in range(0, ids.shape[0], batch_size)]
+    return torch.cat(out)  # (N, L, D)
+
+
+def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
+    """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
+    validate(opts)
+    claim_out(run_dir)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t0 = time.perf_counter()
+    encoder = _load(opts, None)
+    if not hasattr(encoder, "encode_layers"):
+        raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
+    idx = encoder.layer_index(layers)
+    train_ids, eval_ids = probe_data(opts, encoder)
+    with T.Timer() as t_enc:
+        z_tr = encode_layers(encoder, train_ids, idx, opts.encode_batch_size)  # (N, L, D)
+        z_ev = encode_layers(encoder, eval_ids, idx, opts.encode_batch_size)  # (M, L, D)
+    log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
+    rows, cache = [], {}
+    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
+    for j, layer in enumerate(idx):
+        o = replace(opts, layer=layer, calibrate=False)
+        fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
+                           sequence=sequence)
+        rows.append({"layer": layer, **_row(fit)})
+        log(f"layer {layer}: bag-of-words recovered {rows[-1]['bow_recovered']:.3f} "
+            f"(prior {rows[-1]['bow_prior']:.3f})")
+    payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
+               "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
+               "total_s": time.perf_counter() - t0}
+    table = _table(rows, "layer")
+    _write(run_dir, "layers", payload, table, lambda d: _plot(rows, "layer", d / "layers.png",
+                                                               f"{opts.model} ({encoder.pool}): retention by layer"))
+    log(table)
+    return payload
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1000,4000"`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
+    from memlab.errors import ConfigError
+
+    try:
+        sizes = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
+    return sizes
+
+
+def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
+    """Probe readings against the number of training chunks, on one encoder pass (see the module doc)."""
+    opts = validate(replace(opts, n_train=max(sizes)))
+    claim_out(run_dir)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t0 = time.perf_counter()
+    encoder = _load(opts, None)
+    train_ids, eval_ids = probe_data(opts, encoder)  # chunks come in a seeded random order: a prefix is a sample
+    with T.Timer() as t_enc:
+        z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
+    rows = []
+    for n in sizes:
+        o = replace(opts, n_train=n, calibrate=False)
+        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
+        fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key)
+        rows.append({"n_train": n, **_row(fit)})
+        r = rows[-1]
+        log(f"n_train {n}: token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} "
+            f"(control {r['control_token_set_f1'] or 0:.3f}), information gain {r['information_gain'] or 0:.3f}, "
+            f"bag-of-words {r['bow_recovered']:.3f} (prior {r['bow_prior']:.3f}), {r['seconds']:.0f}s")
+    payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
+               "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
+    table = _table(rows, "n_train")
+    _write(run_dir, "curve", payload, table, lambda d: _plot(rows, "n_train", d / "learning_curve.png",
+                                                              f"{opts.model}: learning curve", logx=True))
+    log(table)
+    return payload

@@ -1,0 +1,178 @@
+"""Probe calibration: synthetic encoders of known content, the scores beside accuracy, the bag-of-words
+read-out, the layer sweep and the learning curve (small budgets; the full targets are measured in docs/probes.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+
+from memlab.app.cli import main
+from memlab.probes.inversion import load_options, run_probe
+from memlab.probes.synthetic import SyntheticEncoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["hidden_size=64", "num_heads=4", "num_layers=1", "batch_size=32", "seq_len=8", "n_train=600", "n_eval=64",
+         "epochs=15", "patience=15", "n_examples=1", "inputs=blank", "bag_head=false"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_corpus):
+    from memlab.data.corpus import load_corpus
+    from memlab.data.tokenizer import train_bpe
+
+    return train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
+
+
+@pytest.fixture(scope="module")
+def readings(tokenizer, small_corpus):
+    """One probe of each synthetic encoder, on the same chunks, sharing one control."""
+    cache: dict = {}
+    out = {}
+    for kind in ("concat", "bag", "constant"):
+        opts = load_options(None, SMALL, model=f"synthetic:{kind}", corpus=str(small_corpus))
+        out[kind] = run_probe(opts, encoder=SyntheticEncoder(kind, tokenizer, max_len=8), control_cache=cache)
+    return out
+
+
+def test_concat_is_rebuilt_whole(readings):
+    r = readings["concat"]
+    assert r["probe"]["token_accuracy"] >= 0.97 and r["probe"]["token_set_f1"] >= 0.97
+    assert r["probe"]["exact_match"] > 0.7 and r["probe"]["sentence_bleu"] > 0.4  # BLEU is harsh on 3-word chunks
+    assert r["control"]["token_accuracy"] < 0.3 and r["information_gain"] > 0.8
+    assert r["calibration"]["checks"][0]["metric"] == "token_accuracy"
+    assert r["calibration"]["status"] == ("passed" if r["probe"]["token_accuracy"] >= 0.99 else "failed")
+
+
+def test_bag_keeps_the_set_not_the_order(readings):
+    bag, concat = readings["bag"], readings["concat"]
+    p = bag["probe"]
+    assert bag["bow"]["recovered"] >= 0.9 and bag["bow"]["recovered"] > bag["bow"]["prior"] + 0.4  # the set...
+    assert bag["calibration"]["status"] == "passed"
+    assert p["token_accuracy"] < concat["probe"]["token_accuracy"] - 0.3  # ...not the positions
+    assert p["token_set_f1"] > bag["control"]["token_set_f1"] + 0.2  # the decoder too reads more of the set
+    assert p["token_set_f1"] - p["token_accuracy"] > 0.1 and bag["limited_by"].startswith("order-limited")
+
+
+def test_constant_gives_nothing(readings):
+    r = readings["constant"]
+    assert abs(r["information_gain"]) <= 0.01
+    assert r["calibration"]["status"] == "passed"
+    assert r["probe"]["token_accuracy"] == pytest.approx(r["control"]["token_accuracy"], abs=0.02)
+    assert abs(r["bow"]["recovered"] - r["bow"]["prior"]) < 0.05
+    assert r["limited_by"].startswith("content-limited")
+
+
+def test_failed_positive_control_is_reported(tokenizer, small_corpus):
+    from memlab.probes.report import format_summary
+
+    opts = load_options(None, SMALL, model="synthetic:concat", corpus=str(small_corpus), epochs=1, n_train=64,
+                        bow=False)
+    rep = run_probe(opts, encoder=SyntheticEncoder("concat", tokenizer, max_len=8))
+    assert rep["calibration"]["status"] == "failed" and rep["bow"] is None
+    text = format_summary(rep)
+    assert "calibration: failed" in text and "WARNING" in text and "could not see" in text
+    assert "note: n_train=64 is below" in text  # a budget under the measured saturation is marked
+
+
+def test_scores_agree_with_references():
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    from memlab.metrics import sentence_bleu as memlab_bleu
+    from memlab.probes.bow import recovered_share
+    from memlab.probes.scores import exact_match, limit_line, token_set_f1
+
+    true = torch.tensor([[1, 2, 3, 4], [5, 5, 6, 7]])
+    pred = torch.tensor([[4, 3, 2, 1], [5, 6, 9, 9]])
+    assert token_set_f1(pred, true) == pytest.approx((1.0 + 2 * 2 / (3 + 3)) / 2)
+    assert exact_match(pred, true) == 0.0 and exact_match(true, true) == 1.0
+    hyp, ref = ["the cat sat on a mat today"], ["the cat sat on the mat today"]
+    want = sentence_bleu([ref[0].split()], hyp[0].split(), smoothing_function=SmoothingFunction().method4)
+    assert memlab_bleu(hyp, ref) == pytest.approx(want)
+    # top-k with k = distinct tokens of each chunk; scores over kept ids [1, 2, 3, 5]
+    kept = torch.tensor([1, 2, 3, 5])
+    scores = torch.tensor([[0.9, 0.8, 0.1, 0.0], [0.0, 0.1, 0.2, 0.9]])
+    assert recovered_share(scores, torch.tensor([[1, 2, 1], [5, 3, 4]]), kept) == pytest.approx((1.0 + 2 / 3) / 2)
+    full = {"token_set_f1": 0.9, "token_accuracy": 0.3}
+    assert limit_line(full, {"token_set_f1": 0.1, "token_accuracy": 0.05}).startswith("order-limited")
+
+
+def test_synthetic_on_the_command_line(small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["probe", "--model", "synthetic:bag", "--corpus", str(small_corpus), "--out", str(out), "--no-control",
+            "hidden_size=32", "num_layers=1", "seq_len=8", "n_train=64", "n_eval=16", "epochs=1"]
+    assert main(args) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["encoder"]["name"] == "synthetic:bag" and rep["vocab_size"] == 4096  # the shipped BPE tokenizer
+    assert {"token_set_f1", "sentence_bleu", "exact_match"} <= set(rep["probe"]) and "calibration" in rep
+    assert "bag-of-words read-out" in capsys.readouterr().out
+    from memlab.registry import SPACES
+
+    again = SPACES.get("probe")(str(out))  # the fitted probe reloads with its synthetic encoder
+    assert again.dim == rep["encoder"]["dim"]
+    assert main(["probe", "--model", "synthetic:nope", "--corpus", str(small_corpus)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown synthetic encoder 'nope'" in err[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, tokenizer):
+    d = tmp_path_factory.mktemp("tiny-llama-cal")
+    torch.manual_seed(0)
+    tf.LlamaModel(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=4, vocab_size=len(tokenizer), max_position_embeddings=48)
+                  ).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def test_layer_sweep_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
+    from memlab.probes.loading import load_encoder
+
+    enc = load_encoder(str(tiny_llama), pool="mean")
+    ids = torch.randint(5, 300, (3, 8))
+    all_layers = enc.encode_layers(ids, torch.ones_like(ids), [0, 1, 2])  # (3, 3, 32)
+    for j in range(3):  # the one-pass capture equals the single-layer encoder at each layer
+        single = load_encoder(str(tiny_llama), pool="mean", layer=j).encode(ids, torch.ones_like(ids))
+        assert torch.allclose(all_layers[:, j], single, atol=1e-5)
+    out = tmp_path / "layers"
+    base = ["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--pool", "mean", "--out", str(out),
+            "seq_len=8", "n_train=64", "n_eval=16", "hidden_size=32", "num_layers=1", "epochs=1"]
+    assert main([*base, "--layers", "all", "--layers-sequence"]) == 0
+    res = json.loads((out / "layers.json").read_text())
+    assert [r["layer"] for r in res["rows"]] == [0, 1, 2]
+    assert all(0 <= r["bow_recovered"] <= 1 and "token_set_f1" in r for r in res["rows"])
+    assert (out / "plots" / "layers.png").stat().st_size > 1000 and (out / "layers.md").is_file()
+    capsys.readouterr()
+    fresh = [str(tmp_path / "layers-bad") if a == str(out) else a for a in base]
+    assert main([*fresh, "--layers", "0,5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of range" in err[0]
+
+
+def test_learning_curve_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
+    out = tmp_path / "curve"
+    base = ["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),
+            "seq_len=8", "n_eval=16", "hidden_size=32", "num_layers=1", "epochs=1"]
+    assert main([*base, "--n-train", "64,32"]) == 0
+    res = json.loads((out / "curve.json").read_text())
+    assert [r["n_train"] for r in res["rows"]] == [32, 64]
+    assert all("information_gain" in r and "bow_recovered" in r for r in res["rows"])
+    assert (out / "plots" / "learning_curve.png").stat().st_size > 1000
+    capsys.readouterr()
+    fresh = [str(tmp_path / "curve-bad") if a == str(out) else a for a in base]
+    assert main([*fresh, "--n-train", "64,10000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds only" in err[0] and "10000000 asked" in err[0]
+
+
+def test_calibrate_option_runs_positive_controls(tiny_llama, small_corpus):
+    opts = load_options(None, SMALL, model=str(tiny_llama), corpus=str(small_corpus), calibrate=True, epochs=1,
+                        n_train=64)
+    rep = run_probe(opts)
+    cal = rep["calibration"]
+    assert [c["control"].split()[0] for c in cal["checks"]] == ["synthetic:concat", "synthetic:bag"]
+    assert cal["status"] == ("passed" if all(c["passed"] for c in cal["checks"]) else "failed")
