@@ -84,3 +84,27 @@ def write_config(path: Path, corpus: Path, **sections) -> Path:
         cfg.setdefault(k, {}).update(v) if isinstance(v, dict) else cfg.__setitem__(k, v)
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(small_corpus):
+    """A 300-token byte-level BPE trained on the small corpus (probe tests)."""
+    from memlab.data.corpus import load_corpus
+    from memlab.data.tokenizer import train_bpe
+
+    return train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, tokenizer):
+    """A saved 2-layer, 32-wide random Llama causal LM with the probe tokenizer (probe tests)."""
+    import torch
+    import transformers as tf
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=len(tokenizer),
+                                       max_position_embeddings=48)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d

@@ -23,25 +23,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(small_corpus):
-    from memlab.data.corpus import load_corpus
-    from memlab.data.tokenizer import train_bpe
-
-    return train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, tokenizer):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=4, vocab_size=len(tokenizer), max_position_embeddings=48)
-                        ).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory, tokenizer):
     d = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)

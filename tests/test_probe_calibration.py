@@ -20,14 +20,6 @@ SMALL = ["hidden_size=64", "num_heads=4", "num_layers=1", "batch_size=32", "seq_
 
 
 @pytest.fixture(scope="module")
-def tokenizer(small_corpus):
-    from memlab.data.corpus import load_corpus
-    from memlab.data.tokenizer import train_bpe
-
-    return train_bpe([d.text for d in load_corpus(str(small_corpus))], 300)
-
-
-@pytest.fixture(scope="module")
 def readings(tokenizer, small_corpus):
     """One probe of each synthetic encoder, on the same chunks, sharing one control."""
     cache: dict = {}
@@ -116,17 +108,6 @@ def test_synthetic_on_the_command_line(small_corpus, tmp_path, capsys):
     assert main(["probe", "--model", "synthetic:nope", "--corpus", str(small_corpus)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown synthetic encoder 'nope'" in err[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, tokenizer):
-    d = tmp_path_factory.mktemp("tiny-llama-cal")
-    torch.manual_seed(0)
-    tf.LlamaModel(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=4, vocab_size=len(tokenizer), max_position_embeddings=48)
-                  ).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
 
 
 def test_layer_sweep_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
