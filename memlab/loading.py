@@ -32,12 +32,18 @@ def load_pretrained(path: str | Path, model_class=None):
     d = resolve_model_dir(path)
     if model_class is None:
         model_class = FAMILIES.get(family_of(d)).model_class
+    from memlab.train.checkpoint import weights_are_finite
+
     try:
-        return model_class.from_pretrained(str(d))
+        model = model_class.from_pretrained(str(d))
     except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
         if type(e).__name__ not in ("SafetensorError", "JSONDecodeError") and not isinstance(e, OSError):
             raise
         raise ModelError(f"{d}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
+    if not weights_are_finite(model):  # a diverged model is refused, not run to print nothing
+        raise ModelError(f"{d}: the saved weights hold NaN or infinite values; the model diverged (use an earlier "
+                         "checkpoint or retrain with a lower train.lr)")
+    return model
 
 
 def family_of(model_dir: str | Path) -> str:

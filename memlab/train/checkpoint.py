@@ -168,24 +168,6 @@ def _warn(msg: str) -> None:
         print(f"memlab: warning: {msg}", file=sys.stderr)
 
 
-def check_finite_files(model_dir: Path) -> None:
-    """A one-line ModelError when a saved model's safetensors hold NaN or infinite values (or cannot be read)."""
-    from safetensors import safe_open
-
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
-                    t = fh.get_tensor(name)
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                        raise ModelError(f"{f}: tensor '{name}' holds NaN or infinite values; the model diverged "
-                                         "and cannot generate (use an earlier checkpoint or retrain with a lower train.lr)")
-        except ModelError:
-            raise
-        except Exception as e:  # SafetensorError: truncated or corrupt
-            raise ModelError(f"{f} is damaged ({' '.join(str(e).split())[:120]})") from None
-
-
 def weights_are_finite(model) -> bool:
     """Whether every parameter and buffer of ``model`` is finite (one device sync)."""
     flags = [torch.isfinite(t).all() for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]

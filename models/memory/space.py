@@ -131,13 +131,13 @@ class MemorySpace:
 def load(spec: str | None = None, device: str | None = None, **kw) -> MemorySpace:
     """``SPACES.get("memory_ae")(spec)``: ``spec`` is a run directory, a checkpoint or a ``save_pretrained``
     folder with the tokenizer saved beside the model; ``None`` loads the bundled ``pretrained/`` model."""
-    from memlab.loading import load_run_tokenizer, resolve_model_dir
+    from memlab.loading import load_pretrained, load_run_tokenizer, resolve_model_dir
 
     path = Path(spec) if spec is not None else PRETRAINED_DIR
     if spec is None and not (path / "config.json").is_file():
         raise ModelError(f"no bundled memory autoencoder at {path}; pass a run directory or a saved model folder")
     d = resolve_model_dir(path)
-    model = MemoryModel.from_pretrained(str(d))
+    model = load_pretrained(d, MemoryModel)
     if device is not None:
         model.to(device)
     return MemorySpace(model, load_run_tokenizer(d))

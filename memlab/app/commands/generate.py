@@ -36,9 +36,6 @@ def run(args) -> int:
     opts = GenerationOptions(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
                              top_p=args.top_p, num_beams=args.num_beams, max_sentences=args.max_sentences)
     d = resolve_model_dir(args.run)
-    from memlab.train.checkpoint import check_finite_files
-
-    check_finite_files(d)  # a diverged (NaN) model is refused, not run to print the prompt alone
     torch.manual_seed(args.seed)
     family = family_of(d)
     if any(not p.strip() for p in args.prompt):
