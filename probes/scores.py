@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from memlab.probes.train import shift_right
-
 
 @torch.no_grad()
 def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128) -> torch.Tensor:

@@ -64,28 +64,25 @@ class FittedProbe:
         z = self._check(z)
         steps = min(max_new_tokens, self.max_length)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        if not do_sample and (num_beams <= 1 or self.decoder.config.inputs == "blank"):
+            from memlab.probes.scores import reconstruct_ids
+
+            seq = reconstruct_ids(self.decoder, z, steps)  # (B, T): the greedy reconstruction the report scores
+            return self.tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         b = z.shape[0]
         start = int(self.decoder.config.start_id)
-        if self.decoder.config.inputs == "blank":  # every position is predicted at once from z alone
+        if self.decoder.config.inputs == "blank":  # every position is sampled at once from z alone
             logits = self.decoder(z, torch.full((b, steps), start, dtype=torch.long))  # (B, T, C)
-            if do_sample:
-                logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
-                probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
-                seq = torch.multinomial(probs, 1, generator=gen).view(b, steps)  # (B, T)
-            else:
-                seq = self.decoder.predict_full(logits)  # (B, T)
+            logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
+            probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
+            seq = torch.multinomial(probs, 1, generator=gen).view(b, steps)  # (B, T)
             return self.tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         if num_beams > 1:
             return self._beam(z, steps, num_beams)
         seq = torch.full((b, 1), start, dtype=torch.long)  # (B, 1)
         for _ in range(steps):
-            logits = self.decoder(z, seq)[:, -1:]  # (B, 1, C)
-            if do_sample:
-                logp = self.decoder.full_log_probs(logits)[:, 0] / max(temperature, 1e-6)  # (B, V)
-                probs = _top_p(torch.softmax(logp, -1), top_p)
-                nxt = torch.multinomial(probs, 1, generator=gen)  # (B, 1)
-            else:
-                nxt = self.decoder.predict_full(logits)  # (B, 1)
+            logp = self.decoder.full_log_probs(self.decoder(z, seq)[:, -1:])[:, 0] / max(temperature, 1e-6)  # (B, V)
+            nxt = torch.multinomial(_top_p(torch.softmax(logp, -1), top_p), 1, generator=gen)  # (B, 1)
             seq = torch.cat([seq, nxt], dim=1)
         return self.tokenizer.batch_decode(seq[:, 1:].tolist(), skip_special_tokens=True)
 

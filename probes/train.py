@@ -78,7 +78,7 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
         raise DataError(f"unknown split '{split}'; use train, validation or test")
     texts = splits[split]
     if not texts:  # names the empty split and how the corpus was cut
-        require_split(make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0), split, corpus)
+        require_split(_splits(corpus), split, corpus)
     order = np.random.default_rng(seed).permutation(len(texts))
     chosen, n_chars = [], 0
     need_chars = 8 * seq_len * n * 2  # about 4 characters a token, twice the need

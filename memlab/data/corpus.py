@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 
 from memlab.errors import DataError
 from memlab.registry import CORPORA
