@@ -56,13 +56,13 @@ def check_available(names: list[str]) -> None:
                               f"(pip install {TRACKERS[n]}), or leave {n} out of train.log_with")
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict[str, Any]:
     """A nested config -> ``{"a.b": value}`` with values TensorBoard's hparams accept (bool, int, float, str)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
+            out.update(flatten(v, key + sep, sep))
         elif isinstance(v, (bool, int, float, str)):
             out[key] = v
         else:
@@ -150,16 +150,8 @@ def start(log_with: Any, run_dir: Path, run_name: str, config: dict | None = Non
 def log_report(report: dict[str, Any], run_dir: str | Path, log_with: Any = "tensorboard", name: str = "probe",
                step: int = 0) -> None:
     """Log a finished report's numbers (nested keys joined with '/') and its options as hyperparameters."""
-    values: dict[str, Any] = {}
-
-    def walk(d: dict, prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}/")
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                values[f"{prefix}{k}"] = v
-
-    walk({k: v for k, v in report.items() if k not in ("options", "history", "examples")}, "")
+    numbers = flatten({k: v for k, v in report.items() if k not in ("options", "history", "examples")}, sep="/")
+    values = {k: v for k, v in numbers.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     t = start(log_with, Path(run_dir), name, config=report.get("options") if isinstance(report.get("options"), dict) else None)
     if t is None:
         return

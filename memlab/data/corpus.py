@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-
 from memlab.errors import DataError
 from memlab.registry import CORPORA
 

@@ -160,8 +160,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         summary.update({"name": cfg.name, "recipe": cfg.recipe, "family": cfg.model.family, "run_dir": str(run_dir)})
         from memlab.data.views import split_description
 
-        if split_description(cfg.data):
-            summary["data_split"] = split_description(cfg.data)
+        if split := split_description(cfg.data):
+            summary["data_split"] = split
         if trainer.acc.is_main_process:
             _write_summary(run_dir, summary)
             from memlab.plots import plot_metrics
