@@ -81,17 +81,10 @@ def run_dir_of(model_dir: str | Path) -> Path | None:
 def run_config(model_dir: str | Path) -> dict:
     """The resolved experiment config (``RUN/config.yaml``) of the run that saved ``model_dir``, as a
     dict; empty for a standalone saved folder."""
-    import yaml
-
-    from memlab.errors import ConfigError
+    from memlab.config import read_yaml
 
     run = run_dir_of(model_dir)
-    if run is None:
-        return {}
-    try:
-        return yaml.safe_load((run / "config.yaml").read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{run / 'config.yaml'}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return (read_yaml(run / "config.yaml") or {}) if run is not None else {}
 
 
 TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")

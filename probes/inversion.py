@@ -150,16 +150,14 @@ def validate(opts: ProbeOptions) -> ProbeOptions:
 
 def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
     """ProbeOptions from a YAML file (strict keys), dotted ``key=value`` overrides, then keyword values."""
-    import yaml
-
-    from memlab.config import apply_overrides, from_dict, to_dict
+    from memlab.config import apply_overrides, from_dict, read_yaml, to_dict
 
     data: dict = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"probe config not found: {p}")
-        data = yaml.safe_load(p.read_text()) or {}
+        data = read_yaml(p) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: a probe config must be a YAML mapping")
         if "recipe" in data:  # an experiment file (recipe: probe): the options section holds the probe

@@ -150,14 +150,12 @@ def non_embedding_params(model) -> int:
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
     """Read and validate a sweep: every size's experiment config is built and checked strictly."""
-    import yaml
-
-    from memlab.config import from_dict
+    from memlab.config import from_dict, read_yaml
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep config not found: {p}")
-    cfg = from_dict(SweepConfig, yaml.safe_load(p.read_text()) or {})
+    cfg = from_dict(SweepConfig, read_yaml(p) or {})
     if not cfg.families:
         raise ConfigError(f"{p}: a sweep needs at least one entry in 'families'")
     for fam in cfg.families:
@@ -170,14 +168,12 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
 
 def experiment_for(sweep: SweepConfig, fam: SweepFamily, i: int):
     """The validated ExperimentConfig of size ``i`` of ``fam``."""
-    import yaml
-
-    from memlab.config import apply_overrides, experiment_from_dict
+    from memlab.config import apply_overrides, experiment_from_dict, read_yaml
 
     base = Path(fam.base)
     if not base.is_file():
         raise ConfigError(f"sweep family '{fam.label}': base config not found: {base}")
-    data = yaml.safe_load(base.read_text()) or {}
+    data = read_yaml(base) or {}
     apply_overrides(data, list(fam.overrides))
     model = data.setdefault("model", {})
     model["overrides"] = {**(model.get("overrides") or {}), **fam.sizes[i]}

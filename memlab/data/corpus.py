@@ -280,11 +280,11 @@ def units(docs: Iterable[Document], split_by: str) -> list[Document]:
     cut = [split_chapters(d) for d in docs]
     if sum(len(c) for c in cut) >= MIN_UNITS:
         return [c for parts in cut for c in parts]
-    whole = [d for d, parts in zip(docs, cut) if len(parts) == 1 and parts[0] is d]
-    size = block_size(whole) if whole else 0
+    plain = [len(parts) == 1 and parts[0] is d for d, parts in zip(docs, cut)]  # no chapter headings
+    size = block_size([d for d, p in zip(docs, plain) if p]) if any(plain) else 0
     out: list[Document] = []
-    for d, parts in zip(docs, cut):
-        out.extend(paragraph_blocks(d, size) if (len(parts) == 1 and parts[0] is d) else parts)
+    for d, parts, p in zip(docs, cut, plain):
+        out.extend(paragraph_blocks(d, size) if p else parts)
     return out
 
 
