@@ -1,13 +1,16 @@
-"""memlab quickstart: probe a memory autoencoder, a small causal LM and MiniLM (and SmolLM2) on the same text."""
+"""memlab quickstart: probe a memory autoencoder, small causal LMs, MiniLM (trained and random) and SmolLM2
+beside the calibration encoders, on the same held-out text."""
 
 from __future__ import annotations
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("quickstart", help="the README's first command: compare what models remember (offline, minutes)",
-                       description="Probe a memory autoencoder, a small causal LM, the packaged MiniLM (and SmolLM2 "
-                                   "where installed) and a random-init floor on the same held-out text; print a "
-                                   "table and write report.json, table.md and a plot into the run directory.")
+                       description="Probe a memory autoencoder, a small causal LM and its random-weight twin, the "
+                                   "packaged MiniLM and a random-weight MiniLM (and SmolLM2 where installed) on the "
+                                   "same held-out text, beside the calibration encoders synthetic:concat|bag|constant; "
+                                   "print a table and write summary.json, table.md, a plot and one probe run per "
+                                   "entry into the run directory.")
     p.add_argument("--out", help="run directory (default runs/quickstart-TIMESTAMP)")
     p.add_argument("--retrain", action="store_true",
                    help="train the memory autoencoder and the causal LM from scratch instead of using the shipped checkpoints")
