@@ -14,6 +14,11 @@ Token inputs (``inputs``):
 * ``blank``: every input is the start token (blank copy), so all the decoder
   knows of a chunk comes through the embedding.
 
+Input dropout (``input_dropout``, teacher inputs only): while training, that
+share of the true previous tokens is replaced by the start token, so the
+decoder cannot lean on its own language model alone and must read the
+embedding (word dropout); evaluation and generation see every true token.
+
 Bag head (``bag_head``): a linear map of the embedding to the output classes,
 the same for every position, added to each position's logits: a
 bag-of-words read-out inside the decoder that every position trains.
@@ -45,7 +50,7 @@ class ProbeDecoderConfig(PretrainedConfig):
                  start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                  intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
                  prefix_len: int = 4, inputs: str = "teacher", cond_dropout: float = 0.0, bag_head: bool = False,
-                 **kwargs):
+                 input_dropout: float = 0.0, repeat_penalty: float = 0.0, **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
@@ -59,6 +64,8 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.prefix_len = prefix_len
         self.inputs = inputs
         self.cond_dropout = cond_dropout  # dropout on the standardised embedding while training (regularises the map)
+        self.input_dropout = input_dropout  # share of teacher inputs replaced by the start token while training
+        self.repeat_penalty = repeat_penalty  # nats off a token already in the greedy reconstruction (teacher inputs)
         self.bag_head = bag_head  # add a position-shared linear read-out of the embedding to every position's logits
         super().__init__(**kwargs)
 
@@ -131,6 +138,9 @@ class ProbeDecoder(PreTrainedModel):
             raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
         if c.inputs == "blank":
             decoder_input_ids = torch.full_like(decoder_input_ids, c.start_id)  # (B, T)
+        elif self.training and getattr(c, "input_dropout", 0.0):
+            drop = torch.rand(decoder_input_ids.shape, device=decoder_input_ids.device) < c.input_dropout  # (B, T)
+            decoder_input_ids = decoder_input_ids.masked_fill(drop, c.start_id)  # (B, T)
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
         x = self.body.embed_tokens(ids)  # (B, T, d)
         zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)

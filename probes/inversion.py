@@ -77,6 +77,13 @@ class ProbeOptions:
     """Decoder token inputs: teacher (true previous tokens, greedy generation is autoregressive: the decoder's
     language knowledge helps, as the control shows) or blank (start token everywhere: all it knows comes from the
     embedding; it cannot spread an order-free set over positions)."""
+    input_dropout: float = 0.0
+    """Teacher inputs only: share of the true previous tokens replaced by the start token while training (word
+    dropout: the decoder must read the embedding rather than lean on its language model)."""
+    repeat_penalty: float = 1.5
+    """Teacher inputs only: nats taken off the log-probability of each token already in the greedy reconstruction
+    (0: plain greedy). A weak decoder otherwise loops on one phrase, which hides the tokens it does read (TF1, BLEU
+    and exact match score the reconstruction; token accuracy and CE are teacher forced and do not use it)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
@@ -135,6 +142,11 @@ def validate(opts: ProbeOptions) -> ProbeOptions:
         raise ConfigError(f"'inputs' must be teacher or blank, got {opts.inputs!r}")
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
+    for k in ("input_dropout", "cond_dropout"):
+        if not 0.0 <= getattr(opts, k) < 1.0:
+            raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
+    if opts.repeat_penalty < 0:
+        raise ConfigError(f"'repeat_penalty' must be >= 0, got {opts.repeat_penalty}")
     if not 0.0 <= opts.val_fraction < 1.0:
         raise ConfigError(f"'val_fraction' must be in [0, 1), got {opts.val_fraction}")
     for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",

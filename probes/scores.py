@@ -1,6 +1,7 @@
 """Reconstruction scores of a probe beside token accuracy and H_r, and what limits the reading.
 
-Definitions (held-out chunks, the greedy reconstruction against the true chunk):
+Definitions (held-out chunks, the reconstruction against the true chunk; the reconstruction is greedy, with a
+repetition penalty for autoregressive decoders, see :func:`reconstruct_ids`):
 
 * **Token-set F1** (TF1, order-free, as vec2text's): F1 between the set of
   token ids of the reconstruction and the set of the true chunk, per chunk,
@@ -18,11 +19,18 @@ import torch
 
 
 @torch.no_grad()
-def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128) -> torch.Tensor:
-    """Greedy reconstruction ``(N, T)`` token ids from embeddings ``z`` (N, D)."""
+def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
+                    repeat_penalty: float | None = None) -> torch.Tensor:
+    """The reconstruction ``(N, T)`` token ids from embeddings ``z`` (N, D).
+
+    Blank inputs: every position's argmax at once. Teacher inputs: greedy, token by token, where each token
+    already in the reconstruction has its log-probability lowered by ``repeat_penalty`` nats (default: the
+    decoder's ``config.repeat_penalty``; 0 is plain greedy), so a weak decoder does not loop on one phrase.
+    """
     dec.eval()
     device = next(dec.parameters()).device
     start = int(dec.config.start_id)
+    penalty = float(getattr(dec.config, "repeat_penalty", 0.0) if repeat_penalty is None else repeat_penalty)
     out = []
     for i in range(0, z.shape[0], batch_size):
         zb = z[i : i + batch_size].to(device)  # (b, D)
@@ -30,9 +38,13 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128) -
             seq = dec.predict_full(dec(zb, torch.full((zb.shape[0], seq_len), start, device=device)))  # (b, T)
         else:
             seq = torch.full((zb.shape[0], 1), start, dtype=torch.long, device=device)  # (b, 1)
-            for _ in range(seq_len):
-                nxt = dec.predict_full(dec(zb, seq)[:, -1:])  # (b, 1)
-                seq = torch.cat([seq, nxt], dim=1)
+            for t in range(seq_len):
+                logits = dec(zb, seq)[:, -1:].float()  # (b, 1, C)
+                if penalty and t:  # the same shift of a class's logit shifts its log-probability alike
+                    used = dec.to_compact[seq[:, 1:]]  # (b, t) compact ids already written
+                    pen = torch.zeros(logits.shape[0], logits.shape[-1], device=device)  # (b, C)
+                    logits = logits - pen.scatter_(1, used, penalty).unsqueeze(1)  # (b, 1, C)
+                seq = torch.cat([seq, dec.predict_full(logits)], dim=1)  # (b, t + 2)
             seq = seq[:, 1:]  # (b, T)
         out.append(seq.cpu())
     return torch.cat(out)  # (N, T)
