@@ -82,9 +82,6 @@ def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor
         scores = head((z_eval - mean) / std)  # (M, n)
     got = recovered_share(scores, ids_eval, kept)
     base = recovered_share(prior.expand(ids_eval.shape[0], -1), ids_eval, kept)
-    fitted = {"weight": head.weight.detach().clone(), "bias": head.bias.detach().clone(), "mean": mean, "std": std,
-              "kept": kept}  # (n, D), (n,), (D,), (D,), (n,): logits = weight @ ((z - mean) / std) + bias over kept ids
     return {"recovered": got, "prior": base, "gain": got - base, "epochs": ep, "kept_vocab": int(kept.numel()),
-            "_head": fitted,
             "definition": "share of each held-out chunk's k distinct tokens among the read-out's top k (prior: the k "
                           "tokens in most training chunks), averaged over chunks"}

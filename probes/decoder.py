@@ -21,11 +21,7 @@ embedding (word dropout); evaluation and generation see every true token.
 
 Bag head (``bag_head``): a linear map of the embedding to the output classes,
 the same for every position, added to each position's logits: a
-bag-of-words read-out inside the decoder that every position trains. With
-``bag_frozen`` it is instead the separately fitted, early-stopped
-bag-of-words read-out (:mod:`memlab.probes.bow`, set by
-:meth:`ProbeDecoder.set_bag_readout`), frozen, its log-odds scaled by one
-learnt gain.
+bag-of-words read-out inside the decoder that every position trains.
 
 Embeddings are standardised per dimension with statistics of the training
 cache (buffers ``z_mean``, ``z_std``; each std floored at a tenth of the
@@ -54,7 +50,7 @@ class ProbeDecoderConfig(PretrainedConfig):
                  start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                  intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
                  prefix_len: int = 4, inputs: str = "teacher", cond_dropout: float = 0.0, bag_head: bool = False,
-                 input_dropout: float = 0.0, repeat_penalty: float = 0.0, bag_frozen: bool = False, **kwargs):
+                 input_dropout: float = 0.0, repeat_penalty: float = 0.0, **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
@@ -70,7 +66,6 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.cond_dropout = cond_dropout  # dropout on the standardised embedding while training (regularises the map)
         self.input_dropout = input_dropout  # share of teacher inputs replaced by the start token while training
         self.repeat_penalty = repeat_penalty  # nats off a token already in the greedy reconstruction (teacher inputs)
-        self.bag_frozen = bag_frozen  # the bag head is the fitted bag-of-words read-out, frozen, with a learnt gain
         self.bag_head = bag_head  # add a position-shared linear read-out of the embedding to every position's logits
         super().__init__(**kwargs)
 
@@ -107,12 +102,7 @@ class ProbeDecoder(PreTrainedModel):
         self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
         # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
         # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
-        frozen = bool(getattr(c, "bag_frozen", False))
-        self.bag = nn.Linear(c.embed_dim, n_classes, bias=frozen) if getattr(c, "bag_head", False) else None
-        self.bag_gain = None
-        if self.bag is not None and frozen:
-            self.bag.requires_grad_(False)
-            self.bag_gain = nn.Parameter(torch.ones(()))
+        self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
         self.register_buffer("z_mean", torch.zeros(c.embed_dim))
         self.register_buffer("z_std", torch.ones(c.embed_dim))
         self.post_init()
@@ -125,10 +115,8 @@ class ProbeDecoder(PreTrainedModel):
 
     def post_init(self):
         super().post_init()
-        if self.bag is not None:  # starts silent: the decoder begins as without it (until a read-out is set)
+        if self.bag is not None:  # starts silent: the decoder begins as without it
             nn.init.zeros_(self.bag.weight)
-            if self.bag.bias is not None:
-                nn.init.zeros_(self.bag.bias)
 
     def set_normalization(self, z: torch.Tensor) -> None:
         """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
@@ -138,29 +126,6 @@ class ProbeDecoder(PreTrainedModel):
         # dimensions that hardly vary in training must not blow up when they do vary later
         floor = 0.1 * float(live.median()) if live.numel() else 1.0
         self.z_std.copy_(std.clamp(min=max(floor, 1e-6)))
-
-    @torch.no_grad()
-    def set_bag_readout(self, head: dict) -> None:
-        """Load a fitted bag-of-words read-out (``fit_bow(...)["_head"]``) into the frozen bag head.
-
-        The read-out scores the ids it saw (``kept``) on its own standardisation of ``z``; it is rewritten for
-        this decoder's standardised input and classes. Classes it never scored (the start token, *other*) get
-        its lowest bias: tokens it never saw present. Call after :meth:`set_normalization`.
-        """
-        if self.bag_gain is None:
-            raise ValueError("set_bag_readout needs a decoder built with bag_head=True and bag_frozen=True")
-        w, b, mean, std, kept = (head[k].float() if k != "kept" else head[k] for k in ("weight", "bias", "mean", "std", "kept"))
-        # readout = w @ ((z - mean) / std) + b, and z = zn * z_std + z_mean
-        w_zn = w * (self.z_std / std).unsqueeze(0)  # (n, D)
-        b_zn = b + w @ ((self.z_mean - mean) / std)  # (n,)
-        cls = self.to_compact[kept.clamp(max=self.config.vocab_size)]  # (n,) decoder class of each read-out id
-        weight = torch.zeros_like(self.bag.weight)  # (C, D)
-        bias = torch.full_like(self.bag.bias, float(b_zn.min()))  # (C,)
-        ok = cls < self.num_kept  # ids the decoder keeps (all of them when both saw the same training chunks)
-        weight[cls[ok]] = w_zn[ok]
-        bias[cls[ok]] = b_zn[ok]
-        self.bag.weight.copy_(weight)
-        self.bag.bias.copy_(bias)
 
     def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
         """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
@@ -191,8 +156,7 @@ class ProbeDecoder(PreTrainedModel):
             h = h[:, c.prefix_len :]  # (B, T, d)
         logits = self.lm_head(h)  # (B, T, C)
         if self.bag is not None:
-            bag = self.bag(zn) if self.bag_gain is None else self.bag_gain * self.bag(zn)  # (B, C)
-            logits = logits + bag.unsqueeze(1)  # (B, 1, C) added at every position
+            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:

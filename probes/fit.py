@@ -30,19 +30,11 @@ that emits every position at once cannot spread an order-free set over positions
 token), so its TF1 is reported but not the test."""
 
 
-def fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder",
-                 bag: dict | None = None):
-    """Train a fresh decoder on (z_train, train_ids); returns (decoder, held-out metrics, history, seconds).
-
-    A frozen bag head (``bag_frozen``) is the bag-of-words read-out of the same embeddings: ``bag`` (a
-    :func:`fit_bow_readout` result on ``z_train``) or, when None, one fitted here (its time is counted).
-    """
+def fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
+    """Train a fresh decoder on (z_train, train_ids); returns (decoder, held-out metrics, history, seconds)."""
     dec = T.build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
     dec.set_normalization(z_train)
     with T.Timer() as t:
-        if dec.bag_gain is not None:
-            bag = bag if bag is not None else fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed)
-            dec.set_bag_readout(bag["_head"])
         hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc=desc)
     metrics = T.evaluate(dec, z_eval, eval_ids)
     metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok))
@@ -145,12 +137,9 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
     out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None, "bow": None,
            "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
            "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
-    bag = None
-    if bow or (sequence and opts.bag_head and getattr(opts, "bag_frozen", False)):  # one read-out serves both
-        bag = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed)
     if sequence:
         dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = fit_sequence(
-            opts, tok, train_ids, eval_ids, z_train, z_eval, bag=bag)
+            opts, tok, train_ids, eval_ids, z_train, z_eval)
         out["_decoder"] = dec
         if opts.control:
             c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = fit_control(
@@ -159,7 +148,7 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
             out["information_gain"] = T.information_gain(out["probe"]["ce"], c["ce"])
         out["limited_by"] = limit_line(out["probe"], out["control"])
     if bow:
-        out["bow"] = {k: v for k, v in bag.items() if k != "_head"}
+        out["bow"] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed)
         out["timing"]["bow_s"] = out["bow"]["seconds"]
     out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
     return out

@@ -92,9 +92,6 @@ class ProbeOptions:
     """Decoder attention heads."""
     bag_head: bool = True
     """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
-    bag_frozen: bool = False
-    """With bag_head: the bag head is the fitted bag-of-words read-out (early-stopped on its own), frozen, scaled by
-    one learnt gain, instead of a map trained with the decoder."""
     cond_dropout: float = 0.0
     """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
     epochs: float = 10.0

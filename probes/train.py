@@ -157,7 +157,7 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
                              max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
                              inputs=opts.inputs, cond_dropout=getattr(opts, "cond_dropout", 0.0),
-                             bag_head=getattr(opts, "bag_head", False), bag_frozen=getattr(opts, "bag_frozen", False),
+                             bag_head=getattr(opts, "bag_head", False),
                              input_dropout=getattr(opts, "input_dropout", 0.0),
                              repeat_penalty=getattr(opts, "repeat_penalty", 0.0))
     return ProbeDecoder(cfg)

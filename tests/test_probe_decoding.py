@@ -69,24 +69,3 @@ def test_repeat_penalty_stops_a_greedy_loop():
 def test_decoding_options_are_checked(key, value):
     with pytest.raises(ConfigError, match=key):
         validate(ProbeOptions(**{key: value}))
-
-
-def test_frozen_bag_head_is_the_fitted_read_out():
-    from memlab.probes.bow import fit_bow
-
-    torch.manual_seed(1)
-    ids = torch.randint(1, V, (80, 6))  # (N, T); id 0 (start) never occurs
-    z = torch.randn(80, 4) * 3 + 1  # (N, D)
-    head = fit_bow(z[:60], ids[:60], z[60:], ids[60:], epochs=3)["_head"]
-    dec = _decoder(bag_head=True, bag_frozen=True, kept_ids=sorted(set(ids[:60].flatten().tolist())))
-    dec.set_normalization(z[:60])
-    dec.set_bag_readout(head)
-    zn = (z[60:] - dec.z_mean) / dec.z_std  # (M, D)
-    got = dec.bag(zn)[:, dec.to_compact[head["kept"]]]  # (M, n)
-    want = ((z[60:] - head["mean"]) / head["std"]) @ head["weight"].T + head["bias"]  # (M, n)
-    assert torch.allclose(got, want, atol=1e-4)
-    assert not dec.bag.weight.requires_grad and dec.bag_gain.requires_grad
-    start = dec.to_compact[0]
-    assert dec.bag(zn)[:, start].eq(head["bias"].min()).all()  # never seen present: the lowest bias
-    with pytest.raises(ValueError, match="bag_frozen"):
-        _decoder(bag_head=True).set_bag_readout(head)
