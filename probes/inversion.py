@@ -92,13 +92,19 @@ class ProbeOptions:
     """Decoder attention heads."""
     bag_head: bool = True
     """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
+    select_decoder: bool = True
+    """With bag_head: also fit the plain decoder (no bag head, input dropout 0.3) and keep the one with the lower
+    held-back CE (needs val_fraction > 0). The bag head reads content a positional read-out cannot learn from few
+    chunks; it slows the read-out of embeddings that keep every position (docs/probes.md). Costs one more decoder."""
     cond_dropout: float = 0.0
     """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
-    epochs: float = 10.0
-    """Most passes of the decoder over the cached training embeddings (early stopping may end sooner)."""
+    epochs: float = 30.0
+    """Most passes of the decoder over the cached training embeddings; early stopping usually ends sooner (real
+    encoders over-fit within 3-6 epochs), while a decoder that still improves keeps going (concat needs ~30)."""
     val_fraction: float = 0.1
-    """Share of the training chunks held back for early stopping (0: train all epochs, keep the last weights)."""
-    patience: int = 2
+    """Share of the training chunks held back for early stopping and decoder selection (0: train all epochs, keep
+    the last weights, no selection)."""
+    patience: int = 3
     """Early stopping: epochs without a better held-back CE before training stops (best weights are kept)."""
     batch_size: int = 32
     """Decoder batch size."""
@@ -267,7 +273,9 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, z_eval, fit: 
         "n_train": int(train_ids.shape[0]), "n_eval": int(eval_ids.shape[0]),
         "decoder": None if dec is None else {"parameters": sum(p.numel() for p in dec.parameters()),
                                              "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
-                                             "inputs": opts.inputs},
+                                             "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
+                                             "input_dropout": float(dec.config.input_dropout),
+                                             "repeat_penalty": float(dec.config.repeat_penalty)},
         **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by", "bow",
                                   "calibration", "history")},
         "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],

@@ -103,6 +103,10 @@ def format_summary(report: dict) -> str:
         lines.append(_metrics_line("probe:", p))
     if c:
         lines.append(_metrics_line("control:", c) + f"  information_gain={report['information_gain']:.3f}")
+    choice = (p or {}).get("decoder_choice")
+    if choice:
+        lines.append(f"decoder kept: {choice['kept']} (held-back CE {choice['bag_head']:.3f} with the bag head, "
+                     f"{choice['plain']:.3f} plain)")
     if report.get("limited_by"):
         lines.append(f"limited by: {report['limited_by']}")
     b = report.get("bow")

@@ -157,3 +157,25 @@ def test_calibrate_option_runs_positive_controls(tiny_llama, small_corpus):
     cal = rep["calibration"]
     assert [c["control"].split()[0] for c in cal["checks"]] == ["synthetic:concat", "synthetic:bag"]
     assert cal["status"] == ("passed" if all(c["passed"] for c in cal["checks"]) else "failed")
+
+
+@pytest.mark.parametrize("select", [True, False])
+def test_decoder_selection_keeps_the_lower_held_back_ce(tokenizer, small_corpus, select):
+    from memlab.probes.fit import PLAIN_INPUT_DROPOUT
+
+    over = [o for o in SMALL if not o.startswith(("inputs", "bag_head", "epochs", "patience"))]
+    opts = load_options(None, over + ["inputs=teacher", "bag_head=true", "epochs=4", "patience=4",
+                                      f"select_decoder={str(select).lower()}"],
+                        model="synthetic:concat", corpus=str(small_corpus), control=False, bow=False)
+    r = run_probe(opts, encoder=SyntheticEncoder("concat", tokenizer, max_len=8))
+    dec = r["_fitted"].decoder
+    choice = r["probe"].get("decoder_choice")
+    if not select:
+        assert choice is None and dec.config.bag_head and r["decoder"]["bag_head"]
+        return
+    assert choice["kept"] == ("plain" if choice["plain"] < choice["bag_head"] else "bag_head")
+    kept_plain = choice["kept"] == "plain"
+    assert bool(dec.config.bag_head) is not kept_plain and r["decoder"]["bag_head"] is not kept_plain
+    assert dec.config.input_dropout == (PLAIN_INPUT_DROPOUT if kept_plain else 0.0)
+    best = min(h["best_val_ce"] for h in r["history"]["probe"] if "best_val_ce" in h)
+    assert best == pytest.approx(min(choice["plain"], choice["bag_head"]))  # the kept decoder's own history
