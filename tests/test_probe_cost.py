@@ -26,13 +26,13 @@ def test_probe_cost_benchmark_split(tmp_path, small_corpus):
     spec.loader.exec_module(mod)
     try:
         res = mod.main(["--model", str(model_dir), "--corpus", str(small_corpus), "--n-train", "32", "--seq-len", "16",
-                        "--epochs", "1", "4", "--hidden-size", "32", "--num-layers", "1", "--threads", "1",
+                        "--epochs", "1", "1", "8", "--hidden-size", "32", "--num-layers", "1", "--threads", "1",
                         "--out", str(tmp_path / "cost.json")])
     finally:
         torch.set_num_threads(n_threads)
-    a, b = res["rows"]
+    _, a, b = res["rows"]  # the first row warms up (first-call overheads), the other two compare
     assert a["encode_s"] == b["encode_s"] > 0  # one encoder pass serves every epoch count
-    assert b["train_s"] > a["train_s"] * 1.5  # decoder training grows with epochs
+    assert b["train_s"] > a["train_s"] * 2  # decoder training grows with epochs (8x the work)
     assert b["encoder_share"] < a["encoder_share"]
-    assert b["without_cache_s"] == b["train_s"] + 4 * b["encode_s"]
+    assert b["without_cache_s"] == b["train_s"] + 8 * b["encode_s"]
     assert (tmp_path / "cost.json").is_file() and res["memory"]["peak_rss_mb"] > 0

@@ -41,10 +41,11 @@ from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
 
-FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, hidden_size=128, num_layers=2, num_heads=4,
-            batch_size=32, lr=2e-3, n_examples=3)
-"""2000 training chunks keep nine entries within 10 minutes on 2 cores; the probe is not saturated there
-(docs/probes.md: learning curve): the calibration rows say how far it sees."""
+FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
+            num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
+"""2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
+nine entries within 10 minutes on 2 cores; the probe is not saturated there (docs/probes.md: learning curve): the
+calibration rows say how far it sees."""
 FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
 
