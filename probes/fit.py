@@ -64,7 +64,7 @@ def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "p
     from dataclasses import replace
 
     dec, m, hist, secs = fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc=desc)
-    if not (getattr(opts, "select_decoder", False) and opts.bag_head and opts.val_fraction > 0):
+    if not (opts.select_decoder and opts.bag_head and opts.val_fraction > 0):
         return dec, m, hist, secs
     plain_opts = replace(opts, bag_head=False, input_dropout=PLAIN_INPUT_DROPOUT)
     dec2, m2, hist2, secs2 = fit_sequence(plain_opts, tok, train_ids, eval_ids, z_train, z_eval,
@@ -159,7 +159,7 @@ def calibration(opts, tok, train_ids, eval_ids, readings: dict) -> dict:
     """The report's calibration section (see the module doc)."""
     if opts.model.startswith("synthetic:"):
         return check_synthetic(opts.model.split(":")[1], readings)
-    if getattr(opts, "calibrate", False) and readings.get("probe"):
+    if opts.calibrate and readings.get("probe"):
         return calibrate_on(opts, tok, train_ids, eval_ids)
     return {"status": "unchecked", "checks": [],
             "note": "positive controls not run on these chunks (calibrate=true, or the quickstart's calibration rows)"}

@@ -147,7 +147,7 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
 
 
 def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for ``opts`` (hidden_size, num_layers, num_heads, seq_len, conditioning, prefix_len, inputs, seed)."""
+    """A fresh decoder for :class:`~memlab.probes.inversion.ProbeOptions` ``opts`` (its decoder fields and seed)."""
     torch.manual_seed(opts.seed)
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist())) if compact else list(range(v))
@@ -156,10 +156,8 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
     cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
                              max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
-                             inputs=opts.inputs, cond_dropout=getattr(opts, "cond_dropout", 0.0),
-                             bag_head=getattr(opts, "bag_head", False),
-                             input_dropout=getattr(opts, "input_dropout", 0.0),
-                             repeat_penalty=getattr(opts, "repeat_penalty", 0.0))
+                             inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
+                             input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
     return ProbeDecoder(cfg)
 
 
