@@ -55,11 +55,6 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    dirs = checkpoint_dirs(run_dir)
-    return dirs[-1] if dirs else None
-
-
 def rng_state() -> dict[str, Any]:
     """This process's RNG states, in types that ``torch.load(weights_only=True)`` accepts."""
     np_state = np.random.get_state()

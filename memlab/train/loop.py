@@ -183,15 +183,14 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Loss metrics over the evaluation batches (the recipe's ``eval_step_fn`` when it gives one, else
-        ``loss_fn``), plus the recipe's ``eval_fn`` on the same (collated once) batches."""
+        ``loss_fn``), plus the recipe's ``eval_fn`` on the same batches (collated again only for it)."""
         if self.setup.eval_data is None:
             return {}
         model = self.model
         model.eval()
-        batches = list(self.eval_batches())  # collated and moved once, read by the loss and by eval_fn
         step_fn = self.setup.eval_step_fn
         windows: dict[str, MetricWindow] = {}
-        for batch in batches:
+        for batch in self.eval_batches():  # streamed: one evaluation batch on the device at a time
             with self.acc.autocast():
                 groups = (step_fn(self.acc.unwrap_model(model), batch) if step_fn is not None
                           else {"loss": self.setup.loss_fn(model, batch)})
@@ -201,7 +200,7 @@ class Trainer:
             raise MemlabError("the recipe's eval_step_fn gave no 'loss' group")
         metrics = read_groups(windows)
         if self.setup.eval_fn is not None:
-            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), iter(batches)))
+            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), self.eval_batches()))
         model.train()
         return metrics
 
