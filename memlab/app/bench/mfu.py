@@ -13,7 +13,6 @@ reference matmul (float32) and the training run use the same arithmetic.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
     with given ones) maps a label to the config measured when its own cannot be set up."""
     from memlab.config import load_config
     from memlab.errors import MemlabError
+    from memlab.train.metrics import read_metrics
     from memlab.train.run import run_experiment
 
     results: dict[str, Any] = {}
@@ -82,7 +82,7 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
             results[label] = {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}", "config": path, **fallback}
             log(f"mfu {label}: {results[label]['error']}")
             continue
-        recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        recs = read_metrics(run_dir / "metrics.jsonl")
         train = [r for r in recs if r.get("split") == "train" and "mfu" in r]
         res = {"config": path, "steps": steps, "mfu_steady": train[-1]["mfu"] if train else None,
                "mfu_run": summary.get("mfu"), "matmul_flops_per_s": summary.get("matmul_flops_per_s"),
