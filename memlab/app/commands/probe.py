@@ -10,7 +10,7 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
     "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
                                   "encoder pass and writes the learning curve"),
-    "--n-eval": ("n_eval", int, "held-out chunks (default 256)"),
+    "--n-eval": ("n_eval", int, "held-out chunks (default 256; all there are, with a warning, when the split holds fewer)"),
     "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 30; early stopping, patience 3)"),
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
     "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
