@@ -21,7 +21,8 @@ Architectures
 -------------
 :data:`ARCHITECTURES` maps known ``model_type``s to the attribute path of the
 block list and of the final norm (relative to the backbone: the base model, or
-the encoder of an encoder-decoder model). Unknown types fall back to
+the encoder of an encoder-decoder model or of an encoder-only class such as
+``T5EncoderModel``). Unknown types fall back to
 :func:`find_layers`: the largest ``nn.ModuleList`` whose children all share a
 class is the block list, and a ``*Norm*`` module beside it on the same parent is the
 final norm. Each encoder's ``describe()`` (report.json's ``encoder.hooks``) names

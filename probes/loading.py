@@ -48,6 +48,8 @@ def _errors(gguf_file: str | None, *listed: type[Exception]) -> tuple[type[Excep
 
 
 def _gguf_error(what: str, stage: str, e: Exception) -> ModelError:
+    if isinstance(e, MemoryError):  # the file is fine; the host is too small for its dequantized weights
+        raise e
     return ModelError(f"{what}: transformers cannot read this GGUF file's {stage} ({_first_line(e)})")
 
 
