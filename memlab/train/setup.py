@@ -77,6 +77,11 @@ class TrainSetup:
     when they change during training (a curriculum's phases), read at every optimizer step."""
     summary: dict[str, Any] = field(default_factory=dict)
     """Extra facts recorded in summary.json (data sizes, parameter counts)."""
+    unused_parameters: bool = False
+    """Some trainable parameters get no gradient in some steps by design (a memory model's curriculum phases use
+    different decoder parts): under DDP the engine then finds them after every forward (``find_unused_parameters``).
+    Parameters that are never used must be frozen instead. The loss must then run in one forward of the model
+    (:func:`memlab.forward.run_in_forward`)."""
 
     def step_flops_per_example(self) -> float:
         """Training FLOPs per example of the coming optimizer step."""

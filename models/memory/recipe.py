@@ -254,6 +254,7 @@ class MemoryRecipe:
             tokenizer=tok,
             tokens_per_example=shape.chunks * shape.chunk_len,
             flops_per_example=lambda: flops(schedule.objective),
+            unused_parameters=True,  # own-mode phases leave dist_bias unused, previous-mode ones dist (DDP finds them)
             summary={"train_examples": len(data.train), "eval_examples": len(data.val) if data.val is not None else 0,
                      "chunks_per_example": shape.chunks, "chunk_len": shape.chunk_len,
                      "dropped_sentences": data.dropped_sentences,

@@ -153,6 +153,7 @@ class SentenceRecipe:
             train_data=train_data,
             eval_data=SentenceDocDataset(val) if val is not None else None,
             loss_fn=loss_fn,
+            eval_step_fn=getattr(loss_fn, "evaluate", None),
             collate_fn=collate_documents,
             tokens_per_example=int(mean_len),
             flops_per_example=step_flops_per_document(loss_fn, model, train_data),
