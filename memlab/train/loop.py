@@ -25,40 +25,10 @@ import torch
 from memlab import randomness
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
+from memlab.train.devices import enable_tf32, mixed_precision, use_cpu
 from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
-
-
-def use_cpu(cfg) -> bool:
-    """CPU when asked, or when no accelerator is present (so that `accelerate launch --multi_gpu
-    --num_processes N` on a CPU machine runs N gloo processes)."""
-    return bool(cfg.cpu) or not (torch.cuda.is_available() or torch.backends.mps.is_available())
-
-
-def native_bf16(device: torch.device | None = None) -> bool:
-    """The device multiplies bf16 natively: on CUDA compute capability >= 8.0 (Ampere on), never emulation
-    (``torch.cuda.is_bf16_supported()`` also says yes where bf16 is emulated)."""
-    if device is not None and device.type != "cuda":
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
-
-
-def _mixed_precision(choice: str, cpu: bool) -> str:
-    if choice != "auto":
-        return choice
-    return "bf16" if not cpu and native_bf16() else "no"
-
-
-def enable_tf32() -> None:
-    """TF32 matrix multiplies and convolutions for float32 on CUDA (Ampere on; a no-op elsewhere)."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = "tf32"
-        conv.fp32_precision = "tf32"
-    else:  # pragma: no cover - older torch
-        matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
 
 def check_batch_split(cfg, world: int) -> None:
@@ -130,7 +100,7 @@ class Trainer:
         # parameters that a step may leave unused by design (a curriculum's phases use different parts): DDP
         # then looks for them after every forward instead of waiting for their gradients
         ddp = DistributedDataParallelKwargs(find_unused_parameters=bool(setup.unused_parameters))
-        self.acc = Accelerator(cpu=cpu, mixed_precision=_mixed_precision(cfg.mixed_precision, cpu), kwargs_handlers=[ddp])
+        self.acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), kwargs_handlers=[ddp])
         if self.acc.device.type == "cuda":
             enable_tf32()
         world = self.acc.num_processes

@@ -106,11 +106,19 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     from accelerate import PartialState
 
     from memlab import tracking
-    from memlab.train.loop import Trainer, use_cpu
+    from memlab.train.devices import SetupEnv, check_engine, use_cpu
+    from memlab.train.loop import Trainer, check_batch_split
 
     trackers = tracking.parse_log_with(cfg.train.log_with)
     tracking.check_available(trackers)
+    check_engine()  # before the process group starts: a sharded engine's set-up would fail in it
     state = PartialState(cpu=use_cpu(cfg.train))
+    try:  # the launch itself, before any compute and before the run directory is touched
+        check_engine(state)
+        check_batch_split(cfg.train, state.num_processes)
+    except MemlabError as e:
+        e.quiet = not state.is_main_process  # every process finds it: one of them prints it
+        raise
     run_dir = Path(_broadcast(state, str(run_dir if run_dir is not None else default_run_dir(cfg))))
     err, start, lock = None, None, None
     if state.is_main_process:
@@ -120,7 +128,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
             err = str(e)
     err = _broadcast(state, err)
     if err is not None:
-        raise MemlabError(err)
+        e = MemlabError(err)
+        e.quiet = not state.is_main_process
+        raise e
     if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
         name = _broadcast(state, str(start) if start is not None else "")
         start = Path(name) if name else None
@@ -129,7 +139,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     try:
         seed_everything(cfg.train.seed)
         recipe = trainable_recipe(cfg.recipe)
-        setup = recipe.setup(cfg, run_dir)
+        setup = recipe.setup(cfg, run_dir, env=SetupEnv.from_state(state))
         seed_everything(cfg.train.seed + 7919 * state.process_index)  # dropout / sampling streams per process
         trainer = Trainer(setup, cfg.train, run_dir)
         if start is not None:

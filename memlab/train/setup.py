@@ -65,8 +65,9 @@ class TrainSetup:
     ``eval_step_fn(model, batch) -> {group: StepOutput}``. Group ``"loss"`` is required and is logged as
     ``loss_fn``'s output would be (``loss`` and its metrics); every other group's metrics (not its loss) are
     averaged over the batches with that group's own weights and, in the order given, replace same-named
-    metrics. Called under no_grad and autocast with the unwrapped model; nothing in it should read a device
-    value back (the loop reads every sum once per evaluation)."""
+    metrics. Called under no_grad and autocast with the model as the loop holds it (wrapped under DDP: compute
+    through its forward, :mod:`memlab.forward`); nothing in it should read a device value back (the loop reads
+    every sum once per evaluation)."""
     callbacks: list[Callback] = field(default_factory=list)
     tokenizer: Any = None
     """Saved beside the model in every checkpoint."""
@@ -93,4 +94,7 @@ class Recipe(Protocol):
     name: str
     options_class: type | None
 
-    def setup(self, cfg: Any, run_dir: Path) -> TrainSetup: ...
+    def setup(self, cfg: Any, run_dir: Path, env: Any = None) -> TrainSetup:
+        """``env``: a :class:`memlab.train.devices.SetupEnv` (the accelerator's device and the launch's processes;
+        None: one process on the CPU). Frozen-model precompute (embedding caches, frozen-encoder memories,
+        measured FLOPs) runs on ``env.device``, once across processes, and every process reads the same result."""
