@@ -6,7 +6,9 @@ Each run is tiny (a few steps of a shipped toy config) and shared by the asserti
 (module-scoped fixtures): the 1-process reference runs in this process, the 2-process ones under
 ``accelerate launch``. A "killed" run is the 2-process run's directory as a kill right after a checkpoint
 leaves it (later checkpoints, the summary and the plots gone, later metrics records still there); resuming
-it must rebuild the uninterrupted run's final weights bit for bit.
+it must rebuild the uninterrupted run's final weights bit for bit. The default suite runs one case per
+family (about 4 minutes on a busy 2-core machine); the extra cases (memory resume, frozen encoder with the
+combined objective, SONAR-LLM with a trained decoder) are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -121,11 +123,13 @@ def test_memory_curriculum_on_two_processes_matches_one_across_the_phase_switch(
     assert [r["objective"] for r in _records(two, "train")] == ["blank_copy"] * 2 + ["next_token"] * 3
 
 
+@pytest.mark.slow  # another 2-process run or two: the default suite keeps one case per family
 def test_memory_curriculum_two_process_resume_in_the_second_phase_is_exact(memory_curriculum):
     tmp, _, two = memory_curriculum
     assert_resumes_exactly(two, 3, tmp)
 
 
+@pytest.mark.slow  # another 2-process run or two: the default suite keeps one case per family
 def test_memory_combined_on_a_frozen_encoder_two_processes_match_one(memory_curriculum, tmp_path):
     encoder = memory_curriculum[1]  # the 1-process curriculum run: a trained encoder of the same shape
     one, two = _pair(tmp_path, CONFIGS / "memory/toy.yaml", "train.max_steps=4", "train.save_every=4",
@@ -158,6 +162,7 @@ def test_sonar_llm_two_processes_match_one_and_encode_each_sentence_once(tmp_pat
     assert {p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()} == {"train", "validation"}  # saved once
 
 
+@pytest.mark.slow  # another 2-process run or two: the default suite keeps one case per family
 def test_sonar_llm_unfrozen_decoder_two_processes_match_one_and_resume_exactly(tmp_path):
     one, two = _pair(tmp_path, CONFIGS / "sonar_llm/toy.yaml", "train.max_steps=4", "train.save_every=2",
                      "options.unfreeze_decoder=true")
