@@ -222,3 +222,52 @@ def test_a_failure_on_one_process_ends_every_process_with_its_message(tmp_path):
     assert r.returncode != 0 and lines == ["memlab: error: injected failure on process 1 after step 2"], r.stderr[-2000:]
     assert took < 240, f"the other process waited {took:.0f} s"  # not the collective's 30-minute timeout
     assert not (run / "summary.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- fast unit checks
+def test_auto_mixed_precision_takes_bf16_only_where_it_is_native(monkeypatch):
+    from memlab.train import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # says yes under emulation too
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert devices.mixed_precision("auto", cpu=False) == "no"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert devices.mixed_precision("auto", cpu=False) == "bf16"
+    assert devices.mixed_precision("auto", cpu=True) == "no" and devices.mixed_precision("fp16", cpu=False) == "fp16"
+    assert not devices.native_bf16(torch.device("cpu"))
+
+
+def test_diffusion_loss_does_not_depend_on_how_the_batch_is_split():
+    from toy_spaces import SENTENCES, document_batch, random_space
+
+    from memlab.models.lcm.recipe import LCMLoss
+    from memlab.models.sentence.spaces import SpaceHandle
+    from memlab.randomness import SEED_KEY, example_seeds
+    from memlab.registry import FAMILIES
+
+    torch.manual_seed(0)
+    handle = SpaceHandle(random_space(), "toy_ae")
+    docs = [SENTENCES[i : i + 3] + ["End of sequence."] for i in range(0, 8, 2)]
+    batch = document_batch(handle, docs)
+    batch[SEED_KEY] = example_seeds(1, 7, torch.arange(len(docs)))
+    model = FAMILIES.get("lcm_diffusion").make_model("toy", embed_dim=32, cfg_dropout=0.5).train()
+    loss = LCMLoss(handle, diffusion=True)
+    whole = loss(model, batch)
+    halves = [loss(model, {k: v[s] for k, v in batch.items()}) for s in (slice(0, 2), slice(2, 4))]
+    mean = sum(h.loss * h.weight for h in halves) / sum(h.weight for h in halves)
+    assert torch.allclose(mean, whole.loss, rtol=1e-5)
+    batch[SEED_KEY] = example_seeds(1, 8, torch.arange(len(docs)))  # another step: other draws
+    assert not torch.allclose(loss(model, batch).loss, whole.loss)
+
+
+def test_objectives_refuse_a_model_outside_the_forward_convention():
+    from memlab.curricula import make_objective
+    from memlab.errors import ModelError
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ModelError, match="forward_modes"):
+        make_objective("blank_copy")(Plain(), {"input_ids": torch.zeros(1, 1, 4, dtype=torch.long)})

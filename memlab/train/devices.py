@@ -51,6 +51,14 @@ def enable_tf32() -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def check_batch_split(cfg, world: int) -> None:
+    """The global batch must share out evenly over processes and accumulation steps (checked before any compute)."""
+    if cfg.batch_size % (world * cfg.grad_accum):
+        hint = f"; with {world} processes use a multiple of {world * cfg.grad_accum}" if world > 1 else ""
+        raise MemlabError(f"train.batch_size={cfg.batch_size} must be divisible by processes ({world}) x grad_accum "
+                          f"({cfg.grad_accum}){hint}")
+
+
 SUPPORTED_ENGINES = ("NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_MLU", "MULTI_NPU", "MULTI_MUSA", "MULTI_HPU",
                      "MULTI_SDAA")
 """accelerate distributed types memlab trains under: one process, or data-parallel (DDP) replicas."""

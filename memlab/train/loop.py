@@ -25,18 +25,11 @@ import torch
 from memlab import randomness
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
-from memlab.train.devices import enable_tf32, mixed_precision, use_cpu
+from memlab.flops import measure_matmul_flops, model_flops_utilization  # noqa: F401  (re-exported)
+from memlab.train.devices import check_batch_split, enable_tf32, mixed_precision, use_cpu  # noqa: F401
 from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
-
-
-def check_batch_split(cfg, world: int) -> None:
-    """The global batch must share out evenly over processes and accumulation steps (checked before any compute)."""
-    if cfg.batch_size % (world * cfg.grad_accum):
-        hint = f"; with {world} processes use a multiple of {world * cfg.grad_accum}" if world > 1 else ""
-        raise MemlabError(f"train.batch_size={cfg.batch_size} must be divisible by processes ({world}) x grad_accum "
-                          f"({cfg.grad_accum}){hint}")
 
 
 def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None) -> torch.optim.Optimizer:
@@ -55,32 +48,6 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = No
 def lr_lambda(cfg):
     """Linear warmup to 1, then cosine decay to ``min_lr_ratio`` at ``max_steps``."""
     return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
-
-
-def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
-    """FLOP/s of an ``n x n`` matrix multiply on ``device``, measured now (the MFU reference)."""
-    g = torch.Generator(device="cpu").manual_seed(0)  # private: the global RNG stream stays untouched
-    a = torch.randn(n, n, generator=g, dtype=dtype).to(device)
-    b = torch.randn(n, n, generator=g, dtype=dtype).to(device)
-    for _ in range(2):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
-def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
-    """MFU: model FLOPs done (``flops``, each step at its own curriculum phase's rate) per second over the
-    measured matmul FLOP/s of all processes (None if unknown)."""
-    if not (flops and matmul_flops and seconds > 0):
-        return None
-    return flops / seconds / (matmul_flops * processes)
 
 
 class Trainer:

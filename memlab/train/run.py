@@ -106,8 +106,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     from accelerate import PartialState
 
     from memlab import tracking
-    from memlab.train.devices import SetupEnv, check_engine, use_cpu
-    from memlab.train.loop import Trainer, check_batch_split
+    from memlab.train.devices import SetupEnv, check_batch_split, check_engine, use_cpu
+    from memlab.train.loop import Trainer
 
     trackers = tracking.parse_log_with(cfg.train.log_with)
     tracking.check_available(trackers)
