@@ -1,5 +1,9 @@
 """Objectives: batch transforms plus losses, for any model with the memory-model interface
-(``encode_chunks(ids, mask) -> (B, C, K, M)`` and ``decode(memories, decoder_input_ids, mode) -> (B, C, L, V)``).
+(``encode_chunks(ids, mask) -> (B, C, K, M)`` and ``decode(memories, decoder_input_ids, mode) -> (B, C, L, V)``)
+that follows :class:`memlab.forward.RunsInForward`: calling an objective (``objective(model, batch)``, a
+schedule, :class:`ObjectiveEvaluation`, :func:`evaluate_objectives`) runs all of its encoder and decoder
+passes inside one ``model(mode="run", ...)``, so a DDP/FSDP-wrapped model trains as the bare one does.
+:meth:`Objective.step` is the computation itself, on the bare model.
 
 A batch holds ``input_ids`` ``(B, C, T)`` (or ``(B, T)``), optionally ``attention_mask`` (padded
 sentences) and ``memories`` (cached outputs of a frozen encoder).
@@ -21,7 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from memlab import randomness
 from memlab.errors import MemlabError
+from memlab.forward import bare, check_runs_in_forward, run_in_forward
 from memlab.losses import linear_cross_entropy, logits_cross_entropy
 from memlab.registry import OBJECTIVES
 from memlab.train.setup import StepOutput
@@ -68,13 +74,37 @@ def _means(total: torch.Tensor, correct: torch.Tensor, n: torch.Tensor) -> Stats
     return total / den, correct / den, n
 
 
-def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str) -> Stats:
+def decoder_stats(model, memories, dec: torch.Tensor, labels: torch.Tensor, mode: str,
+                  seeds: torch.Tensor | None = None) -> Stats:
     """:func:`token_stats` of the decoder's logits; a model with ``decode_features``/``output_head`` runs its head
-    block by block (:func:`memlab.losses.linear_cross_entropy`: same values, no full logits tensor)."""
+    block by block (:func:`memlab.losses.linear_cross_entropy`: same values, no full logits tensor). ``seeds``:
+    the batch's per-example seeds (:mod:`memlab.randomness`) for the decoder's training noise."""
     if not hasattr(model, "decode_features"):
-        return token_stats(model.decode(memories, dec, mode), labels)
+        return token_stats(model.decode(memories, dec, mode, seeds=seeds), labels)
     weight, bias = model.output_head()
-    return _means(*linear_cross_entropy(model.decode_features(memories, dec, mode), weight, labels, bias=bias))
+    return _means(*linear_cross_entropy(model.decode_features(memories, dec, mode, seeds=seeds), weight, labels,
+                                        bias=bias))
+
+
+MODEL_NEEDS = ("encode_chunks", "decode")
+_checked: set[type] = set()
+
+
+def check_objective_model(model) -> None:
+    """The model (bare or wrapped) follows :class:`memlab.forward.RunsInForward` and has the memory-model
+    methods the objectives call inside its forward (checked once per model class)."""
+    kind = type(bare(model))
+    if kind not in _checked:
+        check_runs_in_forward(model, "the memory objectives", MODEL_NEEDS)
+        _checked.add(kind)
+
+
+def _step_output(model, objective, batch: dict, memories):
+    return objective.step(model, batch, memories)[0]
+
+
+def _evaluation_groups(model, evaluation, batch: dict):
+    return evaluation.groups(model, batch)
 
 
 def _ids(batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -116,6 +146,8 @@ class Objective:
         if batch.get("memories") is not None:
             raise MemlabError(f"objective '{self.name}': 'length' cannot be used with cached (frozen-encoder) memories")
         out = {"input_ids": batch["input_ids"][..., : self.length]}
+        if batch.get(randomness.SEED_KEY) is not None:
+            out[randomness.SEED_KEY] = batch[randomness.SEED_KEY]
         if batch.get("attention_mask") is not None:
             out["attention_mask"] = batch["attention_mask"][..., : self.length]
         return out
@@ -126,7 +158,8 @@ class Objective:
     def decode_loss(self, model, batch: dict, memories) -> Stats:
         ids, mask = _ids(batch)
         dec, labels = self.targets(model, ids, mask)
-        return decoder_stats(model, memories if self.uses_memory else None, dec, labels, self.mode)
+        return decoder_stats(model, memories if self.uses_memory else None, dec, labels, self.mode,
+                             batch.get(randomness.SEED_KEY))
 
     def whole_batch(self) -> bool:
         """True when this objective reads the batch as it is (no ``length`` cut), so it can share the batch's
@@ -147,7 +180,9 @@ class Objective:
         return out, ({self.name: stats} if self.whole_batch() else {})
 
     def __call__(self, model, batch: dict, memories=None) -> StepOutput:
-        return self.step(model, batch, memories)[0]
+        """The StepOutput, computed inside one forward of ``model`` (bare or wrapped)."""
+        check_objective_model(model)
+        return run_in_forward(model, _step_output, self, batch, memories)
 
     decoder_passes = 1
 
@@ -180,15 +215,26 @@ class OwnMemory(Objective):
             raise MemlabError(f"objective '{self.name}': mix_parts must be >= 2, got {mix_parts}")
         self.mix, self.mix_parts = float(mix), int(mix_parts)
 
-    def mixture(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partners ``(n, P)`` (column 0: the chunk itself) and weights ``(n, P)`` (rows not mixed: ``[1, 0, ..]``)."""
-        parts = [torch.arange(n, device=device)] + [torch.randperm(n, device=device) for _ in range(self.mix_parts - 1)]
-        e = -torch.rand(n, self.mix_parts, device=device).clamp(min=1e-12).log()  # exponentials
+    def mixture(self, n: int, device, seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partners ``(n, P)`` (column 0: the chunk itself; the others: other chunks of the batch) and weights
+        ``(n, P)`` (rows not mixed: ``[1, 0, ..]``). ``seeds`` ``(B,)`` with ``n = B * C``: each chunk's weights and
+        coin come from its example's seed (:mod:`memlab.randomness`); its partners are other chunks of the same
+        micro-batch, so they alone depend on how a batch is split."""
+        p = self.mix_parts
+        per = (n // seeds.shape[0],) if seeds is not None else (n,)
+
+        def draw(cols: int, stream: int) -> torch.Tensor:  # (n, cols) uniforms
+            shape = (*per, cols)
+            return randomness.uniform(seeds, shape, stream, device=device).reshape(n, cols)
+
+        own_idx = torch.arange(n, device=device)  # (n,)
+        others = (own_idx[:, None] + 1 + (draw(p - 1, 21) * max(n - 1, 1)).long()) % n  # (n, P-1) not the chunk itself
+        e = -draw(p, 22).log()  # (n, P) exponentials
         w = e / e.sum(1, keepdim=True)  # (n, P) uniform on the simplex
         own = torch.zeros_like(w)
         own[:, 0] = 1.0
-        w = torch.where((torch.rand(n, device=device) < self.mix)[:, None], w, own)
-        return torch.stack(parts, 1), w
+        w = torch.where((draw(1, 23)[:, 0] < self.mix)[:, None], w, own)
+        return torch.cat([own_idx[:, None], others], 1), w
 
     def decode_loss(self, model, batch: dict, memories) -> Stats:
         if not (self.mix and model.training):
@@ -196,11 +242,12 @@ class OwnMemory(Objective):
         ids, mask = _ids(batch)
         dec, labels = self.targets(model, ids, mask)  # (B, C, L) each
         flat = memories.flatten(0, 1)  # (N, K, M), N = B * C chunks
-        idx, w = self.mixture(flat.shape[0], flat.device)  # (N, P) each
+        seeds = batch.get(randomness.SEED_KEY)
+        idx, w = self.mixture(flat.shape[0], flat.device, seeds)  # (N, P) each
         mixed = (w.to(flat.dtype)[..., None, None] * flat[idx]).sum(1).view_as(memories)  # (B, C, K, M)
         if not self.mixture_targets:
-            return decoder_stats(model, mixed, dec, labels, self.mode)
-        logits = model.decode(mixed, dec, self.mode).float().flatten(0, 1)  # (N, L, V)
+            return decoder_stats(model, mixed, dec, labels, self.mode, seeds)
+        logits = model.decode(mixed, dec, self.mode, seeds=seeds).float().flatten(0, 1)  # (N, L, V)
         lab = labels.flatten(0, 1)  # (N, L)
         own = (lab != -100).float()
         acc = ((logits.argmax(-1) == lab).float() * own).sum() / own.sum().clamp(min=1)
@@ -313,6 +360,12 @@ class ObjectiveEvaluation:
 
     @torch.no_grad()
     def __call__(self, model, batch: dict) -> dict[str, StepOutput]:
+        """The groups of one batch, computed inside one forward of ``model`` (bare or wrapped)."""
+        check_objective_model(model)
+        return run_in_forward(model, _evaluation_groups, self, batch)
+
+    def groups(self, model, batch: dict) -> dict[str, StepOutput]:
+        """:meth:`__call__`'s computation, on the bare model."""
         train = self.loss_objective()
         need = any(o.uses_memory for o in self.objectives) or (train.uses_memory and train.whole_batch())
         mem = memories_for(model, batch) if need else None
@@ -326,18 +379,26 @@ class ObjectiveEvaluation:
 
 
 @torch.no_grad()
+def _objective_sums(model, objs, batch: dict) -> dict[str, torch.Tensor]:
+    """``name -> (loss * n, accuracy * n, n)`` of each objective on one batch (one encoder pass), on the bare model."""
+    mem = memories_for(model, batch) if any(o.uses_memory for o in objs) else None
+    out = {}
+    for o in objs:
+        loss, acc, n = o.decode_loss(model, batch, mem)
+        n = n.double()
+        out[o.name] = torch.stack([loss.double() * n, acc.double() * n, n])  # (3,)
+    return out
+
+
 def evaluate_objectives(model, batches, names=("blank_copy", "copy", "next_token")) -> dict[str, float]:
     """Mean loss and token accuracy of each named objective over ``batches`` (target-weighted); the sums stay on
     the device and are read once at the end."""
     objs = [make_objective(n) for n in names]
+    check_objective_model(model)
     sums: dict[str, torch.Tensor] = {}
     for batch in batches:
-        mem = memories_for(model, batch) if any(o.uses_memory for o in objs) else None
-        for o in objs:
-            loss, acc, n = o.decode_loss(model, batch, mem)
-            n = n.double()
-            s = torch.stack([loss.double() * n, acc.double() * n, n])  # (3,)
-            sums[o.name] = sums[o.name] + s if o.name in sums else s
+        for name, s in run_in_forward(model, _objective_sums, objs, batch).items():
+            sums[name] = sums[name] + s if name in sums else s
     if not sums:
         return {o.name + k: 0.0 for o in objs for k in ("_loss", "_accuracy")}
     names_ = list(sums)

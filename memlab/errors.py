@@ -10,6 +10,10 @@ bug and keeps its traceback.
 class MemlabError(Exception):
     """A user error: printed as one line by the CLI, exit status 2."""
 
+    quiet: bool = False
+    """Set on the processes of a multi-process launch that did not report the error themselves (an error that
+    every process meets, or one met on another process, is printed once, by one process)."""
+
 
 class ConfigError(MemlabError):
     """A config file or override that does not fit the config dataclasses."""

@@ -10,6 +10,8 @@ halved for causal masks).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 
@@ -68,3 +70,29 @@ def measured_step_flops(loss_fn, model: torch.nn.Module, batch: dict) -> float:
     for p, g in zip(params, saved):
         p.grad = g
     return float(fc.get_total_flops())
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
+    """FLOP/s of an ``n x n`` matrix multiply on ``device``, measured now (the MFU reference)."""
+    g = torch.Generator(device="cpu").manual_seed(0)  # private: the global RNG stream stays untouched
+    a = torch.randn(n, n, generator=g, dtype=dtype).to(device)
+    b = torch.randn(n, n, generator=g, dtype=dtype).to(device)
+    for _ in range(2):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
+    """MFU: model FLOPs done (``flops``, each step at its own curriculum phase's rate) per second over the
+    measured matmul FLOP/s of all processes (None if unknown)."""
+    if not (flops and matmul_flops and seconds > 0):
+        return None
+    return flops / seconds / (matmul_flops * processes)

@@ -86,13 +86,16 @@ def test_blank_copy_mix_trains_the_decoder_on_memory_mixtures():
     m.train()  # no dropout and no memory noise in _tiny: training-mode differences come from the mix alone
     same = {"input_ids": batch["input_ids"][:1, :1].expand(2, 3, 6)}  # mixtures of one chunk are that chunk
     assert torch.allclose(mixed(m, same).loss, plain(m, same).loss, atol=1e-5)
-    torch.manual_seed(3)
-    got = mixed(m, batch)
-    torch.manual_seed(3)  # the same draws: partner permutation, then the weights (a ~ U(0, 1) for two parts)
+    from memlab.randomness import SEED_KEY, example_seeds
+
+    seeds = example_seeds(0, 5, torch.arange(2))
+    got = mixed(m, {**batch, SEED_KEY: seeds})
     n = 6
-    partner = torch.randperm(n)
-    e = -torch.rand(n, 2).log()
-    a = e[:, 0] / e.sum(1)
+    idx, w = mixed.mixture(n, "cpu", seeds)  # the draws the loss made: per example, from its seed
+    partner, a = idx[:, 1], w[:, 0]
+    assert (partner != torch.arange(n)).all()  # a partner is another chunk of the batch
+    assert torch.equal(mixed.mixture(3, "cpu", seeds[1:])[1], w[3:])  # example 1 alone draws its own weights again
+    assert torch.allclose(mixed(m, {**batch, SEED_KEY: seeds}).loss, got.loss)
     mem = m.encode_chunks(batch["input_ids"]).flatten(0, 1)  # (6, K, M)
     mix = a[:, None, None] * mem + (1 - a[:, None, None]) * mem[partner]
     dec, lab = blank_targets(m, batch["input_ids"], None)
@@ -113,12 +116,10 @@ def test_blank_copy_mix_trains_the_decoder_on_memory_mixtures():
     with pytest.raises(MemlabError, match="mix_parts"):
         make_objective("blank_copy", mix=0.5, mix_parts=1)
     # copy: the mixture is in the memory only; the target stays the chunk's own tokens
-    torch.manual_seed(4)
-    got = make_objective("copy", mix=1.0)(m, batch)
-    torch.manual_seed(4)
-    partner = torch.randperm(n)
-    e = -torch.rand(n, 2).log()
-    a = e[:, 0] / e.sum(1)
+    copy = make_objective("copy", mix=1.0)
+    got = copy(m, {**batch, SEED_KEY: seeds})
+    idx, w = copy.mixture(n, "cpu", seeds)
+    partner, a = idx[:, 1], w[:, 0]
     mix = a[:, None, None] * mem + (1 - a[:, None, None]) * mem[partner]
     dec, lab = shifted_targets(m, batch["input_ids"], None)
     logits = m.decode(mix.view(2, 3, *mix.shape[1:]), dec)

@@ -38,9 +38,10 @@ def test_mse_loss_equals_direct_computation_and_trains():
         n += pred.numel()
     assert got.loss.item() == pytest.approx(sq / n, rel=1e-4)
     model.eval()
-    with torch.no_grad():
-        ev = LCMLoss(handle, diffusion=False)(model, batch)
-    assert {"next_sentence_ce", "token_accuracy", "cosine"} <= set(ev.metrics)
+    groups = LCMLoss(handle, diffusion=False).evaluate(model, batch)
+    assert set(groups["loss"].metrics) == {"cosine"} and {"next_sentence_ce", "token_accuracy"} <= set(groups["decoder"].metrics)
+    assert groups["loss"].loss.item() == pytest.approx(sq / n, rel=1e-4)
+    assert groups["loss"].weight.item() == sum(len(d) - 1 for d in DOCS)  # the MSE is a mean over the predicted sentences
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
@@ -88,8 +89,7 @@ def test_diffusion_trains_and_samples():
     u2 = model.sample(emb[:1, :2] + 3.0, guidance_scale=0.0, generator=g())
     assert torch.allclose(u1, u2, atol=1e-5)
     assert not torch.allclose(model.sample(emb[:1, :2] + 3.0, generator=g()), short)
-    with torch.no_grad():
-        ev = LCMLoss(handle, diffusion=True)(model, batch)
+    ev = LCMLoss(handle, diffusion=True).evaluate(model, batch)["decoder"]
     assert torch.isfinite(ev.metrics["next_sentence_ce"])
 
 

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except MemlabError as e:
-        print(f"memlab: error: {e}", file=sys.stderr)
+        if not e.quiet:
+            print(f"memlab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("memlab: interrupted", file=sys.stderr)

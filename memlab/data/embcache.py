@@ -21,6 +21,7 @@ vectors) is stored as ``E = K * D`` numbers and ``meta.json`` keeps the shape.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -133,23 +134,54 @@ def encode_sentences(space, sentences: list[str], max_tokens: int, batch_size: i
 
 
 def build_or_load(space, spec: str, documents: list[list[str]], split: str, cache_root: str | Path,
-                  max_tokens: int = 64, batch_size: int = 64, path: str | Path | None = None) -> SentenceSplit:
+                  max_tokens: int = 64, batch_size: int = 64, path: str | Path | None = None, env=None) -> SentenceSplit:
     """The cached split of ``documents`` under ``space``: loaded when present, else encoded and saved.
 
     ``path`` names the cache folder explicitly (default ``cache_root/<fingerprint>``); an
-    existing folder built with another space raises a DataError.
+    existing folder built with another space raises a DataError. ``env`` (a
+    :class:`memlab.train.devices.SetupEnv`, for a launch of several processes): the main process decides
+    whether the cache exists; if not, every process encodes its share of the sentences (each sentence once
+    in all), the main process saves the merged cache, and every process loads that same folder.
     """
     if not documents:
         raise DataError(f"split '{split}' holds no documents to embed")
     ident = space_identity(space, spec)
     folder = Path(path) if path else Path(cache_root) / f"{split}-{cache_key(ident, documents, split, max_tokens)}"
-    if (folder / "meta.json").is_file():
+    world = env.num_processes if env is not None else 1
+    exists = (folder / "meta.json").is_file()
+    if world > 1:
+        exists = env.broadcast(exists)  # one answer: a process that saw the folder appear would skip its share
+    if exists:
         got = load_split(folder, ident)
         if path and got.meta.get("docs") != documents_hash(documents):
             raise DataError(f"embedding cache {folder} holds other documents than this run's '{split}' split")
         return got
     unique = sorted({s for d in documents for s in d})
-    emb, ids, truncated = encode_sentences(space, unique, max_tokens, batch_size)
+    if world == 1:
+        with env.frozen_autocast() if env is not None else contextlib.nullcontext():
+            emb, ids, truncated = encode_sentences(space, unique, max_tokens, batch_size)
+        return _save_split(folder, ident, documents, split, max_tokens, unique, emb, ids, truncated)
+    rank = env.process_index
+    with env.frozen_autocast():
+        mine = encode_sentences(space, unique[rank::world], max_tokens, batch_size) if unique[rank::world] else None
+    parts = env.gather(mine)  # every process's (embeddings, ids, truncated), in process order
+    if env.is_main:
+        width = next(p[0].shape[1] for p in parts if p is not None)
+        emb = np.zeros((len(unique), width), dtype=np.float32)
+        ids: list[list[int]] = [[] for _ in unique]
+        for r, part in enumerate(parts):
+            if part is not None:
+                emb[r::world] = part[0]
+                ids[r::world] = part[1]
+        _save_split(folder, ident, documents, split, max_tokens, unique, emb, ids,
+                    sum(p[2] for p in parts if p is not None))
+    env.barrier()  # the main process has saved it
+    return load_split(folder, ident)
+
+
+def _save_split(folder: Path, ident: dict[str, Any], documents: list[list[str]], split: str, max_tokens: int,
+                unique: list[str], emb: np.ndarray, ids: list[list[int]], truncated: int) -> SentenceSplit:
+    """Write the cache folder of ``documents`` from the embeddings and ids of their ``unique`` sentences."""
     where = {s: i for i, s in enumerate(unique)}
     rows = [where[s] for d in documents for s in d]
     doc_col = [m for m, d in enumerate(documents) for _ in d]

@@ -22,25 +22,14 @@ from typing import Any, Iterator
 
 import torch
 
+from memlab import randomness
 from memlab.errors import MemlabError
 from memlab.train import checkpoint as ckpt
+from memlab.flops import measure_matmul_flops, model_flops_utilization  # noqa: F401  (re-exported)
+from memlab.train.devices import check_batch_split, enable_tf32, mixed_precision, use_cpu  # noqa: F401
 from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
-
-
-def use_cpu(cfg) -> bool:
-    """CPU when asked, or when no accelerator is present (so that `accelerate launch --multi_gpu
-    --num_processes N` on a CPU machine runs N gloo processes)."""
-    return bool(cfg.cpu) or not (torch.cuda.is_available() or torch.backends.mps.is_available())
-
-
-def _mixed_precision(choice: str, cpu: bool) -> str:
-    if choice != "auto":
-        return choice
-    if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "no"
 
 
 def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None) -> torch.optim.Optimizer:
@@ -61,32 +50,6 @@ def lr_lambda(cfg):
     return lambda step: warmup_cosine(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
 
 
-def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.5) -> float:
-    """FLOP/s of an ``n x n`` matrix multiply on ``device``, measured now (the MFU reference)."""
-    g = torch.Generator(device="cpu").manual_seed(0)  # private: the global RNG stream stays untouched
-    a = torch.randn(n, n, generator=g, dtype=dtype).to(device)
-    b = torch.randn(n, n, generator=g, dtype=dtype).to(device)
-    for _ in range(2):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
-def model_flops_utilization(flops: float, seconds: float, matmul_flops: float, processes: int) -> float | None:
-    """MFU: model FLOPs done (``flops``, each step at its own curriculum phase's rate) per second over the
-    measured matmul FLOP/s of all processes (None if unknown)."""
-    if not (flops and matmul_flops and seconds > 0):
-        return None
-    return flops / seconds / (matmul_flops * processes)
-
-
 class Trainer:
     """Runs a :class:`TrainSetup` under an experiment's ``train`` config into a run directory.
 
@@ -96,16 +59,19 @@ class Trainer:
 
     def __init__(self, setup: TrainSetup, cfg, run_dir: Path, tracker=None):
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
         self.setup, self.cfg, self.run_dir = setup, cfg, Path(run_dir)
         self.tracker = tracker
         cpu = use_cpu(cfg)
-        self.acc = Accelerator(cpu=cpu, mixed_precision=_mixed_precision(cfg.mixed_precision, cpu))
+        # parameters that a step may leave unused by design (a curriculum's phases use different parts): DDP
+        # then looks for them after every forward instead of waiting for their gradients
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=bool(setup.unused_parameters))
+        self.acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), kwargs_handlers=[ddp])
+        if self.acc.device.type == "cuda":
+            enable_tf32()
         world = self.acc.num_processes
-        if cfg.batch_size % (world * cfg.grad_accum):
-            raise MemlabError(
-                f"train.batch_size={cfg.batch_size} must be divisible by processes ({world}) x grad_accum ({cfg.grad_accum})"
-            )
+        check_batch_split(cfg, world)
         self.micro = cfg.batch_size // (world * cfg.grad_accum)
         n = len(setup.train_data)
         if n < cfg.batch_size:
@@ -143,9 +109,16 @@ class Trainer:
         b = self.batch_in_epoch
         return self._permutation[1][b * self.cfg.batch_size : (b + 1) * self.cfg.batch_size]
 
+    def _batch(self, data, idx: list[int], seed: int) -> dict:
+        """The collated examples ``idx`` of ``data`` on the device, with their per-example seeds
+        (:mod:`memlab.randomness`: the loss's random draws do not depend on how the batch is split)."""
+        batch = self._to_device([data[i] for i in idx])
+        batch[randomness.SEED_KEY] = randomness.example_seeds(seed, self.step, torch.tensor(idx)).to(self.acc.device)
+        return batch
+
     def _micro_batches(self) -> list[dict]:
         idx = self._global_batch_indices()[self.acc.process_index :: self.acc.num_processes]  # this process's share
-        return [self._to_device([self.setup.train_data[i] for i in idx[a * self.micro : (a + 1) * self.micro]])
+        return [self._batch(self.setup.train_data, idx[a * self.micro : (a + 1) * self.micro], self.cfg.seed)
                 for a in range(self.cfg.grad_accum)]
 
     def _advance_data(self) -> None:
@@ -164,7 +137,7 @@ class Trainer:
         n = -(-n // world) * world
         idx = [i % len(data) for i in range(n)][self.acc.process_index :: world]
         for s in range(0, len(idx), size):
-            yield self._to_device([data[i] for i in idx[s : s + size]])
+            yield self._batch(data, idx[s : s + size], self.cfg.seed + 1)
 
     # ------------------------------------------------------------------ logging
     def _log(self, record: dict[str, Any]) -> None:
@@ -192,7 +165,7 @@ class Trainer:
         windows: dict[str, MetricWindow] = {}
         for batch in self.eval_batches():  # streamed: one evaluation batch on the device at a time
             with self.acc.autocast():
-                groups = (step_fn(self.acc.unwrap_model(model), batch) if step_fn is not None
+                groups = (step_fn(model, batch) if step_fn is not None
                           else {"loss": self.setup.loss_fn(model, batch)})
             for name, out in groups.items():
                 windows.setdefault(name, MetricWindow(self.acc)).add(out, self.step)
@@ -200,7 +173,7 @@ class Trainer:
             raise MemlabError("the recipe's eval_step_fn gave no 'loss' group")
         metrics = read_groups(windows)
         if self.setup.eval_fn is not None:
-            metrics.update(self.setup.eval_fn(self.acc.unwrap_model(model), self.eval_batches()))
+            metrics.update(self.setup.eval_fn(model, self.eval_batches()))
         model.train()
         return metrics
 
@@ -310,14 +283,23 @@ class Trainer:
             cb.on_step_start(self.step)
         self._step_flops = self.setup.step_flops_per_example() if self.setup.flops_per_example else 0.0  # this phase's
         micro = self._micro_batches()
+        # one process, one micro-batch: the batch's loss itself; else every micro-batch's loss times its weight,
+        # and the gradients divided by the global batch's weight afterwards, so the step minimises the
+        # weighted mean that is logged whatever the split (1 process or N, with or without accumulation)
+        plain = len(micro) == 1 and self.acc.num_processes == 1
+        weights = []
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
             ctx = self.acc.no_sync(model) if (not last and self.acc.num_processes > 1) else contextlib.nullcontext()
             with ctx:
                 with self.acc.autocast():
                     out: StepOutput = self.setup.loss_fn(model, batch)
-                self.acc.backward(out.loss / cfg.grad_accum)
+                w = out.weight.detach() if torch.is_tensor(out.weight) else out.weight
+                self.acc.backward(out.loss if plain else out.loss * w)
+            weights.append(w)
             self.window.add(out, self.step)
+        if not plain:
+            self._divide_gradients(weights)
         grad_norm = None
         if cfg.clip_grad > 0:
             grad_norm = self.acc.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_grad)
@@ -328,6 +310,18 @@ class Trainer:
         self.step += 1
         self._advance_data()
         return lr, grad_norm
+
+    def _divide_gradients(self, weights: list) -> None:
+        """Gradients of ``sum(loss * weight)`` -> of the global batch's weighted mean loss (no host read)."""
+        total = torch.zeros((), dtype=torch.float32, device=self.acc.device)
+        for w in weights:
+            total = total + (w.to(total) if torch.is_tensor(w) else float(w))
+        if self.acc.num_processes > 1:
+            total = self.acc.reduce(total, reduction="sum")  # the gradient all-reduce averages: x processes below
+        scale = self.acc.num_processes / total.clamp(min=1e-6)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, scale)
 
     def _after_step(self, lr: float, grad_norm, matmul: float, bar) -> None:
         """Log, evaluate and save when their step comes; a non-finite loss stops the run before any of them."""

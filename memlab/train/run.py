@@ -75,16 +75,6 @@ def prepare_run_dir(run_dir: Path, resume: bool):
     return None, claim(run_dir, fresh=True)
 
 
-def _broadcast(state, obj: Any) -> Any:
-    if state.num_processes == 1:
-        return obj
-    from accelerate.utils import broadcast_object_list
-
-    box = [obj]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
 def _write_summary(run_dir: Path, summary: dict) -> None:
     tmp = run_dir / f"summary.json.tmp{os.getpid()}"
     try:
@@ -106,30 +96,41 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     from accelerate import PartialState
 
     from memlab import tracking
-    from memlab.train.loop import Trainer, use_cpu
+    from memlab.train.devices import SetupEnv, check_batch_split, check_engine, use_cpu
+    from memlab.train.loop import Trainer
 
     trackers = tracking.parse_log_with(cfg.train.log_with)
     tracking.check_available(trackers)
+    check_engine()  # before the process group starts: a sharded engine's set-up would fail in it
     state = PartialState(cpu=use_cpu(cfg.train))
-    run_dir = Path(_broadcast(state, str(run_dir if run_dir is not None else default_run_dir(cfg))))
+    try:  # the launch itself, before any compute and before the run directory is touched
+        check_engine(state)
+        check_batch_split(cfg.train, state.num_processes)
+    except MemlabError as e:
+        e.quiet = not state.is_main_process  # every process finds it: one of them prints it
+        raise
+    env = SetupEnv.from_state(state)
+    run_dir = Path(env.broadcast(str(run_dir if run_dir is not None else default_run_dir(cfg))))
     err, start, lock = None, None, None
     if state.is_main_process:
         try:
             start, lock = prepare_run_dir(run_dir, resume)
         except MemlabError as e:
             err = str(e)
-    err = _broadcast(state, err)
+    err = env.broadcast(err)
     if err is not None:
-        raise MemlabError(err)
+        e = MemlabError(err)
+        e.quiet = not state.is_main_process
+        raise e
     if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
-        name = _broadcast(state, str(start) if start is not None else "")
+        name = env.broadcast(str(start) if start is not None else "")
         start = Path(name) if name else None
     created = lock is not None and lock.created
     tracker = None
     try:
         seed_everything(cfg.train.seed)
         recipe = trainable_recipe(cfg.recipe)
-        setup = recipe.setup(cfg, run_dir)
+        setup = recipe.setup(cfg, run_dir, env=env)
         seed_everything(cfg.train.seed + 7919 * state.process_index)  # dropout / sampling streams per process
         trainer = Trainer(setup, cfg.train, run_dir)
         if start is not None:

@@ -65,8 +65,9 @@ class TrainSetup:
     ``eval_step_fn(model, batch) -> {group: StepOutput}``. Group ``"loss"`` is required and is logged as
     ``loss_fn``'s output would be (``loss`` and its metrics); every other group's metrics (not its loss) are
     averaged over the batches with that group's own weights and, in the order given, replace same-named
-    metrics. Called under no_grad and autocast with the unwrapped model; nothing in it should read a device
-    value back (the loop reads every sum once per evaluation)."""
+    metrics. Called under no_grad and autocast with the model as the loop holds it (wrapped under DDP: compute
+    through its forward, :mod:`memlab.forward`); nothing in it should read a device value back (the loop reads
+    every sum once per evaluation)."""
     callbacks: list[Callback] = field(default_factory=list)
     tokenizer: Any = None
     """Saved beside the model in every checkpoint."""
@@ -77,6 +78,11 @@ class TrainSetup:
     when they change during training (a curriculum's phases), read at every optimizer step."""
     summary: dict[str, Any] = field(default_factory=dict)
     """Extra facts recorded in summary.json (data sizes, parameter counts)."""
+    unused_parameters: bool = False
+    """Some trainable parameters get no gradient in some steps by design (a memory model's curriculum phases use
+    different decoder parts): under DDP the engine then finds them after every forward (``find_unused_parameters``).
+    Parameters that are never used must be frozen instead. The loss must then run in one forward of the model
+    (:func:`memlab.forward.run_in_forward`)."""
 
     def step_flops_per_example(self) -> float:
         """Training FLOPs per example of the coming optimizer step."""
@@ -88,4 +94,7 @@ class Recipe(Protocol):
     name: str
     options_class: type | None
 
-    def setup(self, cfg: Any, run_dir: Path) -> TrainSetup: ...
+    def setup(self, cfg: Any, run_dir: Path, env: Any = None) -> TrainSetup:
+        """``env``: a :class:`memlab.train.devices.SetupEnv` (the accelerator's device and the launch's processes;
+        None: one process on the CPU). Frozen-model precompute (embedding caches, frozen-encoder memories,
+        measured FLOPs) runs on ``env.device``, once across processes, and every process reads the same result."""

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memlab import randomness
+from memlab.errors import ModelError
 from memlab.models.lcm.configuration_lcm import LCMDiffusionConfig, LCMMSEConfig
 from memlab.models.sentence.modeling_sentence import (SentenceBackbone, SentenceModelOutput, SentencePreTrainedModel,
                                                       last_positions)
@@ -162,22 +164,31 @@ class LCMDiffusionModel(SentencePreTrainedModel):
         tri = torch.ones(S, S, dtype=torch.bool, device=keep.device).tril()  # (S, S)
         return tri[None] & keep[:, :, None]  # (B, S, S)
 
+    forward_modes = ("loss", "sample")
+
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                targets: torch.Tensor | None = None, target_mask: torch.Tensor | None = None, **_) -> SentenceModelOutput:
+                targets: torch.Tensor | None = None, target_mask: torch.Tensor | None = None,
+                seeds: torch.Tensor | None = None, mode: str | None = None, **_) -> SentenceModelOutput:
         """Training pass: ``targets (B, S, E)`` raw next embeddings are noised at a random timestep and
         the loss is the MSE of the predicted clean ones (``normalized``) over ``target_mask`` (default
-        ``attention_mask``); without targets, samples every position (slow)."""
-        if targets is None:
-            return SentenceModelOutput(predictions=self.sample(embeddings, attention_mask, all_positions=True))
+        ``attention_mask``); without targets, or with ``mode="sample"``, samples every position (slow):
+        ``predictions``. ``seeds (B,)`` (:mod:`memlab.randomness`): each example's timesteps, noise and
+        context dropout (or starting noise) from its own seed, so they do not depend on the batch."""
+        if mode not in (None, *self.forward_modes):
+            raise ModelError(f"unknown forward mode {mode!r}; LCMDiffusionModel accepts {', '.join(self.forward_modes)}")
+        if targets is None or mode == "sample":
+            return SentenceModelOutput(predictions=self.sample(embeddings, attention_mask, all_positions=True,
+                                                               seeds=seeds))
         ctx = self.context(embeddings, attention_mask)  # (B, S, H)
         B, S, _ = ctx.shape
         x0 = self.backbone.normalizer.normalize(targets.float())  # (B, S, E)
-        t = torch.randint(0, self.config.num_timesteps, (B, S), device=x0.device)  # (B, S)
+        dev = x0.device
+        t = randomness.randint(seeds, self.config.num_timesteps, (S,) if seeds is not None else (B, S), 1, dev)  # (B, S)
         ab = self.alphas_cumprod(x0.device)[t][..., None]  # (B, S, 1)
-        noise = torch.randn_like(x0)
+        noise = randomness.normal(seeds, tuple(x0.shape[1:]) if seeds is not None else x0.shape, 2, dev)  # (B, S, E)
         x_t = ab.sqrt() * x0 + (1 - ab).sqrt() * noise  # (B, S, E)
-        keep = torch.rand(B, S, device=x0.device) >= self.config.cfg_dropout if self.training else \
-            torch.ones(B, S, dtype=torch.bool, device=x0.device)
+        keep = randomness.uniform(seeds, (S,) if seeds is not None else (B, S), 3, dev) >= self.config.cfg_dropout \
+            if self.training else torch.ones(B, S, dtype=torch.bool, device=x0.device)
         pred = self.denoiser(x_t, t, ctx, self.causal_mask(S, keep))  # (B, S, E)
         return SentenceModelOutput(loss=masked_mse(pred, x0, target_mask, attention_mask), last_hidden_state=ctx,
                                    predictions=self.backbone.normalizer.denormalize(pred.float()), normalized=pred)
@@ -185,8 +196,9 @@ class LCMDiffusionModel(SentencePreTrainedModel):
     @torch.no_grad()
     def sample(self, embeddings: torch.Tensor, attention_mask: torch.Tensor | None = None, all_positions: bool = False,
                guidance_scale: float | None = None, steps: int | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-        """DDIM with classifier-free guidance: next embedding at the last position ``(B, E)`` (or every one)."""
+               generator: torch.Generator | None = None, seeds: torch.Tensor | None = None) -> torch.Tensor:
+        """DDIM with classifier-free guidance: next embedding at the last position ``(B, E)`` (or every one).
+        The starting noise comes from ``seeds (B,)`` per example when given, else from ``generator``."""
         cfg = self.config
         g = cfg.guidance_scale if guidance_scale is None else guidance_scale
         ctx = self.context(embeddings, attention_mask)  # (B, S, H)
@@ -199,7 +211,8 @@ class LCMDiffusionModel(SentencePreTrainedModel):
             mask_c, Q = full[torch.arange(B, device=ctx.device), last][:, None], 1  # (B, 1, S)
         mask_u = torch.zeros_like(mask_c)
         E = cfg.embed_dim
-        x = torch.randn(B, Q, E, device=ctx.device, generator=generator)  # (B, Q, E)
+        x = (randomness.normal(seeds, (Q, E), 4) if seeds is not None else
+             torch.randn(B, Q, E, device=ctx.device, generator=generator))  # (B, Q, E)
         ab_all = self.alphas_cumprod(ctx.device)
         ts = torch.linspace(cfg.num_timesteps - 1, 0, max(1, steps or cfg.ddim_steps)).round().long().tolist()
         for k, t in enumerate(ts):

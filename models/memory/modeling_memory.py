@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from memlab.errors import ModelError
+from memlab.forward import RUN, run_mode
 from memlab.models.memory.configuration_memory import MemoryConfig
 from memlab.models.memory.layers import Attention, Block, MixerBlock
 
@@ -256,14 +257,22 @@ def _group_bounds(chunks: int, groups: int) -> list[int]:
     return torch.linspace(0, chunks, groups + 1).round().long().tolist()
 
 
-def add_memory_noise(memories: torch.Tensor, sigma: float, sampling: str = "fixed") -> torch.Tensor:
+def add_memory_noise(memories: torch.Tensor, sigma: float, sampling: str = "fixed",
+                     seeds: torch.Tensor | None = None) -> torch.Tensor:
     """``m + s * rms(m) * eps`` per memory vector (last dim), eps ~ N(0, I), with ``s = sigma`` (``fixed``) or
-    ``s ~ U(0, sigma)`` drawn per vector (``uniform``); the scale is not differentiated."""
-    rms = memories.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (..., 1)
+    ``s ~ U(0, sigma)`` drawn per vector (``uniform``); the scale is not differentiated. ``seeds`` ``(B,)``
+    (:mod:`memlab.randomness`): each example's noise from its own seed, so the draw does not depend on the
+    batch it is in; memories are then ``(B, ...)``."""
+    from memlab import randomness
+
+    rms = memories.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (B, C, K, 1)
     scale = sigma * rms
     if sampling == "uniform":
-        scale = scale * torch.rand_like(rms)
-    return memories + scale.to(memories.dtype) * torch.randn_like(memories)
+        scale = scale * randomness.uniform(seeds, tuple(rms.shape[1:]) if seeds is not None else rms.shape, 11,
+                                           device=rms.device)
+    shape = tuple(memories.shape[1:]) if seeds is not None else memories.shape
+    eps = randomness.normal(seeds, shape, 12, device=memories.device).to(memories.dtype)  # (B, C, K, M)
+    return memories + scale.to(memories.dtype) * eps
 
 
 class MemoryPreTrainedModel(PreTrainedModel):
@@ -291,6 +300,8 @@ class MemoryPreTrainedModel(PreTrainedModel):
 class MemoryModel(MemoryPreTrainedModel):
     """Encoder -> K memories per chunk -> decoder (autoencoder, memory LM, or both)."""
 
+    forward_modes = (RUN,)
+
     def __init__(self, config: MemoryConfig):
         super().__init__(config)
         config.validate_memory()
@@ -313,23 +324,23 @@ class MemoryModel(MemoryPreTrainedModel):
         return mem.view(b, c, *mem.shape[1:])
 
     def decode(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor, memory_mode: str = "own",
-               logits_to_keep: int = 0) -> torch.Tensor:
+               logits_to_keep: int = 0, seeds: torch.Tensor | None = None) -> torch.Tensor:
         """Memories ``(B, C, K, M)`` + decoder inputs ``(B, C, L)`` -> logits ``(B, C, L, V)``; with
         ``logits_to_keep=n > 0`` only the last ``n`` positions of the flattened ``C * L`` sequence, ``(B, n, V)``
         (see ``MemoryDecoder.forward``). In ``train()`` mode with ``config.memory_noise > 0`` the decoder reads
-        the memories with Gaussian noise added (``add_memory_noise``)."""
-        return self.decoder(self._train_noise(memories), decoder_input_ids, memory_mode, logits_to_keep)
+        the memories with Gaussian noise added (``add_memory_noise``; ``seeds`` ``(B,)``: drawn per example)."""
+        return self.decoder(self._train_noise(memories, seeds), decoder_input_ids, memory_mode, logits_to_keep)
 
-    def _train_noise(self, memories: torch.Tensor | None) -> torch.Tensor | None:
+    def _train_noise(self, memories: torch.Tensor | None, seeds: torch.Tensor | None = None) -> torch.Tensor | None:
         if memories is not None and self.training and self.config.memory_noise > 0:
-            memories = add_memory_noise(memories, self.config.memory_noise, self.config.memory_noise_sampling)
+            memories = add_memory_noise(memories, self.config.memory_noise, self.config.memory_noise_sampling, seeds)
         return memories
 
     def decode_features(self, memories: torch.Tensor | None, decoder_input_ids: torch.Tensor,
-                        memory_mode: str = "own") -> torch.Tensor:
+                        memory_mode: str = "own", seeds: torch.Tensor | None = None) -> torch.Tensor:
         """As :meth:`decode`, but the normed features ``(B, C, L, d)`` that :meth:`output_head` maps to the logits
         (so a loss can run the head block by block: :func:`memlab.losses.linear_cross_entropy`)."""
-        return self.decoder(self._train_noise(memories), decoder_input_ids, memory_mode, head=False)
+        return self.decoder(self._train_noise(memories, seeds), decoder_input_ids, memory_mode, head=False)
 
     def output_head(self) -> tuple[torch.Tensor, None]:
         """``(weight (V, d), bias)`` of the output head (tied to the decoder's input embeddings; no bias)."""
@@ -338,8 +349,12 @@ class MemoryModel(MemoryPreTrainedModel):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 memory_mode: str = "own", memories: torch.Tensor | None = None, logits_to_keep: int = 0,
-                **kwargs) -> MemoryModelOutput:
+                mode: str | None = None, fn=None, args: tuple = (), kwargs: dict | None = None,
+                **_) -> MemoryModelOutput:
         """Chunks ``(B, T)`` or ``(B, C, T)``; without decoder inputs the decoder blank-copies them.
+
+        ``mode="run"`` (:mod:`memlab.forward`): returns ``fn(self, *args, **kwargs)`` and does nothing else; the
+        objectives run their encoder and decoder passes so, inside one forward of a DDP/FSDP wrapper.
 
         ``logits_to_keep`` has transformers' meaning: 0 (default) returns the logits of every position,
         ``(B, C, L, V)`` (``(B, L, V)`` for 2-D inputs); ``n > 0`` returns only the logits of the last ``n``
@@ -350,6 +365,10 @@ class MemoryModel(MemoryPreTrainedModel):
         (given, or the blank-copy targets), is the mean CE over those same last ``n`` positions only
         (labels ``(B, C, L)`` flattened the same way), so it matches the returned logits.
         """
+        if mode == RUN:
+            return run_mode(self, fn, args, kwargs)
+        if mode is not None:
+            raise ModelError(f"unknown forward mode {mode!r}; MemoryModel accepts {', '.join(self.forward_modes)}")
         squeeze = input_ids is not None and input_ids.dim() == 2
         if squeeze:
             input_ids = input_ids[:, None]

@@ -105,11 +105,24 @@ def sentence_view(docs, tok, max_len: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 @torch.no_grad()
-def cache_memories(model, ids: torch.Tensor, mask: torch.Tensor | None, batch: int = 256) -> torch.Tensor:
-    """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)``."""
-    out = [model.encode_chunks(ids[i: i + batch], None if mask is None else mask[i: i + batch])
-           for i in range(0, ids.shape[0], batch)]
-    return torch.cat(out)
+def cache_memories(model, ids: torch.Tensor, mask: torch.Tensor | None, batch: int = 256, env=None) -> torch.Tensor:
+    """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)`` float32 on the CPU.
+
+    ``env`` (:class:`memlab.train.devices.SetupEnv`): on its device (bf16 multiplies where native), each
+    process encoding its contiguous share of the examples; every process gets the merged result."""
+    from memlab.train.devices import SetupEnv
+
+    env = env or SetupEnv()
+    model.to(env.device)
+    n, r, w = ids.shape[0], env.process_index, env.num_processes
+    lo, hi = n * r // w, n * (r + 1) // w  # this process's share
+    dev = env.device
+    with env.frozen_autocast():
+        out = [model.encode_chunks(ids[i: min(i + batch, hi)].to(dev),
+                                   None if mask is None else mask[i: min(i + batch, hi)].to(dev)).float().cpu()
+               for i in range(lo, hi, batch)]  # (b, C, K, M) each
+    parts = env.gather(torch.cat(out) if out else None)
+    return torch.cat([p for p in parts if p is not None])  # (N, C, K, M)
 
 
 def load_frozen_encoder(model, path: str, freeze: bool):
@@ -224,7 +237,7 @@ class MemoryRecipe:
                               switch_max_steps=opts.switch_max_steps, objective_options=objective_options)
         return CURRICULA.get(opts.curriculum)(spec)
 
-    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+    def setup(self, cfg, run_dir: Path, env=None) -> TrainSetup:
         from memlab.curricula.objectives import ObjectiveEvaluation, make_objective
 
         opts: MemoryOptions = cfg.options or MemoryOptions()
@@ -242,7 +255,7 @@ class MemoryRecipe:
         frozen = bool(opts.encoder_from) and opts.freeze_encoder
         if opts.encoder_from:
             load_frozen_encoder(model, opts.encoder_from, opts.freeze_encoder)
-        data = self.datasets(model, corpus, opts, shape, frozen)
+        data = self.datasets(model, corpus, opts, shape, frozen, env)
         flops = phase_flops(model, shape, opts.view == "sentences", frozen)
         return TrainSetup(
             model=model,
@@ -254,6 +267,7 @@ class MemoryRecipe:
             tokenizer=tok,
             tokens_per_example=shape.chunks * shape.chunk_len,
             flops_per_example=lambda: flops(schedule.objective),
+            unused_parameters=True,  # own-mode phases leave dist_bias unused, previous-mode ones dist (DDP finds them)
             summary={"train_examples": len(data.train), "eval_examples": len(data.val) if data.val is not None else 0,
                      "chunks_per_example": shape.chunks, "chunk_len": shape.chunk_len,
                      "dropped_sentences": data.dropped_sentences,
@@ -309,7 +323,7 @@ class MemoryRecipe:
                                                        blank_token_id=blank))
 
     @staticmethod
-    def datasets(model, corpus, opts: MemoryOptions, shape: Shape, frozen: bool) -> MemoryData:
+    def datasets(model, corpus, opts: MemoryOptions, shape: Shape, frozen: bool, env=None) -> MemoryData:
         """The chunk or sentence view of the train and validation splits; with a frozen encoder, its memories
         computed once."""
         tok = corpus.tokenizer
@@ -332,8 +346,8 @@ class MemoryRecipe:
         train_mem = val_mem = None
         if frozen:
             model.eval()
-            train_mem = cache_memories(model, train_ids, train_mask)  # (N, C, K, M)
-            val_mem = cache_memories(model, val_ids, val_mask) if val_ids is not None else None
+            train_mem = cache_memories(model, train_ids, train_mask, env=env)  # (N, C, K, M)
+            val_mem = cache_memories(model, val_ids, val_mask, env=env) if val_ids is not None else None
             model.train()
         val = CachedDataset(val_ids, val_mask, val_mem) if val_ids is not None else None
         return MemoryData(train=CachedDataset(train_ids, train_mask, train_mem), val=val, dropped_sentences=dropped)

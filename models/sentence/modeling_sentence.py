@@ -97,6 +97,9 @@ class SentenceBackbone(nn.Module):
         self.normalizer = RobustNormalizer(config.embed_dim)
         self.in_proj = nn.Linear(config.embed_dim, config.hidden_size)
         self.decoder = LlamaModel(config.backbone_config())
+        # it reads inputs_embeds: the token embedding never gets a gradient, so it is frozen (DDP would otherwise
+        # wait for its gradient at every step)
+        self.decoder.embed_tokens.requires_grad_(False)
 
     def forward(self, embeddings: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         E = self.in_proj.in_features

@@ -85,7 +85,7 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
 
 
 def embedded_splits(handle: SpaceHandle, docs: dict[str, list[list[str]]], opts: SentenceOptions,
-                    names=("train", "validation")) -> dict[str, embcache.SentenceSplit]:
+                    names=("train", "validation"), env=None) -> dict[str, embcache.SentenceSplit]:
     from memlab.data.tokenizer import cache_dir
 
     root = Path(opts.cache_dir) if opts.cache_dir else cache_dir() / "embeddings"
@@ -96,7 +96,7 @@ def embedded_splits(handle: SpaceHandle, docs: dict[str, list[list[str]]], opts:
             continue
         path = Path(opts.embedding_cache) / name if opts.embedding_cache else None
         out[name] = embcache.build_or_load(handle.space, handle.spec, docs[name], name, root, max_tokens,
-                                           opts.encode_batch_size, path)
+                                           opts.encode_batch_size, path, env=env)
     return out
 
 
@@ -113,6 +113,33 @@ def step_flops_per_document(loss_fn, model, data: SentenceDocDataset, n: int = 8
     return total / max(len(picks), 1)
 
 
+def freeze_unused_by_decoder(handle: SpaceHandle) -> list[str]:
+    """Freeze the parameters of a trainable space that its decoder's loss never reaches (the encoder half:
+    training reads cached embeddings), found by one tiny teacher-forced decode and backward. Under DDP a
+    trainable parameter without a gradient would stall every step. Returns the frozen names."""
+    import torch
+
+    from memlab.models.sentence.objective import decoder_cross_entropy
+    from memlab.space import tokenize
+
+    space = handle.space
+    sentence = ["End of sequence."]
+    ids, mask = tokenize(space, sentence)
+    with torch.no_grad():
+        z = handle.encode_text(sentence).to(handle.device())  # (1, E)
+    z.requires_grad_(True)
+    for p in space.parameters():
+        p.grad = None
+    total, _, _ = decoder_cross_entropy(space, handle.shape, z, ids.to(z.device), mask.to(z.device))
+    total.backward()
+    frozen = [n for n, p in space.named_parameters() if p.requires_grad and p.grad is None]
+    for n, p in space.named_parameters():
+        p.grad = None
+        if n in frozen:
+            p.requires_grad_(False)
+    return frozen
+
+
 class SentenceRecipe:
     """Shared setup of the sentence-level recipes; subclasses set the name, the family and the loss."""
 
@@ -125,16 +152,19 @@ class SentenceRecipe:
     def make_loss(self, handle: SpaceHandle, model, opts: SentenceOptions):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+    def setup(self, cfg, run_dir: Path, env=None) -> TrainSetup:
+        from memlab.train.devices import SetupEnv
+
+        env = env or SetupEnv()
         opts: SentenceOptions = cfg.options or SentenceOptions()
         if opts.short_documents not in ("drop", "error"):
             raise ConfigError(f"options.short_documents must be 'drop' or 'error', got '{opts.short_documents}'")
         if cfg.model.family != self.family:
             raise ConfigError(f"recipe '{self.name}' trains family '{self.family}', not model.family='{cfg.model.family}'")
         spec = normalize_spec(opts.space)
-        handle = SpaceHandle(load_space(spec), spec, freeze=True)
-        docs, dropped = corpus_documents(cfg, opts)
-        splits = embedded_splits(handle, docs, opts)
+        handle = SpaceHandle(load_space(spec), spec, freeze=True).to(env.device)  # the frozen encoder runs there
+        docs, dropped = env.on_main(lambda: corpus_documents(cfg, opts))  # Punkt once; every process reads its result
+        splits = embedded_splits(handle, docs, opts, env=env)  # encoded once across processes
         train = splits["train"]
         model = self.build_model(cfg, handle, opts, train)
         if opts.unfreeze_decoder:
@@ -148,14 +178,17 @@ class SentenceRecipe:
         train_data = SentenceDocDataset(train)
         loss_fn = self.make_loss(handle, model, opts)
         val = splits.get("validation")
+        model.to(env.device)
+        flops = env.on_main(lambda: step_flops_per_document(loss_fn, model, train_data))  # real passes: once
         return TrainSetup(
             model=model,
             train_data=train_data,
             eval_data=SentenceDocDataset(val) if val is not None else None,
             loss_fn=loss_fn,
+            eval_step_fn=getattr(loss_fn, "evaluate", None),
             collate_fn=collate_documents,
             tokens_per_example=int(mean_len),
-            flops_per_example=step_flops_per_document(loss_fn, model, train_data),
+            flops_per_example=flops,
             summary={"space": spec, "embedding_shape": handle.shape, "train_documents": train.num_documents,
                      "train_sentences": int(train.embeddings.shape[0]),
                      "eval_documents": val.num_documents if val is not None else 0,
@@ -188,7 +221,8 @@ class SentenceRecipe:
         if not isinstance(handle.space, torch.nn.Module):
             raise ConfigError(f"space '{handle.spec}' is not an nn.Module, so its decoder cannot be trained")
         model.space = handle.space  # a submodule: optimised, moved and saved (as 'space.*') with the model
-        handle.space.requires_grad_(True)  # the encoder gets no gradient (embeddings are cached), AdamW skips it
+        handle.space.requires_grad_(True)
+        freeze_unused_by_decoder(handle)  # the encoder half never trains (embeddings are cached): frozen
         model.config.decoder_trained = True
 
     @staticmethod

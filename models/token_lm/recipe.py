@@ -58,7 +58,7 @@ class LMRecipe:
     name = "lm"
     options_class = None
 
-    def setup(self, cfg, run_dir: Path) -> TrainSetup:
+    def setup(self, cfg, run_dir: Path, env=None) -> TrainSetup:
         init = cfg.model.init_from
         from memlab.loading import resolve_model_dir
 
