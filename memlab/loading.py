@@ -127,8 +127,8 @@ def check_saved_class(model_dir: str | Path, model_class, asked: str | None = No
 
     wanted = next((n for n in FAMILIES.names() if FAMILIES.get(n).model_class is model_class), model_class.__name__)
     raise ModelError(f"{model_dir} holds a '{saved}' model ({arch}), not a '{wanted}' one ({model_class.__name__})"
-                     + (f" as {asked} says" if asked else "") + f"; use a run of family '{wanted}'"
-                     + (f" or put back model.family: {saved}" if asked else ""))
+                     + (f" as {asked} says; put back model.family: {saved}" if asked
+                        else f"; use a run of family '{wanted}'"))
 
 
 def load_run_tokenizer(path: str | Path):
