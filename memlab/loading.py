@@ -44,25 +44,6 @@ def load_pretrained(path: str | Path, model_class=None):
     return model
 
 
-READ_ERRORS = ("SafetensorError", "JSONDecodeError", "HeaderTooLarge", "UnicodeDecodeError")
-"""Names of the exceptions (besides OSError and ValueError) that a damaged saved model raises when read."""
-
-
-def is_read_error(e: BaseException) -> bool:
-    """Whether ``e`` is what reading a damaged or foreign save raises (not a bug)."""
-    return isinstance(e, (OSError, ValueError)) or type(e).__name__ in READ_ERRORS
-
-
-def check_weights_fit(what: str, model_name: str, missing, unexpected, mismatched=()) -> None:
-    """One ModelError naming the first missing, unexpected and mismatched keys, when there are any."""
-    missing, unexpected, mismatched = sorted(missing), sorted(unexpected), [str(m) for m in mismatched]
-    if not (missing or unexpected or mismatched):
-        return
-    parts = [f"{len(v)} {name} (first: {', '.join(map(str, v[:2]))})"
-             for name, v in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched)) if v]
-    raise ModelError(f"{what}: the saved weights do not fit {model_name}: keys {'; '.join(parts)}")
-
-
 def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bool = False, what: str | None = None,
                            **kw):
     """``model_class.from_pretrained(folder, **kw)`` that refuses weights which do not fit the model's keys.
@@ -74,6 +55,9 @@ def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bo
     ``allow_unexpected`` is for a base model read from a checkpoint with a
     task head (``lm_head.weight`` of a causal LM is not read by its encoder).
     """
+    from memlab.errors import is_read_error
+    from memlab.train.checkpoint import check_weights_fit
+
     what = what or str(folder)
     try:
         model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kw)

@@ -262,7 +262,7 @@ def read_chunk_embeddings(path: str | Path, ids: torch.Tensor) -> torch.Tensor |
         saved = load_file(str(path))
         z, got = saved["z"], saved["ids"]
     except Exception as e:  # SafetensorError (truncated, bad header), OSError, KeyError (not a cache file)
-        from memlab.loading import is_read_error
+        from memlab.errors import is_read_error
 
         if not (is_read_error(e) or isinstance(e, KeyError)):
             raise

@@ -153,8 +153,8 @@ def newest_intact_checkpoint(run_dir: Path, warn: Callable[[str], None] | None =
         if problem is None:
             if damaged:
                 what = "; ".join(f"{p.name} ({why})" for p, why in damaged)
-                say(f"checkpoint {what}: damaged ({set_aside(run_dir, [p for p, _ in damaged])}); using {d.name}, "
-                    "the newest intact one")
+                say(f"{run_dir}: checkpoint {what}: damaged ({set_aside(run_dir, [p for p, _ in damaged])}); "
+                    f"using {d.name}, the newest intact one")
             if not (d / MANIFEST).is_file():
                 _warn(f"checkpoint {d} has no {MANIFEST} (saved before manifests): its files are not checked")
             return d
@@ -314,11 +314,19 @@ def load_model_weights(model, ckpt: Path) -> None:
     # tied weights are saved once; anything else missing is an error
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
-    from memlab.loading import check_weights_fit
-
     check_weights_fit(f"checkpoint {ckpt}", type(model).__name__, missing, unexpected)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def check_weights_fit(what: str, model_name: str, missing, unexpected, mismatched=()) -> None:
+    """One ModelError naming the first missing, unexpected and mismatched keys, when there are any."""
+    missing, unexpected, mismatched = sorted(missing), sorted(unexpected), [str(m) for m in mismatched]
+    if not (missing or unexpected or mismatched):
+        return
+    parts = [f"{len(v)} {name} (first: {', '.join(map(str, v[:2]))})"
+             for name, v in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched)) if v]
+    raise ModelError(f"{what}: the saved weights do not fit {model_name}: keys {'; '.join(parts)}")
 
 
 def load_torch(path: Path) -> Any:
