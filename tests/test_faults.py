@@ -16,6 +16,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from conftest import one_line_error as _one_line_error
 from conftest import write_config
 from memlab.app.cli import main
 from memlab.errors import ConfigError
@@ -23,13 +24,6 @@ from memlab.errors import ConfigError
 STEP = "step-{:08d}"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("memlab: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:

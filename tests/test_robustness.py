@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import one_line_error as _one_line_error
 from conftest import write_config
 from memlab.app.cli import main
 from memlab.errors import DataError, MemlabError, ModelError
@@ -24,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP = "step-{:08d}"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("memlab: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
