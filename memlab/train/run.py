@@ -121,6 +121,8 @@ def prepare_run_dir(run_dir: Path, resume: bool, max_steps: int | None = None, r
         lock.release()
         raise
     return start, lock  # None: start over inside the same run dir (nothing recorded yet, or --restart)
+
+
 def _broadcast(state, obj: Any) -> Any:
     if state.num_processes == 1:
         return obj
