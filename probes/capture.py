@@ -21,10 +21,12 @@ Architectures
 -------------
 :data:`ARCHITECTURES` maps known ``model_type``s to the attribute path of the
 block list and of the final norm (relative to the backbone: the base model, or
-the encoder of an encoder-decoder model). Unknown types fall back to
+the encoder of an encoder-decoder model or of an encoder-only class such as
+``T5EncoderModel``). Unknown types fall back to
 :func:`find_layers`: the largest ``nn.ModuleList`` whose children all share a
 class is the block list, and a ``*Norm*`` module beside it on the same parent is the
-final norm.
+final norm. Each encoder's ``describe()`` (report.json's ``encoder.hooks``) names
+the table row or the fallback rule it used, with the module paths it hooked.
 
 Pooling
 -------
@@ -112,17 +114,40 @@ def find_layers(module: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
     return best, (norms[-1] if norms else None)
 
 
-def locate_layers(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
-    """(block list, final norm) of a model: from :data:`ARCHITECTURES`, else :func:`find_layers`."""
+def _path_of(root: nn.Module, module: nn.Module | None) -> str | None:
+    if module is None:
+        return None
+    return next((name for name, m in root.named_modules() if m is module), None)
+
+
+def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
+    """(block list, final norm, how they were found) of a model: from :data:`ARCHITECTURES`, else :func:`find_layers`.
+
+    The third item names the rule for the report: ``{"rule": "table", "model_type": ..., "layers": PATH,
+    "final_norm": PATH or None}`` for a table row, ``{"rule": "fallback", ...}`` with the paths the rule found
+    (relative to the backbone) otherwise, and why the table did not apply.
+    """
     bb = backbone(model)
     mt = getattr(getattr(model, "config", None), "model_type", None)
+    why = f"model_type '{mt}' is not in the table"
     if mt in ARCHITECTURES:
         layers_path, norm_path = ARCHITECTURES[mt]
-        try:
-            return _get(bb, layers_path), (_get(bb, norm_path) if norm_path else None)
-        except AttributeError:
-            pass  # a variant with other names: use the rule
-    return find_layers(bb)
+        enc = bb.get_encoder() if hasattr(bb, "get_encoder") else bb
+        for root in (bb, enc) if enc is not bb else (bb,):  # T5EncoderModel: the table's paths are in its encoder
+            try:
+                layers, norm = _get(root, layers_path), (_get(root, norm_path) if norm_path else None)
+                return layers, norm, {"rule": "table", "model_type": mt, "layers": layers_path, "final_norm": norm_path}
+            except AttributeError:  # a variant with other names: use the rule
+                why = f"the table row '{mt}' names modules this model does not have"
+    layers, norm = find_layers(bb)
+    return layers, norm, {"rule": "fallback", "model_type": mt, "layers": _path_of(bb, layers),
+                          "final_norm": _path_of(bb, norm), "why": why}
+
+
+def locate_layers(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
+    """(block list, final norm) of a model: from :data:`ARCHITECTURES`, else :func:`find_layers`."""
+    layers, norm, _ = hook_plan(model)
+    return layers, norm
 
 
 def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
@@ -206,7 +231,7 @@ class HiddenStateEncoder:
         self.tokenizer = tokenizer
         self.name = name
         self.pool = pool
-        self.layers, self.norm = locate_layers(model)
+        self.layers, self.norm, self.hooks = hook_plan(model)
         n = len(self.layers)
         if not -(n + 1) <= layer <= n:
             raise ModelError(f"layer {layer} is out of range for {name}: it has {n} blocks, so layers go "
@@ -228,7 +253,8 @@ class HiddenStateEncoder:
 
     def describe(self) -> dict:
         return {"name": self.name, "layer": self.layer, "num_layers": len(self.layers), "pool": self.pool,
-                "final_norm": self.final_norm, "dim": self.dim, "special_tokens": [self.prefix, self.suffix]}
+                "final_norm": self.final_norm, "dim": self.dim, "special_tokens": [self.prefix, self.suffix],
+                "hooks": dict(self.hooks)}
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The chosen layer's states ``(B, T, D)`` for ids that already hold any special tokens."""

@@ -29,6 +29,7 @@ Python::
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,8 @@ class ProbeOptions:
     """One probe run (YAML: configs/probes/*.yaml; CLI flags of ``memlab probe``)."""
 
     model: str = "minilm"
-    """Model to probe: a shortcut (minilm, smollm2), ``space:NAME[:PATH]``, a local folder or run, or a hub name."""
+    """Model to probe: a shortcut (minilm, smollm2), ``space:NAME[:PATH]``, a local folder or run, a GGUF file, or a
+    hub name."""
     layer: int = -1
     """Hidden state to read: 0 = embeddings, k = output of block k-1; negative counts from the end."""
     pool: str | None = None
@@ -64,7 +66,7 @@ class ProbeOptions:
     """Training chunks (from the corpus's train split). 8,000 from the learning curve (docs/probes.md): MiniLM's
     readings still rise from 4,000 to 8,000, and concat calibration needs that many; fewer is marked in the report."""
     n_eval: int = 256
-    """Held-out chunks (from ``eval_split``)."""
+    """Held-out chunks (from ``eval_split``); a split that holds fewer is scored whole, with a warning and a note."""
     corpus: str = "austen"
     """Corpus (memlab data pipeline): bundled name or local path."""
     eval_split: str = "test"
@@ -234,8 +236,21 @@ def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor]
         raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} tokens "
                           "besides its special tokens)")
     train_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_train, "train", opts.corpus, opts.seed)
-    eval_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed)
+    eval_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
+                              at_most=True)
+    note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
+    if note:
+        print(f"memlab: warning: {note}", file=sys.stderr)
     return train_ids, eval_ids  # (N, T), (M, T)
+
+
+def eval_note(opts: ProbeOptions, eval_ids: torch.Tensor) -> str | None:
+    """What the report says when the held-out split holds fewer chunks than ``n_eval`` (None when it does not)."""
+    m = int(eval_ids.shape[0])
+    if m >= opts.n_eval:
+        return None
+    return (f"n_eval={opts.n_eval} asked, but the {opts.eval_split} split of '{opts.corpus}' holds {m} chunks of "
+            f"{opts.seq_len} tokens: all {m} are scored")
 
 
 def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
@@ -318,6 +333,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         report["data_split"] = T.split_description(opts.corpus)
     report["timing"].update(load_s=t_load.seconds, encode_s=t_enc.seconds, encode_cached=cached,
                             total_s=time.perf_counter() - t_start)
+    if note := eval_note(opts, eval_ids):
+        report["eval_note"] = note  # and report["n_eval"] is the number scored
     if opts.n_train < SATURATION_HINT:
         report["budget_note"] = (f"n_train={opts.n_train} is below {SATURATION_HINT}: on the measured learning curves "
                                  "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")

@@ -7,6 +7,8 @@
   e.g. ``space:memory_ae:runs/ae`` for a memory autoencoder;
 * a local path: a ``save_pretrained`` folder or a memlab run directory (its
   latest checkpoint); the tokenizer must be saved beside the weights;
+* a GGUF file (``model.gguf``) of any architecture transformers' GGUF reader
+  knows: config, tokenizer and (dequantized) weights all come from the file;
 * ``synthetic:concat|bag|constant[:TOKENIZER_DIR]``: a calibration encoder of known content
   (:mod:`memlab.probes.synthetic`);
 * a Hugging Face hub name, read from the local cache when offline.
@@ -39,6 +41,18 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
+def _errors(gguf_file: str | None, *listed: type[Exception]) -> tuple[type[Exception], ...]:
+    """What a load may fail with: transformers' GGUF reader fails in many ways (an architecture it does not know,
+    a damaged file: struct, index, key, shape errors), so any error of a GGUF load is the file's."""
+    return (Exception,) if gguf_file else listed
+
+
+def _gguf_error(what: str, stage: str, e: Exception) -> ModelError:
+    if isinstance(e, MemoryError):  # the file is fine; the host is too small for its dequantized weights
+        raise e
+    return ModelError(f"{what}: transformers cannot read this GGUF file's {stage} ({_first_line(e)})")
+
+
 def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
     from transformers import AutoTokenizer
 
@@ -48,7 +62,9 @@ def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
                          "save one beside the weights")
     try:
         tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kw)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except _errors(gguf_file, OSError, ValueError, TypeError, KeyError) as e:
+        if gguf_file:
+            raise _gguf_error(what, "tokenizer", e) from None
         raise ModelError(f"{what} has no usable tokenizer ({_first_line(e)}); save one beside the weights") from None
     if tok is None or not hasattr(tok, "pad_token"):
         raise ModelError(f"{what} has no tokenizer; save one beside the weights")
@@ -69,7 +85,9 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
-    except (OSError, ValueError, KeyError) as e:
+    except _errors(gguf_file, OSError, ValueError, KeyError) as e:
+        if gguf_file:
+            raise _gguf_error(what, "metadata", e) from None
         msg = _first_line(e)
         if Path(folder).exists():
             raise ModelError(f"{what}: not a model transformers can read ({msg})") from None
@@ -84,8 +102,13 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
         from memlab.loading import strict_from_pretrained
 
         # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
-        model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config, dtype=dtype,
-                                       trust_remote_code=False, **kw)
+        try:
+            model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config,
+                                           dtype=dtype, trust_remote_code=False, **kw)
+        except ModelError:
+            raise
+        except _errors(gguf_file) as e:  # a GGUF file fails in many ways; other reads are strict's one line
+            raise _gguf_error(what, "weights", e) from None
     model.config.use_cache = False
     if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
         enc = model.get_encoder()
@@ -146,7 +169,10 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
         default_pool = asset.pool
     else:
         p = Path(os.path.expanduser(spec))
-        if p.exists():
+        if p.is_file() and (p.suffix.lower() == ".gguf" or assets.is_gguf(p)):
+            folder, gguf_file = assets.gguf_source(p)
+            folder = str(folder)
+        elif p.exists():
             from memlab.loading import resolve_model_dir
 
             folder = str(resolve_model_dir(p))

@@ -65,8 +65,10 @@ def split_description(corpus: str) -> str:
     return describe_splits(_splits(corpus))
 
 
-def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0) -> torch.Tensor:
-    """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``.
+def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
+                 at_most: bool = False) -> torch.Tensor:
+    """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
+    (``at_most``: all there are when the split holds fewer than ``n``).
 
     Splits are memlab's (chapter units, 5 % validation and 5 % test, seed 0),
     so ``test`` is text no model trained by ``memlab train`` on the default
@@ -87,8 +89,11 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
         n_chars += len(texts[i])
         if n_chars >= need_chars:
             break
-    chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
-    if chunks.shape[0] < n:
+    try:
+        chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
+    except DataError as e:  # not one chunk: nothing to score or train on
+        raise DataError(f"the {split} split of '{corpus}' holds no chunk of {seq_len} tokens ({e})") from None
+    if chunks.shape[0] < n and not at_most:
         raise DataError(f"the {split} split of '{corpus}' holds only {chunks.shape[0]} chunks of {seq_len} tokens; "
                         f"{n} asked")
     pick = torch.from_numpy(np.random.default_rng(seed + 1).permutation(chunks.shape[0])[:n])

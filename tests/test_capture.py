@@ -8,8 +8,8 @@ import transformers as tf
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, locate_layers, pool_states,
-                                   right_pad, wrap_special)
+from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan, locate_layers,
+                                   pool_states, right_pad, wrap_special)
 
 V = 101
 SMALL = dict(vocab_size=V)
@@ -23,9 +23,21 @@ CASES = {
     "llama": lambda: tf.LlamaModel(tf.LlamaConfig(**DEC)),
     "qwen2": lambda: tf.Qwen2Model(tf.Qwen2Config(**DEC)),
     "mistral": lambda: tf.MistralModel(tf.MistralConfig(**DEC)),
+    "qwen3": lambda: tf.Qwen3Model(tf.Qwen3Config(head_dim=8, **DEC)),
+    "gemma": lambda: tf.GemmaModel(tf.GemmaConfig(head_dim=8, **DEC)),
+    "gemma2": lambda: tf.Gemma2Model(tf.Gemma2Config(head_dim=8, sliding_window=4, **DEC)),
+    "phi3": lambda: tf.Phi3Model(tf.Phi3Config(pad_token_id=0, bos_token_id=1, eos_token_id=2, **DEC)),
+    "smollm3": lambda: tf.SmolLM3Model(tf.SmolLM3Config(pad_token_id=0, bos_token_id=1, eos_token_id=2, **DEC)),
+    "gpt_neox": lambda: tf.GPTNeoXModel(tf.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                         num_attention_heads=4, max_position_embeddings=64, **SMALL)),
     "bert": lambda: tf.BertModel(tf.BertConfig(**ENC)),
     "roberta": lambda: tf.RobertaModel(tf.RobertaConfig(**ENC)),
-    "t5": lambda: tf.T5EncoderModel(tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, **SMALL)),
+    "xlm-roberta": lambda: tf.XLMRobertaModel(tf.XLMRobertaConfig(**ENC)),
+    "distilbert": lambda: tf.DistilBertModel(tf.DistilBertConfig(dim=32, hidden_dim=64, n_layers=2, n_heads=4,
+                                                                 max_position_embeddings=64, **SMALL)),
+    "t5": lambda: tf.T5Model(tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, **SMALL)),
+    "mt5": lambda: tf.MT5EncoderModel(  # the encoder-only class: the table's paths are in its .encoder
+        tf.MT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, **SMALL)),
     "m2m_100": lambda: tf.M2M100Model(tf.M2M100Config(d_model=32, encoder_layers=2, decoder_layers=1,
                                                       encoder_attention_heads=4, decoder_attention_heads=4,
                                                       encoder_ffn_dim=64, decoder_ffn_dim=64,
@@ -63,11 +75,15 @@ def _reference(model, ids, mask):
         return bb(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
 
 
+def test_every_table_row_has_a_parity_case():
+    assert set(ARCHITECTURES) == set(CASES) - {"opt"}
+
+
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_hook_matches_output_hidden_states(arch):
     torch.manual_seed(0)
     model = CASES[arch]().eval()
-    assert (arch in ARCHITECTURES) == (arch != "opt")
+    assert model.config.model_type == arch and (arch in ARCHITECTURES) == (arch != "opt")
     ids, mask = _batch()
     ref = _reference(model, ids, mask)
     layers, norm = locate_layers(model)
@@ -88,6 +104,23 @@ def test_hook_matches_output_hidden_states(arch):
     a = HiddenStateEncoder(model, _Tok(), layer=-1, special_tokens=False).encode(ids, mask)
     b = HiddenStateEncoder(model, _Tok(), layer=n, special_tokens=False).encode(ids, mask)
     assert torch.equal(a, b)
+    # the encoder names the rule it used (report.json's encoder.hooks)
+    hooks = enc.describe()["hooks"]
+    if arch == "opt":
+        assert hooks["rule"] == "fallback" and "not in the table" in hooks["why"]
+        assert (hooks["layers"], hooks["final_norm"]) == ("decoder.layers", "decoder.final_layer_norm")
+    else:
+        assert hooks == {"rule": "table", "model_type": arch, "layers": ARCHITECTURES[arch][0],
+                         "final_norm": ARCHITECTURES[arch][1]}
+
+
+def test_table_row_with_other_module_names_falls_back():
+    model = CASES["llama"]().eval()
+    model.config.model_type = "gpt2"  # the gpt2 row names h / ln_f, which a Llama lacks
+    layers, norm, hooks = hook_plan(model)
+    assert layers is model.layers and norm is model.norm
+    assert hooks["rule"] == "fallback" and hooks["model_type"] == "gpt2" and "'gpt2'" in hooks["why"]
+    assert (hooks["layers"], hooks["final_norm"]) == ("layers", "norm")
 
 
 def test_fallback_rule_on_custom_module():

@@ -10,7 +10,7 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
     "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
                                   "encoder pass and writes the learning curve"),
-    "--n-eval": ("n_eval", int, "held-out chunks (default 256)"),
+    "--n-eval": ("n_eval", int, "held-out chunks (default 256; all there are, with a warning, when the split holds fewer)"),
     "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 30; early stopping, patience 3)"),
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
     "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
                        description="Freeze a model, embed held-out chunks once, train a decoder to rebuild the tokens "
                                    "from each embedding (and a control decoder on a constant embedding); write "
                                    "report.json, plots/*.png and the decoder into the run directory.")
-    p.add_argument("--model", help="shortcut (minilm, smollm2), space:NAME[:PATH], local folder/run, or hub name")
+    p.add_argument("--model", help="shortcut (minilm, smollm2), space:NAME[:PATH], local folder/run, "
+                                    "FILE.gguf, or hub name")
     p.add_argument("--config", help="YAML of probe options (configs/probes/*.yaml)")
     for flag, (_, tp, hlp) in FLAGS.items():
         p.add_argument(flag, type=tp, default=None, help=hlp)
