@@ -189,12 +189,26 @@ def _to_sequence(value: Any, tp: Any, key: str) -> list | tuple:
     return out if typing.get_origin(tp) is list else tuple(out)
 
 
+def _quoted(value: Any) -> bool:
+    """Whether a YAML string is a number or boolean in quotes (``"2"``, ``"true"``): YAML would read it unquoted
+    as that type. One rule for types: such a string is refused for a number or boolean field, as a list is;
+    ``3e-4`` stays a string in YAML 1.1 and is read as the number it spells."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return not isinstance(yaml.safe_load(value), str)
+    except yaml.YAMLError:
+        return False
+
+
+def _quote_hint(value: Any) -> str:
+    return f" (a quoted string: write {value} without quotes)" if _quoted(value) else ""
+
+
 def _to_bool(value: Any, key: str) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-        return value.lower() in ("true", "yes", "on", "1")
-    raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    raise ConfigError(f"'{key}' must be true or false, got {value!r}{_quote_hint(value)}")
 
 
 def _to_int(value: Any, key: str) -> int:
@@ -203,25 +217,25 @@ def _to_int(value: Any, key: str) -> int:
     f = None
     if isinstance(value, float):
         f = value
-    elif isinstance(value, str):
+    elif isinstance(value, str) and not _quoted(value):  # 1e3: a YAML 1.1 string that spells a number
         try:
             f = float(value)
         except ValueError:
             pass
     if f is not None and f.is_integer():
         return int(f)
-    raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    raise ConfigError(f"'{key}' must be an integer, got {value!r}{_quote_hint(value)}")
 
 
 def _to_float(value: Any, key: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):  # PyYAML reads 3e-4 as a string (YAML 1.1)
+    if isinstance(value, str) and not _quoted(value):  # PyYAML reads 3e-4 as a string (YAML 1.1)
         try:
             return float(value)
         except ValueError:
             pass
-    raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    raise ConfigError(f"'{key}' must be a number, got {value!r}{_quote_hint(value)}")
 
 
 def _to_str(value: Any, key: str) -> str:
@@ -398,5 +412,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     return experiment_from_dict(data)
 
 
+def config_text(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML (what ``RUN/config.yaml`` holds)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    Path(path).write_text(config_text(cfg))

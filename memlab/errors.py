@@ -25,3 +25,12 @@ class DataError(MemlabError):
 
 class ModelError(MemlabError):
     """A model or space that cannot be built, loaded or combined as asked."""
+
+
+READ_ERRORS = ("SafetensorError", "JSONDecodeError", "HeaderTooLarge", "UnicodeDecodeError")
+"""Names of the exceptions (besides OSError and ValueError) that reading a damaged or foreign file raises."""
+
+
+def is_read_error(e: BaseException) -> bool:
+    """Whether ``e`` is what reading a damaged or foreign saved file raises (not a bug)."""
+    return isinstance(e, (OSError, ValueError)) or type(e).__name__ in READ_ERRORS

@@ -22,42 +22,97 @@ def resolve_model_dir(path: str | Path) -> Path:
 
 
 def load_pretrained(path: str | Path, model_class=None):
-    """Load a model saved by memlab (safetensors; ``trust_remote_code`` stays off).
+    """Load a model saved by memlab (safetensors; ``trust_remote_code`` stays off), strictly.
 
     Without ``model_class`` the class comes from the registered family whose
-    model class name matches the saved ``architectures`` entry.
+    model class name matches the saved ``architectures`` entry. Weights that do
+    not fit the class's own keys are one ModelError (:func:`strict_from_pretrained`).
     """
     from memlab.registry import FAMILIES
 
     d = resolve_model_dir(path)
     if model_class is None:
         model_class = FAMILIES.get(family_of(d)).model_class
+    else:
+        check_saved_class(d, model_class)
     from memlab.train.checkpoint import weights_are_finite
 
-    try:
-        model = model_class.from_pretrained(str(d))
-    except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
-        if type(e).__name__ not in ("SafetensorError", "JSONDecodeError") and not isinstance(e, OSError):
-            raise
-        raise ModelError(f"{d}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
+    model = strict_from_pretrained(model_class, d)
     if not weights_are_finite(model):  # a diverged model is refused, not run to print nothing
         raise ModelError(f"{d}: the saved weights hold NaN or infinite values; the model diverged (use an earlier "
                          "checkpoint or retrain with a lower train.lr)")
     return model
 
 
-def family_of(model_dir: str | Path) -> str:
-    """Name of the registered family whose model class built the saved model (``architectures`` in config.json)."""
+def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bool = False, what: str | None = None,
+                           **kw):
+    """``model_class.from_pretrained(folder, **kw)`` that refuses weights which do not fit the model's keys.
+
+    transformers initialises missing weights at random and only logs it; here
+    any missing or reshaped key (and, unless ``allow_unexpected``, any key the
+    model does not have) is one ModelError naming the first ones. A damaged
+    file (a truncated or oversized safetensors header) is one ModelError too.
+    ``allow_unexpected`` is for a base model read from a checkpoint with a
+    task head (``lm_head.weight`` of a causal LM is not read by its encoder).
+    """
+    from memlab.errors import is_read_error
+    from memlab.train.checkpoint import check_weights_fit
+
+    what = what or str(folder)
+    try:
+        model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kw)
+    except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
+        if not is_read_error(e):
+            raise
+        raise ModelError(f"{what}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
+    check_weights_fit(what, model_class.__name__ if model_class.__name__ != "AutoModel" else type(model).__name__,
+                      info.get("missing_keys") or (), () if allow_unexpected else info.get("unexpected_keys") or (),
+                      info.get("mismatched_keys") or ())
+    if info.get("error_msgs"):
+        raise ModelError(f"{what}: the saved weights do not fit {type(model).__name__}: {info['error_msgs'][0]}")
+    return model
+
+
+def saved_architecture(model_dir: str | Path) -> str | None:
+    """The model class named in a save's ``config.json`` (``architectures``); None when unreadable."""
     import json
 
+    try:
+        return (json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def family_of(model_dir: str | Path) -> str:
+    """Name of the registered family whose model class built the saved model (``architectures`` in config.json)."""
     from memlab.registry import FAMILIES
 
     d = Path(model_dir)
-    arch = (json.loads((d / "config.json").read_text()).get("architectures") or [None])[0]
+    if not (d / "config.json").is_file():
+        raise ModelError(f"{d}: no config.json (not a saved model)")
+    arch = saved_architecture(d)
     for name in FAMILIES.names():
         if FAMILIES.get(name).model_class.__name__ == arch:
             return name
     raise ModelError(f"{d}: no registered model family builds '{arch}'")
+
+
+def check_saved_class(model_dir: str | Path, model_class, asked: str | None = None) -> None:
+    """A ModelError naming both families when ``model_dir`` was saved by another registered family's class
+    than ``model_class`` (``asked``: how the user chose it, e.g. ``model.family: memory in RUN/config.yaml``)."""
+    arch = saved_architecture(model_dir)
+    if arch is None or arch == model_class.__name__:
+        return
+    try:
+        saved = family_of(model_dir)
+    except ModelError:
+        return  # not one of ours: the key check decides
+    from memlab.registry import FAMILIES
+
+    wanted = next((n for n in FAMILIES.names() if FAMILIES.get(n).model_class is model_class), model_class.__name__)
+    raise ModelError(f"{model_dir} holds a '{saved}' model ({arch}), not a '{wanted}' one ({model_class.__name__})"
+                     + (f" as {asked} says; put back model.family: {saved}" if asked
+                        else f"; use a run of family '{wanted}'"))
 
 
 def load_run_tokenizer(path: str | Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -30,10 +31,18 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     """Tight layout, write the PNG, free the figure."""
     import matplotlib.pyplot as plt
 
+    from memlab.rundir import guarded
+
+    path = Path(path)
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}{path.suffix}")
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
+    try:
+        with guarded(str(path), tmp):  # a full disk is one line, and leaves no half-written PNG
+            fig.savefig(tmp, dpi=dpi)
+            os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -43,10 +52,12 @@ def read_metrics(path: str | Path) -> list[dict]:
     return read(Path(path))
 
 
-def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str, ...] = ("loss", "token_accuracy")) -> list[Path]:
-    """One PNG per metric, train and eval curves against step. Returns the files written."""
+def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str, ...] = ("loss", "token_accuracy"),
+                 records: list[dict] | None = None) -> list[Path]:
+    """One PNG per metric, train and eval curves against step (``records``: already read from ``metrics_path``).
+    Returns the files written."""
     plt = pyplot()
-    records = read_metrics(metrics_path)
+    records = read_metrics(metrics_path) if records is None else records
     out = Path(out_dir)
     written: list[Path] = []
     for key in keys:

@@ -8,12 +8,25 @@ on ``RUN/.memlab.lock`` (``fcntl.flock``; ``filelock`` where there is no
 fcntl). The operating system drops the lock when the process ends, however it
 ends (``kill -9`` included), so a killed run never leaves its folder stuck; a
 second process that asks for a folder in use is refused in one line.
+
+The folder is the one the user named, taken lexically (``runs/a/../b`` is
+``runs/b``; no folder ``runs/a`` is made on the way). A command that fails
+after claiming a folder it created calls :meth:`RunClaim.abandon`, which
+removes what the claim made (the folder and any parents it had to create).
+
+Every write into a run folder goes through :func:`guarded` (or
+:func:`write_atomic`, built on it): a storage failure (a full disk, a file
+size limit, a read-only folder) becomes one line, and the temporary files of
+the write are removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from pathlib import Path
+from typing import Callable, Iterator
 
 from memlab.errors import MemlabError
 
@@ -25,8 +38,9 @@ _HELD: dict[str, "RunClaim"] = {}  # resolved folder -> this process's claim (a 
 class RunClaim:
     """This process's exclusive lock on a run folder (a context manager; released when the process ends)."""
 
-    def __init__(self, run_dir: Path, created: bool):
-        self.run_dir, self.created = run_dir, created
+    def __init__(self, run_dir: Path, created: bool, made: Path | None = None, fresh: bool = False):
+        self.run_dir, self.created, self.fresh = run_dir, created, fresh
+        self.made = made if created else None  # the topmost folder this claim created (run_dir or a parent)
         self._fh = None
         self._lock = None
 
@@ -72,6 +86,22 @@ class RunClaim:
             self._lock = None
         _HELD.pop(_key(self.run_dir), None)
 
+    def abandon(self) -> None:
+        """Release the lock and remove what a fresh claim made: the folders it created, or what was written
+        into the empty folder it was given (a resume's claim is only released)."""
+        self.release()
+        if not self.fresh:
+            return
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+            return
+        for p in self.run_dir.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
     def __enter__(self) -> "RunClaim":
         return self
 
@@ -82,6 +112,27 @@ class RunClaim:
 
 def _key(run_dir: Path) -> str:
     return str(Path(run_dir).resolve())
+
+
+def holds(run_dir: str | Path) -> RunClaim | None:
+    """This process's claim on ``run_dir``, if it holds one."""
+    return _HELD.get(_key(Path(run_dir))) if Path(run_dir).exists() else None
+
+
+def safe_name(text: str) -> str:
+    """``text`` as one folder name: characters other than letters, digits, ``-``, ``_`` and ``.`` become ``_``
+    (``../../x`` -> ``.._.._x``), so a name never leads out of the folder it is put in."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` that does not exist yet (None when it exists)."""
+    missing = None
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing = p
+    return missing
 
 
 def _busy(run_dir: Path, owner: str | None) -> str:
@@ -102,8 +153,8 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
     the folder is a file, holds files, cannot be created or written, or is in
     use by another process. A folder this process already holds is returned as is.
     """
-    run_dir = Path(run_dir)
-    held = _HELD.get(_key(run_dir)) if run_dir.exists() else None
+    run_dir = Path(os.path.normpath(run_dir))  # as the user wrote it: runs/zz/../base is runs/base
+    held = holds(run_dir)
     if held is not None:
         if fresh and used_entries(run_dir):  # this process wrote into it already (e.g. an earlier probe)
             raise MemlabError(f"{what} directory {run_dir} already holds files; choose another --out")
@@ -115,17 +166,119 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
         if run_dir.is_dir() and used_entries(run_dir):
             hint = "resume it with --resume or choose --out" if what == "run" else "choose another --out"
             raise MemlabError(f"{what} directory {run_dir} already holds files; {hint}")
-        created = not run_dir.exists()
+        made = _first_missing(run_dir)
+        created = made is not None
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
             raise MemlabError(f"cannot create {what} directory {run_dir}: {e.strerror}") from None
         if not os.access(run_dir, os.W_OK | os.X_OK):
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
             raise MemlabError(f"cannot write into {what} directory {run_dir}: permission denied")
     elif not run_dir.is_dir():
-        raise MemlabError(f"{run_dir} is not a directory")
-    c = RunClaim(run_dir, created).acquire()
+        raise MemlabError(f"{run_dir} does not exist" if not run_dir.exists() else f"{run_dir} is not a directory")
+    else:
+        made, created = None, False
+    c = RunClaim(run_dir, created, made, fresh)
+    try:
+        c.acquire()
+    except MemlabError:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     if fresh and used_entries(run_dir):  # another process filled it between the check and the lock
         c.release()
         raise MemlabError(f"{what} directory {run_dir} already holds files; choose another --out")
     return c
+
+
+def in_use_by(run_dir: str | Path) -> str | None:
+    """Who holds ``run_dir`` (``process N``) when another process does, else None; takes no lock.
+
+    Only for explaining a refusal (a folder that looks incomplete because a run is still setting it up)."""
+    path = Path(run_dir) / LOCK_NAME
+    if holds(run_dir) is not None or not path.is_file():
+        return None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        with open(path) as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                owner = fh.read().strip()
+                return f"process {owner}" if owner else "another process"
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
+
+
+# ----------------------------------------------------------------------------- guarded writes
+
+
+def storage_failure(e: BaseException, writes_only: bool = False) -> str | None:
+    """Why a write failed, when ``e`` is a storage failure (full disk, size limit, read-only, I/O), else None.
+
+    safetensors reports an I/O error as a SafetensorError, torch's zip writer as a RuntimeError.
+    ``writes_only``: of the OSErrors, only those no read raises (full disk, size limit, read-only)."""
+    import errno
+
+    if isinstance(e, OSError):
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "the disk is full"
+        if e.errno == errno.EFBIG:
+            return "a file size limit was reached"
+        if e.errno == errno.EROFS:
+            return "the file system is read-only"
+        if writes_only:
+            return None
+        return e.strerror or " ".join(str(e).split())[:120]
+    text = " ".join(str(e).split())
+    low = text.lower()
+    if type(e).__name__ == "SafetensorError" or isinstance(e, RuntimeError):
+        if "no space" in low or "disk quota" in low or "os error 28" in low or "enospc" in low:
+            return "the disk is full"
+        if "file too large" in low or "os error 27" in low:
+            return "a file size limit was reached"
+        if ("i/o error" in low or "ioerror" in low or "file write failed" in low or "inline_container" in low
+                or "pytorchstreamwriter" in low):
+            return text[:120]
+    return None
+
+
+@contextlib.contextmanager
+def guarded(what: str, *temps: Path, then: Callable[[], str] | None = None) -> Iterator[None]:
+    """Run a write of ``what``: on any failure the ``temps`` (files or folders) are removed; a storage failure
+    becomes one MemlabError line ``could not write WHAT (why)``, followed by ``then()`` (what the run keeps)."""
+    try:
+        yield
+    except BaseException as e:
+        for t in temps:
+            if t.is_dir() and not t.is_symlink():
+                shutil.rmtree(t, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    t.unlink()
+        reason = storage_failure(e)
+        if reason is None:
+            raise
+        tail = then() if then is not None else ""
+        raise MemlabError(f"could not write {what} ({reason})" + (f"; {tail}" if tail else "")) from None
+
+
+def write_atomic(path: str | Path, data: str | bytes, then: Callable[[], str] | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (a failure leaves the old file whole)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with guarded(str(path), tmp, then=then):
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+        os.replace(tmp, path)

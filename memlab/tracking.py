@@ -98,7 +98,9 @@ class Tracker:
             self.trackers.append(t)
         state.update({n: self._run_id(n, t) for n, t in zip(names, self.trackers) if self._run_id(n, t)})
         if state:
-            state_path.write_text(json.dumps(state, indent=1))
+            from memlab.rundir import write_atomic
+
+            write_atomic(state_path, json.dumps(state, indent=1))
         if config is not None and resume_step is None:  # hyperparameters once, when the run starts
             values = flatten(config)
             for t in self.trackers:

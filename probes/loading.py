@@ -99,12 +99,16 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
         torch.manual_seed(0)
         model = AutoModel.from_config(config, dtype=dtype)
     else:
+        from memlab.loading import strict_from_pretrained
+
+        # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
         try:
-            model = AutoModel.from_pretrained(folder, config=config, dtype=dtype, trust_remote_code=False, **kw)
-        except _errors(gguf_file, OSError, ValueError) as e:
-            if gguf_file:
-                raise _gguf_error(what, "weights", e) from None
-            raise ModelError(f"{what}: the weights could not be loaded ({_first_line(e)})") from None
+            model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config,
+                                           dtype=dtype, trust_remote_code=False, **kw)
+        except ModelError:
+            raise
+        except _errors(gguf_file) as e:  # a GGUF file fails in many ways; other reads are strict's one line
+            raise _gguf_error(what, "weights", e) from None
     model.config.use_cache = False
     if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
         enc = model.get_encoder()

@@ -134,4 +134,6 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
                            final_norm=spec.get("final_norm", False), random_init=spec.get("random_init", False),
                            special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"),
                            max_len=spec.get("max_len"))
-    return FittedProbe(encoder, ProbeDecoder.from_pretrained(str(p / "decoder")))
+    from memlab.loading import strict_from_pretrained
+
+    return FittedProbe(encoder, strict_from_pretrained(ProbeDecoder, p / "decoder"))

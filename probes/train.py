@@ -138,16 +138,14 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
     """:func:`encode_all`, memoised on disk (safetensors) under ``cache_dir`` by a hash of ``key`` and the ids."""
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
-    from safetensors.torch import load_file, save_file
+    from memlab.data.embcache import read_chunk_embeddings, write_chunk_embeddings
 
     path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
-    if path.is_file():
-        return load_file(str(path))["z"], True
+    z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)
+    if z is not None:
+        return z, True
     z = encode_all(encoder, ids, **kw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
-    tmp.replace(path)
+    write_chunk_embeddings(path, z, ids)
     return z, False
 
 

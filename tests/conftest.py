@@ -68,6 +68,14 @@ def small_corpus(tmp_path_factory) -> Path:
     return out
 
 
+def one_line_error(capsys) -> str:
+    """The one ``memlab: error:`` line a refused command printed (asserting there is one, and no traceback)."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("memlab: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def write_config(path: Path, corpus: Path, **sections) -> Path:
     """Write a toy token-LM experiment config on ``corpus`` with section overrides."""
     import yaml

@@ -25,7 +25,7 @@ def test_unknown_top_level_and_model_keys():
 
 
 def test_types_are_checked_and_coerced():
-    cfg = from_dict(TrainConfig, {"lr": "3e-4", "max_steps": 10.0, "cpu": "true"})
+    cfg = from_dict(TrainConfig, {"lr": "3e-4", "max_steps": 10.0, "cpu": True})
     assert cfg.lr == pytest.approx(3e-4) and cfg.max_steps == 10 and cfg.cpu is True
     with pytest.raises(ConfigError, match="train.max_steps"):
         from_dict(TrainConfig, {"max_steps": "many"}, prefix="train.")

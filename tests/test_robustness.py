@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import one_line_error as _one_line_error
 from conftest import write_config
 from memlab.app.cli import main
 from memlab.errors import DataError, MemlabError, ModelError
@@ -24,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP = "step-{:08d}"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("memlab: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -307,11 +301,11 @@ def test_resume_skips_a_damaged_newest_checkpoint(finished_run, capsys, damage):
         (newest / "model.safetensors").write_bytes(bytes(data))
     capsys.readouterr()
     assert main(["generate", "--run", str(run), "--prompt", "It was", "--max-new-tokens", "2"]) == 0
-    assert "step-00000006" in capsys.readouterr().err  # named, and the older checkpoint is used
-    assert main(["train", "--resume", str(run), "train.max_steps=8"]) == 0
-    err = capsys.readouterr().err
-    assert "step-00000006" in err and "damaged" in err and "Traceback" not in err
+    err = capsys.readouterr().err  # named, set aside, and the older checkpoint is used
+    assert "step-00000006" in err and "set aside as step-00000006.damaged" in err and "Traceback" not in err
     assert (run / "checkpoints" / "step-00000006.damaged").is_dir()  # kept, not deleted
+    assert main(["train", "--resume", str(run), "train.max_steps=8"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["steps"] == 8
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
     assert steps == list(range(1, 9))

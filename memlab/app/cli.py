@@ -2,7 +2,8 @@
 
 Each verb is a module in :mod:`memlab.app.commands` with ``add_parser(subparsers)``
 and ``run(args) -> int``. A user's mistake (:class:`memlab.errors.MemlabError`)
-prints one line ``memlab: error: ...`` and exits 2, without a traceback.
+prints one line ``memlab: error: ...`` and exits 2, without a traceback; so
+does a storage failure (a full disk) of a write that no guarded path caught.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     except MemlabError as e:
         if not e.quiet:
             print(f"memlab: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a write that no guarded path caught: a full disk is still one line
+        from memlab.rundir import storage_failure
+
+        reason = storage_failure(e, writes_only=True)
+        if reason is None:
+            raise
+        where = getattr(e, "filename", None)
+        print(f"memlab: error: could not write{f' {where}' if where else ''} ({reason})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("memlab: interrupted", file=sys.stderr)

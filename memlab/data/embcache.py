@@ -17,6 +17,17 @@ Layout of one cache folder::
 
 Embeddings are stored flat: an embedding of shape ``(K, D)`` (K memory
 vectors) is stored as ``E = K * D`` numbers and ``meta.json`` keeps the shape.
+
+A damaged cache (a truncated ``meta.json`` or Arrow file) is named in one
+line: under its fingerprinted folder it is rebuilt, at a folder the user
+named (``path``) it is refused and left as it is.
+
+The probe's embedding cache (``--cache-dir``) is one safetensors file per set
+of chunks, ``z (N, D)`` beside the chunks' ``ids (N, T)``:
+:func:`read_chunk_embeddings` takes it only when it is whole and holds the same
+chunks (else it is named and rebuilt), :func:`write_chunk_embeddings` writes
+it through the guarded path, and :func:`check_cache_dir` refuses an unusable
+folder before any compute.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,10 +164,20 @@ def build_or_load(space, spec: str, documents: list[list[str]], split: str, cach
     if world > 1:
         exists = env.broadcast(exists)  # one answer: a process that saw the folder appear would skip its share
     if exists:
-        got = load_split(folder, ident)
-        if path and got.meta.get("docs") != documents_hash(documents):
-            raise DataError(f"embedding cache {folder} holds other documents than this run's '{split}' split")
-        return got
+        try:
+            got = load_split(folder, ident)
+        except CacheDamaged as e:
+            if path:  # a folder the user named is not deleted
+                raise DataError(f"{e}; delete it to rebuild it") from None
+            if env is None or env.is_main:
+                print(f"memlab: warning: {e}; rebuilding it", file=sys.stderr)
+                shutil.rmtree(folder, ignore_errors=True)
+            if world > 1:
+                env.barrier()  # the damaged folder is gone before any process rebuilds it
+        else:
+            if path and got.meta.get("docs") != documents_hash(documents):
+                raise DataError(f"embedding cache {folder} holds other documents than this run's '{split}' split")
+            return got
     unique = sorted({s for d in documents for s in d})
     if world == 1:
         with env.frozen_autocast() if env is not None else contextlib.nullcontext():
@@ -192,15 +214,22 @@ def _save_split(folder: Path, ident: dict[str, Any], documents: list[list[str]],
     meta = dict(ident, split=split, max_tokens=max_tokens, docs=documents_hash(documents), documents=len(documents),
                 sentences=len(rows), unique_sentences=len(unique), truncated_sentences=truncated)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp / "data"))
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    from memlab.rundir import guarded
+
+    with guarded(f"embedding cache {folder}", tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds.save_to_disk(str(tmp / "data"))
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(tmp, folder)
     except OSError:  # another process wrote it first
         shutil.rmtree(tmp, ignore_errors=True)
     return load_split(folder, ident)
+
+
+class CacheDamaged(DataError):
+    """An embedding cache whose files cannot be read back (truncated, or not what a cache holds)."""
 
 
 def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> SentenceSplit:
@@ -210,18 +239,89 @@ def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> Sente
     folder = Path(folder)
     if not (folder / "meta.json").is_file():
         raise DataError(f"{folder} is not an embedding cache (no meta.json)")
-    meta = json.loads((folder / "meta.json").read_text())
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        if not isinstance(meta, dict) or not isinstance(meta.get("documents"), int):
+            raise ValueError("meta.json is not a cache's description")
+    except (OSError, ValueError) as e:
+        raise CacheDamaged(f"embedding cache {folder} is damaged ({' '.join(str(e).split())[:100]})") from None
     if ident is not None:
         check_identity(meta, ident, str(folder))
-    ds = datasets.load_from_disk(str(folder / "data"))
-    emb = torch.from_numpy(np.asarray(ds.with_format("numpy")["embedding"], dtype=np.float32))  # (N, E)
-    ids = ds["input_ids"]
+    try:
+        ds = datasets.load_from_disk(str(folder / "data"))
+        emb = torch.from_numpy(np.asarray(ds.with_format("numpy")["embedding"], dtype=np.float32))  # (N, E)
+        ids, doc_ids = ds["input_ids"], ds["doc"]
+    except Exception as e:  # a truncated Arrow file (pyarrow's ArrowInvalid), missing files, missing columns
+        if not isinstance(e, (OSError, ValueError, KeyError)) and "arrow" not in type(e).__module__.lower():
+            raise
+        raise CacheDamaged(f"embedding cache {folder} is damaged ({' '.join(str(e).split())[:100]})") from None
+    if len(ids) != meta.get("sentences", len(ids)) or emb.shape[0] != len(ids):
+        raise CacheDamaged(f"embedding cache {folder} is damaged (it holds {emb.shape[0]} sentences, "
+                           f"{meta.get('sentences')} were saved)")
     lengths = torch.tensor([len(x) for x in ids], dtype=torch.long)  # (N,)
     L = int(lengths.max()) if len(ids) else 0
     padded = torch.zeros(len(ids), L, dtype=torch.long)  # (N, L)
     for i, x in enumerate(ids):
         padded[i, : len(x)] = torch.tensor(x, dtype=torch.long)
-    doc = torch.tensor(ds["doc"], dtype=torch.long)
+    doc = torch.tensor(doc_ids, dtype=torch.long)
     counts = torch.bincount(doc, minlength=meta["documents"])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     return SentenceSplit(embeddings=emb, input_ids=padded, lengths=lengths, doc_offsets=offsets, meta=meta)
+
+
+# ----------------------------------------------------------------------------- the probe's chunk embeddings
+
+
+def check_cache_dir(path: str | Path, flag: str = "--cache-dir") -> None:
+    """A one-line DataError, before any compute, when ``path`` cannot hold a cache (a file, or not writable)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise DataError(f"{flag} {p} is a file, not a folder")
+    base = next((q for q in [p, *p.parents] if q.exists()), Path("."))
+    if not base.is_dir():
+        raise DataError(f"{flag} {p} cannot be created: {base} is a file")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise DataError(f"{flag} {p}: cannot write into {base} (permission denied)")
+
+
+def read_chunk_embeddings(path: str | Path, ids: torch.Tensor) -> torch.Tensor | None:
+    """The cached ``z (N, D)`` of chunks ``ids (N, T)`` from ``path``; None when there is none, or when the file
+    is damaged or holds other chunks (named in one warning line: it is then rebuilt)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    problem = None
+    try:
+        saved = load_file(str(path))
+        z, got = saved["z"], saved["ids"]
+    except Exception as e:  # SafetensorError (truncated, bad header), OSError, KeyError (not a cache file)
+        from memlab.errors import is_read_error
+
+        if not (is_read_error(e) or isinstance(e, KeyError)):
+            raise
+        problem = f"is damaged ({' '.join(str(e).split())[:100]})"
+    else:
+        if tuple(got.shape) != tuple(ids.shape) or not torch.equal(got, ids):
+            problem = f"holds other chunks ({tuple(got.shape)} token ids, these are {tuple(ids.shape)})"
+        elif z.ndim < 2 or z.shape[0] != ids.shape[0] or not torch.isfinite(z).all():
+            problem = f"is damaged (embeddings of shape {tuple(z.shape)} for {ids.shape[0]} chunks)"
+    if problem is None:
+        return z
+    print(f"memlab: warning: embedding cache {path} {problem}; rebuilding it", file=sys.stderr)
+    return None
+
+
+def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor) -> None:
+    """Save ``z (N, D)`` beside ``ids (N, T)`` at ``path`` (temporary file and rename; a failure is one line)."""
+    from safetensors.torch import save_file
+
+    from memlab.rundir import guarded
+
+    path = Path(path)
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}{path.suffix}")
+    with guarded(f"embedding cache {path}", tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
+        os.replace(tmp, path)

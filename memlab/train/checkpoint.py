@@ -15,12 +15,15 @@ Layout of ``RUN/checkpoints/step-00000100/``::
 A checkpoint is written only from finite weights. :func:`verify_checkpoint`
 checks a checkpoint against its manifest; :func:`newest_intact_checkpoint`
 is what ``--resume``, ``memlab generate`` and ``memlab probe`` of a run load:
-a damaged newer checkpoint is named in one line and left in place.
+a damaged newer checkpoint is named in one line and renamed ``step-N.damaged``
+(kept, never deleted; left in place while another process holds the run).
+A checkpoint without a manifest (saved before manifests) is used with one
+warning that its files are not checked. Writes go through
+:func:`memlab.rundir.guarded`: a failed save removes its temporary folder.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -38,7 +41,7 @@ from memlab.errors import MemlabError, ModelError
 CKPT_PREFIX = "step-"
 MANIFEST = "manifest.json"
 DAMAGED = ".damaged"
-"""Suffix of a damaged checkpoint moved aside when a run resumes from an older one (never deleted)."""
+"""Suffix of a damaged checkpoint moved aside when a newer-but-damaged one is skipped (never deleted)."""
 
 
 class NonFiniteWeights(MemlabError):
@@ -138,23 +141,53 @@ def _verify(ckpt: Path) -> str | None:
 def newest_intact_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
     """The newest checkpoint that matches its manifest (None when the run has none).
 
-    Damaged newer ones are named through ``warn`` (default: one line on
-    stderr) and left in place; when every checkpoint is damaged this raises a
-    one-line MemlabError.
+    Damaged newer ones are renamed ``step-N.damaged`` (:func:`set_aside`) and
+    named through ``warn`` (default: one line on stderr); when every
+    checkpoint is damaged this raises a one-line MemlabError and moves nothing.
     """
     dirs = checkpoint_dirs(run_dir)
-    damaged: list[str] = []
+    damaged: list[tuple[Path, str]] = []
+    say = warn or _warn
     for d in reversed(dirs):
         problem = verify_checkpoint(d)
         if problem is None:
             if damaged:
-                (warn or _warn)(f"checkpoint {'; '.join(damaged)}: damaged (left in place); using {d.name}, "
-                                "the newest intact one")
+                what = "; ".join(f"{p.name} ({why})" for p, why in damaged)
+                say(f"{run_dir}: checkpoint {what}: damaged ({set_aside(run_dir, [p for p, _ in damaged])}); "
+                    f"using {d.name}, the newest intact one")
+            if not (d / MANIFEST).is_file():
+                _warn(f"checkpoint {d} has no {MANIFEST} (saved before manifests): its files are not checked")
             return d
-        damaged.append(f"{d.name} ({problem})")
+        damaged.append((d, problem))
     if damaged:
-        raise MemlabError(f"no intact checkpoint in {run_dir}: {'; '.join(damaged)}")
+        raise MemlabError(f"no intact checkpoint in {run_dir}: {'; '.join(f'{p.name} ({why})' for p, why in damaged)}")
     return None
+
+
+def set_aside(run_dir: Path, dirs: list[Path]) -> str:
+    """Rename damaged checkpoints ``dirs`` to ``step-N.damaged`` (kept) unless another process holds the run;
+    returns what was done, as a phrase."""
+    from memlab.rundir import claim, holds
+
+    held = holds(run_dir)
+    try:
+        lock = held or claim(run_dir, fresh=False)
+    except MemlabError as e:
+        return f"left in place: {str(e).split(' (')[0]}"
+    moved = []
+    try:
+        for d in dirs:
+            target, n = d.with_name(d.name + DAMAGED), 1
+            while target.exists():
+                target, n = d.with_name(f"{d.name}{DAMAGED}{n}"), n + 1
+            os.replace(d, target)
+            moved.append(target.name)
+    except OSError as e:
+        return f"left in place: cannot rename it ({e.strerror})"
+    finally:
+        if held is None:
+            lock.release()
+    return f"set aside as {', '.join(moved)}"
 
 
 def _warn(msg: str) -> None:
@@ -194,7 +227,9 @@ def save_checkpoint(
         raise NonFiniteWeights(f"the weights at step {step} are not finite (NaN or inf) and were not saved; last good "
                                f"checkpoint: {good or 'none'}; lower train.lr or check the data")
     tmp = root / f"{final.name}.tmp{os.getpid()}"
-    try:
+    from memlab.rundir import guarded
+
+    with guarded(f"checkpoint {final.name}", tmp, then=lambda: still_kept(run_dir)):
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -209,11 +244,6 @@ def save_checkpoint(
             torch.save(st, tmp / f"rng-{rank}.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(dict(trainer_state, step=step)))
         write_manifest(tmp)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, RuntimeError) and not _is_disk_error(e):
-            raise
-        raise MemlabError(save_failure(run_dir, f"checkpoint {final.name}", e)) from None
     old = None
     if final.exists():  # re-saving the same step: move the old copy aside, never leave no checkpoint
         old = root / f"{final.name}.old{os.getpid()}"
@@ -226,23 +256,22 @@ def save_checkpoint(
     return final
 
 
-def _is_disk_error(e: BaseException) -> bool:
-    text = str(e).lower()
-    return "no space" in text or "disk quota" in text or "file write failed" in text or "enospc" in text
-
-
-def save_failure(run_dir: Path, what: str, e: BaseException) -> str:
-    """One line for a failed write: why, what the run folder still holds, how to go on."""
-    reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:120]
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        reason = "the disk is full"
+def still_kept(run_dir: Path) -> str:
+    """What a run whose write failed still holds, and how to go on (the tail of a failed write's line)."""
     try:
         good = newest_intact_checkpoint(run_dir, warn=lambda m: None)
     except MemlabError:
         good = None
-    kept = (f"the run keeps checkpoint {good.name}; free some space, then continue it with "
+    return (f"the run keeps checkpoint {good.name}; free some space, then continue it with "
             f"`memlab train --resume {run_dir}`") if good else "the run has no checkpoint yet"
-    return f"could not write {what} ({reason}); {kept}"
+
+
+def save_failure(run_dir: Path, what: str, e: BaseException) -> str:
+    """One line for a failed write: why, what the run folder still holds, how to go on."""
+    from memlab.rundir import storage_failure
+
+    reason = storage_failure(e) or " ".join(str(e).split())[:120]
+    return f"could not write {what} ({reason}); {still_kept(run_dir)}"
 
 
 def remove_partial_checkpoints(run_dir: Path) -> None:
@@ -252,20 +281,6 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
         for p in root.iterdir():
             if p.is_dir() and p.name.startswith(CKPT_PREFIX) and (".tmp" in p.name or ".old" in p.name):
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def set_aside_newer(run_dir: Path, ckpt: Path) -> list[Path]:
-    """Rename checkpoints newer than ``ckpt`` (damaged ones a resumed run skips) to ``step-N.damaged``, keeping them."""
-    moved = []
-    for d in checkpoint_dirs(run_dir):
-        if int(d.name[len(CKPT_PREFIX):]) > int(Path(ckpt).name[len(CKPT_PREFIX):]):
-            target = d.with_name(d.name + DAMAGED)
-            n = 1
-            while target.exists():
-                target, n = d.with_name(f"{d.name}{DAMAGED}{n}"), n + 1
-            os.replace(d, target)
-            moved.append(target)
-    return moved
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
@@ -299,10 +314,19 @@ def load_model_weights(model, ckpt: Path) -> None:
     # tied weights are saved once; anything else missing is an error
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied and not any(k.endswith(t) for t in tied)]
-    if missing or unexpected:
-        raise ModelError(f"checkpoint {ckpt} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    check_weights_fit(f"checkpoint {ckpt}", type(model).__name__, missing, unexpected)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def check_weights_fit(what: str, model_name: str, missing, unexpected, mismatched=()) -> None:
+    """One ModelError naming the first missing, unexpected and mismatched keys, when there are any."""
+    missing, unexpected, mismatched = sorted(missing), sorted(unexpected), [str(m) for m in mismatched]
+    if not (missing or unexpected or mismatched):
+        return
+    parts = [f"{len(v)} {name} (first: {', '.join(map(str, v[:2]))})"
+             for name, v in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched)) if v]
+    raise ModelError(f"{what}: the saved weights do not fit {model_name}: keys {'; '.join(parts)}")
 
 
 def load_torch(path: Path) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,10 +47,10 @@ def truncate_metrics(path: Path, step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
+    from memlab.rundir import write_atomic
+
     keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 class MetricWindow:

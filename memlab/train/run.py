@@ -3,14 +3,15 @@
 ``RUN/config.yaml`` (resolved), ``metrics.jsonl``, ``summary.json``,
 ``checkpoints/step-N/`` and ``plots/*.png``. A run directory that already
 holds a run is never overwritten: resume it, or pick another directory.
+A command that refuses or fails leaves a run's record (metrics, summary,
+config, checkpoints) as it was; training a run again from step 0 is asked for
+explicitly (``restart``), never a fallback.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memlab.config import ExperimentConfig, save_config, to_dict
+from memlab.config import ExperimentConfig, config_text, to_dict
 from memlab.errors import MemlabError
 from memlab.registry import trainable_recipe
 from memlab.train import checkpoint as ckpt
@@ -32,7 +33,10 @@ def seed_everything(seed: int) -> None:
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
-    return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``runs/NAME-TIMESTAMP``, the name cleaned (:func:`memlab.rundir.safe_name`) so it stays inside ``runs/``."""
+    from memlab.rundir import safe_name
+
+    return Path("runs") / f"{safe_name(cfg.name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 # Fields that a resumed run may change: they alter neither the data order nor the model.
@@ -50,43 +54,86 @@ def check_resume_overrides(overrides: list[str]) -> None:
             )
 
 
-def prepare_run_dir(run_dir: Path, resume: bool):
+def check_resumable(run_dir: Path) -> None:
+    """A one-line MemlabError when ``run_dir`` is not a run that can be resumed (checked before its config is read)."""
+    from memlab.rundir import in_use_by
+
+    if not run_dir.exists():
+        raise MemlabError(f"cannot resume {run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise MemlabError(f"cannot resume {run_dir}: it is a file, not a run directory")
+    if not (run_dir / "config.yaml").is_file():
+        who = in_use_by(run_dir)
+        if who:  # a fresh run into it is still setting up (it writes config.yaml when its setup succeeds)
+            raise MemlabError(f"{run_dir} is in use by {who} (a memlab run writing into it); wait for it to end")
+        raise MemlabError(f"cannot resume {run_dir}: it holds no config.yaml (not a run directory)")
+
+
+def _record(run_dir: Path) -> list[str]:
+    """What a run folder holds of its record besides checkpoints (what starting it over would replace)."""
+    from memlab.train.metrics import read_metrics
+
+    held = []
+    n = len(read_metrics(run_dir / "metrics.jsonl", warn=False)) if (run_dir / "metrics.jsonl").is_file() else 0
+    if n:
+        held.append(f"metrics.jsonl ({n} records)")
+    if (run_dir / "summary.json").is_file():
+        held.append("summary.json")
+    return held
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, max_steps: int | None = None, restart: bool = False):
     """Check and lock the run directory (:func:`memlab.rundir.claim`), and find the checkpoint to resume.
 
     Returns ``(checkpoint to resume or None, the claim)``. On resume, a damaged
     newer checkpoint is named in one line and set aside (``step-N.damaged``,
-    never deleted); the run continues from the newest intact one.
+    never deleted); the run continues from the newest intact one. A run that
+    already reached ``max_steps`` is refused here, before anything is written.
+    A run without a checkpoint is started over only with ``restart`` (or when
+    it recorded nothing yet); otherwise it is refused, its record untouched.
     """
     from memlab.rundir import claim
 
-    if resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise MemlabError(f"cannot resume {run_dir}: it holds no config.yaml")
-        lock = claim(run_dir, fresh=False)
-        try:
-            start = ckpt.newest_intact_checkpoint(
-                run_dir, warn=lambda m: print(f"memlab: warning: {m}; resuming from it", file=sys.stderr))
-            if start is not None:
-                ckpt.set_aside_newer(run_dir, start)
-        except BaseException:
-            lock.release()
-            raise
-        return start, lock  # None: start over inside the same run dir
-    return None, claim(run_dir, fresh=True)
-
-
-def _write_summary(run_dir: Path, summary: dict) -> None:
-    tmp = run_dir / f"summary.json.tmp{os.getpid()}"
+    if not resume:
+        if restart:
+            raise MemlabError("--restart applies to --resume RUN (a run to train again from step 0)")
+        return None, claim(run_dir, fresh=True)
+    check_resumable(run_dir)
+    lock = claim(run_dir, fresh=False)
     try:
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, run_dir / "summary.json")
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise MemlabError(ckpt.save_failure(run_dir, "summary.json", e)) from None
+        ckpt.remove_partial_checkpoints(run_dir)  # temporary folders of a save that was cut short
+        start = ckpt.newest_intact_checkpoint(
+            run_dir, warn=lambda m: print(f"memlab: warning: {m}; resuming from it", file=sys.stderr))
+        if start is not None:
+            step = ckpt.load_trainer_state(start)["step"]
+            if restart:
+                raise MemlabError(f"{run_dir} has checkpoint {start.name}: resume it without --restart "
+                                  "(--restart trains again only a run that has no checkpoint)")
+            if max_steps is not None and step >= max_steps:
+                raise MemlabError(f"the run already finished at step {step}; resume with train.max_steps=N "
+                                  f"(N > {step}) to extend it")
+        elif not restart and (held := _record(run_dir)):
+            gone = "is missing" if not (run_dir / "checkpoints").is_dir() else "holds none"
+            raise MemlabError(f"cannot resume {run_dir}: it has no checkpoint to continue from (checkpoints/ {gone}); "
+                              f"starting over would replace its {' and '.join(held)}: add --restart to train it "
+                              "again from step 0, or train into a new --out")
+    except BaseException:
+        lock.release()
+        raise
+    return start, lock  # None: start over inside the same run dir (nothing recorded yet, or --restart)
 
 
-def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train ``cfg`` into ``run_dir``; with ``resume``, continue from its newest intact checkpoint.
+def _write(run_dir: Path, name: str, text: str) -> None:
+    """Write one file of the run through the guarded path (a failure is one line naming what the run keeps)."""
+    from memlab.rundir import write_atomic
+
+    write_atomic(run_dir / name, text, then=lambda: ckpt.still_kept(run_dir))
+
+
+def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: bool = False,
+                   restart: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` into ``run_dir``; with ``resume``, continue from its newest intact checkpoint
+    (``restart``: train a resumed run that has no checkpoint again from step 0, replacing its record).
 
     On a fresh start the directory is created and locked here, before any
     compute, and removed again if the setup fails before training (so a
@@ -114,7 +161,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     err, start, lock = None, None, None
     if state.is_main_process:
         try:
-            start, lock = prepare_run_dir(run_dir, resume)
+            start, lock = prepare_run_dir(run_dir, resume, cfg.train.max_steps, restart)
         except MemlabError as e:
             err = str(e)
     err = env.broadcast(err)
@@ -125,7 +172,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
         name = env.broadcast(str(start) if start is not None else "")
         start = Path(name) if name else None
-    created = lock is not None and lock.created
     tracker = None
     try:
         seed_everything(cfg.train.seed)
@@ -134,27 +180,26 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         seed_everything(cfg.train.seed + 7919 * state.process_index)  # dropout / sampling streams per process
         trainer = Trainer(setup, cfg.train, run_dir)
         if start is not None:
+            from memlab.loading import check_saved_class
+
+            check_saved_class(start, type(trainer.acc.unwrap_model(trainer.model)),
+                              asked=f"model.family: {cfg.model.family} in {run_dir / 'config.yaml'}")
             trainer.resume(start)
-        elif resume and state.is_main_process:  # killed before its first checkpoint: start over cleanly
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        elif resume and state.is_main_process:  # asked for (--restart) or nothing recorded: start over cleanly
+            for name in ("metrics.jsonl", "summary.json"):
+                (run_dir / name).unlink(missing_ok=True)
         if state.is_main_process:
-            try:
-                save_config(cfg, run_dir / "config.yaml")
-            except OSError as e:
-                raise MemlabError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror}") from None
+            _write(run_dir, "config.yaml", config_text(cfg))
             if trackers:
                 tracker = tracking.start(trackers, run_dir, cfg.name, config=to_dict(cfg),
                                          resume_step=trainer.step if resume else None)
                 trainer.tracker = tracker
     except BaseException:
         if lock is not None:
-            lock.release()
-            if created:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            elif not resume:  # a pre-existing empty folder: leave it empty
-                from memlab.rundir import LOCK_NAME
-
-                (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            if resume:
+                lock.release()
+            else:  # a fresh run: remove what the claim made (a pre-existing empty folder stays, empty)
+                lock.abandon()
         raise
     try:
         summary = trainer.train()
@@ -164,7 +209,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         if split := split_description(cfg.data):
             summary["data_split"] = split
         if trainer.acc.is_main_process:
-            _write_summary(run_dir, summary)
+            _write(run_dir, "summary.json", json.dumps(summary, indent=2))
             from memlab.plots import plot_metrics
 
             plot_metrics(run_dir / "metrics.jsonl", run_dir / "plots")

@@ -70,6 +70,9 @@ class SentencePreTrainedModel(PreTrainedModel):
     main_input_name = "embeddings"
     _supports_sdpa = True
     _no_split_modules = ["LlamaDecoderLayer"]
+    # an unfrozen space decoder (config.decoder_trained) is saved beside the model as space.*; it is restored into
+    # the space (strictly) by load_space_for_model, so the model's own strict load does not read those keys
+    _keys_to_ignore_on_load_unexpected = [r"^space\."]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -16,7 +16,13 @@ def run(args) -> int:
     from memlab.errors import MemlabError
     from memlab.plots import plot_metrics, read_metrics
 
-    path = Path(args.run_dir) / "metrics.jsonl"
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise MemlabError(f"{run_dir}: no such run directory" if not run_dir.exists() else
+                          f"{run_dir} is a file; give the run directory that holds metrics.jsonl")
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise MemlabError(f"{run_dir} holds no metrics.jsonl (not a training run, or it logged nothing yet)")
     records = read_metrics(path)
     if not records:
         raise MemlabError(f"{path}: no metrics to plot")
@@ -26,6 +32,6 @@ def run(args) -> int:
     unknown = [k for k in keys if k not in logged]
     if unknown:
         raise MemlabError(f"metric '{unknown[0]}' was never logged in {path}; logged: {', '.join(sorted(logged))}")
-    for f in plot_metrics(path, Path(args.run_dir) / "plots", tuple(keys)):
+    for f in plot_metrics(path, run_dir / "plots", tuple(keys), records=records):
         print(f)
     return 0

@@ -77,21 +77,34 @@ def run(args) -> int:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
     if args.layers and sizes and len(sizes) > 1:
         raise ConfigError("--layers and a list of --n-train sizes are separate sweeps; run them one at a time")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(opts.model).name or opts.model)
+    from memlab.rundir import safe_name
+
+    safe = safe_name(Path(opts.model).name or opts.model)
     out = Path(args.out) if args.out else Path("runs") / f"probe-{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.log_with:
         from memlab.tracking import check_available, parse_log_with
 
         check_available(parse_log_with(args.log_with))
-    if args.layers:
-        run_layer_sweep(opts, args.layers, out, sequence=args.layers_sequence)
-        print(f"run: {out}")
-        return 0
-    if sizes and len(sizes) > 1:
-        run_learning_curve(opts, sizes, out)
-        print(f"run: {out}")
-        return 0
-    report = run_probe(opts, out)
+    if opts.cache_dir:
+        from memlab.data.embcache import check_cache_dir
+
+        check_cache_dir(opts.cache_dir)
+    from memlab.rundir import holds
+
+    held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
+    try:
+        if args.layers:
+            run_layer_sweep(opts, args.layers, out, sequence=args.layers_sequence)
+            print(f"run: {out}")
+            return 0
+        if sizes and len(sizes) > 1:
+            run_learning_curve(opts, sizes, out)
+            print(f"run: {out}")
+            return 0
+        report = run_probe(opts, out)
+    except BaseException as e:
+        abandon_out(out, e, held_before)
+        raise
     if args.log_with:
         from memlab.tracking import log_report
 
@@ -99,3 +112,17 @@ def run(args) -> int:
     print(format_summary(report))
     print(f"run: {out}")
     return 0
+
+
+def abandon_out(out: Path, e: BaseException, held_before=None) -> None:
+    """A probe that failed after claiming ``out`` removes what it made there (the folder it created, or what it
+    wrote into an empty one); a storage failure (a full disk) becomes one line."""
+    from memlab.errors import MemlabError
+    from memlab.rundir import holds, storage_failure
+
+    claim = holds(out)
+    if claim is not None and claim is not held_before:
+        claim.abandon()
+    reason = None if isinstance(e, MemlabError) else storage_failure(e, writes_only=True)
+    if reason is not None:
+        raise MemlabError(f"could not write the probe into {out} ({reason}); nothing of it was kept") from None

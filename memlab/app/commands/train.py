@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 data.seq_len=64")
     p.add_argument("--out", help="run directory (default runs/NAME-TIMESTAMP); must be new or empty")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its latest checkpoint (exactly)")
+    p.add_argument("--restart", action="store_true",
+                   help="with --resume: train RUN again from step 0 when it has no checkpoint left "
+                        "(its metrics.jsonl and summary.json are replaced); never done without this flag")
     p.set_defaults(func=run)
 
 
@@ -29,14 +32,17 @@ def run(args) -> int:
             overrides.insert(0, args.config)
         elif args.config:
             raise ConfigError("with --resume the config is the run's own config.yaml; pass only overrides")
-        from memlab.train.run import check_resume_overrides
+        from memlab.train.run import check_resumable, check_resume_overrides
 
         check_resume_overrides(overrides)
+        check_resumable(run_dir)  # a missing folder or one still being set up by another run, named as such
         cfg = load_config(run_dir / "config.yaml", overrides)
-        summary = run_experiment(cfg, run_dir, resume=True)
+        summary = run_experiment(cfg, run_dir, resume=True, restart=args.restart)
     else:
         if not args.config:
             raise ConfigError("give a config file (e.g. configs/token_lm/toy.yaml) or --resume RUN")
+        if args.restart:
+            raise ConfigError("--restart applies to --resume RUN (a run to train again from step 0)")
         cfg = load_config(args.config, overrides)
         summary = run_experiment(cfg, Path(args.out) if args.out else None)
     from accelerate import PartialState
