@@ -43,7 +43,9 @@ def load_pretrained(path: str | Path, model_class=None):
     if not weights_are_finite(model):  # a diverged model is refused, not run to print nothing
         raise ModelError(f"{d}: the saved weights hold NaN or infinite values; the model diverged (use an earlier "
                          "checkpoint or retrain with a lower train.lr)")
-    return model
+    from memlab.devices import place
+
+    return place(model)  # on the device of an enclosing memlab.devices.running_on (--device), else as loaded
 
 
 def family_of(model_dir: str | Path) -> str:
