@@ -103,7 +103,7 @@ def split_description(cfg: DataConfig) -> str | None:
     return SPLIT_DESCRIPTIONS.get(_data_key(cfg))
 
 
-def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_chars: int = 1 << 22) -> Iterator[np.ndarray]:
+def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_chars: int = 1 << 20) -> Iterator[np.ndarray]:
     """Token ids of ``texts`` joined (EOS after each document), as int64 arrays of about ``batch_chars``
     characters' worth: texts are encoded in batches, never all at once."""
     eos = tokenizer.eos_token_id if add_eos else None
@@ -111,7 +111,7 @@ def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_c
     size = 0
 
     def flush() -> np.ndarray:
-        enc = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        enc = tokenizer(batch, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         if eos is not None:
             enc = [piece + [eos] for piece in enc]
         return np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64)
