@@ -153,8 +153,9 @@ def _tokenizer(spec, fallback: str | None):
     return nllb_tokenizer(spm) if spm is not None else load_tokenizer(str(name))
 
 
-SPEC_OPTIONS = ("tokenizer", "lang", "num_heads")
-"""``key=value`` parts a ``sonar:`` spec may carry after its paths (``sonar:enc.pt,dec.pt,tokenizer=DIR``)."""
+SPEC_OPTIONS = ("tokenizer", "lang", "num_heads", "preset")
+"""``key=value`` parts a ``sonar:`` spec may carry after its paths (``sonar:enc.pt,dec.pt,tokenizer=DIR``);
+``preset`` sizes the random ``toy`` space (``sonar:toy,preset=basic``: SONAR's real shape, random weights)."""
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -258,7 +259,10 @@ def load(spec: str | None = None, *, decoder: str | None = None, tokenizer=None,
         kw = {**opts, **kw}
         kw.pop("tokenizer", None), kw.pop("lang", None)
     if spec is None or spec == "toy":
-        space = toy_space(**kw)
+        preset = kw.pop("preset", None)
+        if preset is not None and preset not in PRESETS:
+            raise ModelError(f"unknown SONAR preset '{preset}'; valid: {', '.join(PRESETS)}")
+        space = toy_space(**{**PRESETS.get(preset or "toy", {}), **kw})
     elif "," in spec and decoder is None:
         enc, dec = (s.strip() for s in spec.split(",", 1))
         return load(enc, decoder=dec, tokenizer=tokenizer, lang=lang, **kw)
