@@ -19,6 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from memlab.data.splits import (  # noqa: F401  (the held-out splits, also importable from here)
+    BLOCK_ID, SplitPlan, UnitCounts, describe_splits, describe_units, make_splits, require_split,
+)
 from memlab.errors import DataError
 from memlab.registry import CORPORA
 
@@ -233,8 +236,6 @@ def split_chapters(doc: Document) -> list[Document]:
 
 MIN_UNITS = 20
 """Below this many chapter units, documents without chapter headings are cut into paragraph blocks."""
-BLOCK_ID = "/b"
-"""A paragraph block's id is ``DOC/bNNNN``."""
 
 
 def _windows(text: str, size: int) -> list[str]:
@@ -330,12 +331,6 @@ def units(docs: Iterable[Document], split_by: str) -> list[Document]:
     """
     docs = list(docs)
     return list(iter_units(docs, split_by, cut_size(docs, split_by)))
-
-
-# the held-out splits (streamed or in memory) live in memlab.data.splits
-from memlab.data.splits import (  # noqa: E402  (re-exported: they were first defined here)
-    SplitPlan, UnitCounts, describe_splits, describe_units, make_splits, require_split,
-)
 
 __all__ = ["Document", "SplitPlan", "UnitCounts", "cut_size", "describe_splits", "describe_units", "iter_documents",
            "iter_units", "load_corpus", "make_splits", "paragraph_blocks", "require_split", "split_chapters", "units"]

@@ -12,12 +12,24 @@ import hashlib
 import heapq
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Protocol, TypeVar
 
-from memlab.data.corpus import BLOCK_ID, Document
 from memlab.errors import DataError
 
+
+class Unit(Protocol):
+    """What splitting reads of a unit (a :class:`memlab.data.corpus.Document`, which imports this module)."""
+
+    id: str
+    text: str
+    group: str
+
+
+Document = TypeVar("Document", bound=Unit)
+
 SPLITS = ("train", "validation", "test")
+BLOCK_ID = "/b"
+"""A paragraph block's id is ``DOC/bNNNN`` (:func:`memlab.data.corpus.paragraph_blocks`)."""
 
 
 def unit_draw(seed: int, unit_id: str) -> float:
