@@ -111,7 +111,7 @@ def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_c
     size = 0
 
     def flush() -> np.ndarray:
-        enc = tokenizer(batch, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        enc = tokenizer(batch, add_special_tokens=False)["input_ids"]
         if eos is not None:
             enc = [piece + [eos] for piece in enc]
         return np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64)
