@@ -41,7 +41,9 @@ def load_pretrained(path: str | Path, model_class=None):
     if not weights_are_finite(model):  # a diverged model is refused, not run to print nothing
         raise ModelError(f"{d}: the saved weights hold NaN or infinite values; the model diverged (use an earlier "
                          "checkpoint or retrain with a lower train.lr)")
-    return model
+    from memlab.devices import place
+
+    return place(model)  # on the device of an enclosing memlab.devices.running_on (--device), else as loaded
 
 
 def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bool = False, what: str | None = None,

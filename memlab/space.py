@@ -110,5 +110,7 @@ def build_space(spec: str) -> EmbeddingSpace:
     """The space a spec names: ``SPACES.get(NAME)(ARG)`` (see :func:`parse_space_spec`)."""
     from memlab.registry import SPACES
 
+    from memlab.devices import place
+
     name, arg = parse_space_spec(spec)
-    return SPACES.get(name)(arg)
+    return place(SPACES.get(name)(arg))  # on the device of an enclosing memlab.devices.running_on (--device)

@@ -11,13 +11,17 @@ documents), never over lines, reproducibly from a seed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
+from memlab.data.splits import (  # noqa: F401  (the held-out splits, also importable from here)
+    BLOCK_ID, SplitPlan, UnitCounts, describe_splits, describe_units, make_splits, require_split,
+)
 from memlab.errors import DataError
 from memlab.registry import CORPORA
 
@@ -62,7 +66,8 @@ def _doc_stem(f: Path, root: Path | None) -> str:
     return str(rel.with_name(name).as_posix())
 
 
-def _load_files(files: list[Path], text_field: str, root: Path | None = None) -> list[Document]:
+def _iter_files(files: list[Path], text_field: str, root: Path | None = None) -> Iterator[Document]:
+    """The documents of local files, one at a time (``datasets`` keeps each file memory-mapped on disk)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -73,7 +78,6 @@ def _load_files(files: list[Path], text_field: str, root: Path | None = None) ->
         if kind is None:
             raise DataError(f"{f}: unsupported corpus file type '{suf}' (use .txt, .jsonl/.json or .parquet)")
         by_kind.setdefault(kind, []).append(f)
-    docs: list[Document] = []
     for kind, fs in by_kind.items():
         for f in sorted(fs):
             if f.stat().st_size == 0:
@@ -100,48 +104,87 @@ def _load_files(files: list[Path], text_field: str, root: Path | None = None) ->
             if field not in ds.column_names:
                 raise DataError(f"{f}: no field '{field}' (fields: {', '.join(ds.column_names)}); set data.text_field")
             stem = _doc_stem(f, root)
-            for i, rec in enumerate(ds):
+            for i, rec in enumerate(ds.select_columns([field])):
                 text = rec[field]
                 if text is None and kind != "text":  # datasets fills a field that a record lacks with None
                     raise DataError(f"{f}: missing field '{field}' in row {i + 1}; every record needs it "
                                     "(set data.text_field to the field that holds the text)")
                 if not isinstance(text, str):
                     raise DataError(f"{f}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
-                docs.append(Document(id=f"{stem}/{i}" if len(ds) > 1 else stem, text=_check_text(text, str(f)), group=stem))
-    return docs
+                yield Document(id=f"{stem}/{i}" if len(ds) > 1 else stem, text=_check_text(text, str(f)), group=stem)
 
 
-def _load_hub(spec: str, text_field: str, split: str, streaming: bool, max_documents: int | None) -> list[Document]:
+def _load_files(files: list[Path], text_field: str, root: Path | None = None) -> list[Document]:
+    return list(_iter_files(files, text_field, root))
+
+
+def _iter_hub(spec: str, text_field: str, split: str, streaming: bool, max_documents: int | None) -> Iterator[Document]:
+    """A hub dataset's documents, one at a time: downloaded once and memory-mapped, or streamed (``streaming``)."""
     import datasets
 
     name, _, config = spec.partition(":")
-    if streaming and max_documents is None:
-        raise DataError("a streamed hub dataset needs data.max_documents (memlab splits a finite list of documents)")
     try:
         ds = datasets.load_dataset(name, config or None, split=split, streaming=streaming)
     except Exception as e:
         raise DataError(
             f"hub dataset '{name}' could not be loaded ({type(e).__name__}); it needs a network or a local cache"
         ) from None
-    docs = []
     try:
         for i, rec in enumerate(ds):
             if max_documents is not None and i >= max_documents:
                 break
             if text_field not in rec:
                 raise DataError(f"hub dataset '{name}': no field '{text_field}' (fields: {', '.join(rec)})")
-            docs.append(Document(id=f"{name}/{i}", text=rec[text_field] or "", group=name))
+            yield Document(id=f"{name}/{i}", text=rec[text_field] or "", group=name)
     except DataError:
         raise
     except Exception as e:
         raise DataError(f"hub dataset '{name}' failed while reading ({type(e).__name__}: {str(e)[:200]})") from None
-    return docs
 
 
 @CORPORA.register("austen", description="Jane Austen's six novels (bundled, public domain)")
 def load_austen(**_: object) -> list[Document]:
     files = sorted(bundled_corpus_dir("austen").glob("*.txt.gz"))
     return _load_files(files, "text")
+
+
+def local_files(spec: str) -> tuple[list[Path], Path | None]:
+    """The files of a local corpus (a file, or a folder's files without hidden ones) and its root folder."""
+    p = Path(os.path.expanduser(spec))
+    if not p.exists():
+        raise DataError(
+            f"corpus '{spec}' not found: not a bundled corpus ({', '.join(CORPORA.names())}), "
+            "not a local path; use hf:NAME for a hub dataset"
+        )
+    files = [p] if p.is_file() else sorted(
+        q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
+    )
+    if not files:
+        raise DataError(f"corpus folder {p} has no files")
+    return files, (p if p.is_dir() else None)
+
+
+def iter_documents(
+    spec: str,
+    text_field: str = "text",
+    hf_split: str = "train",
+    streaming: bool = False,
+    max_documents: int | None = None,
+) -> Iterator[Document]:
+    """The documents of a corpus one at a time, empty ones skipped: memory does not grow with the corpus.
+
+    ``spec`` is a registered name, a local file or folder, or ``hf:NAME[:CONFIG]``. Each call reads the
+    corpus again (local files and downloaded hub datasets from their memory-mapped ``datasets`` cache)."""
+    if spec.startswith("hf:"):
+        docs: Iterable[Document] = _iter_hub(spec[3:], text_field, hf_split, streaming, max_documents)
+    elif spec in CORPORA:
+        docs = CORPORA.get(spec)()
+    else:
+        files, root = local_files(spec)
+        docs = _iter_files(files, text_field, root=root)
+    if max_documents is not None:
+        docs = itertools.islice(docs, max_documents)
+    return (d for d in docs if d.text.strip())
 
 
 def load_corpus(
@@ -151,27 +194,12 @@ def load_corpus(
     streaming: bool = False,
     max_documents: int | None = None,
 ) -> list[Document]:
-    """Load a corpus: a registered name, a local file or folder, or ``hf:NAME[:CONFIG]``."""
-    if spec.startswith("hf:"):
-        docs = _load_hub(spec[3:], text_field, hf_split, streaming, max_documents)
-    elif spec in CORPORA:
-        docs = CORPORA.get(spec)()
-    else:
-        p = Path(os.path.expanduser(spec))
-        if not p.exists():
-            raise DataError(
-                f"corpus '{spec}' not found: not a bundled corpus ({', '.join(CORPORA.names())}), "
-                "not a local path; use hf:NAME for a hub dataset"
-            )
-        files = [p] if p.is_file() else sorted(
-            q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
-        )
-        if not files:
-            raise DataError(f"corpus folder {p} has no files")
-        docs = _load_files(files, text_field, root=p if p.is_dir() else None)
-    if max_documents is not None:
-        docs = docs[:max_documents]
-    docs = [d for d in docs if d.text.strip()]
+    """Load a corpus into memory: a registered name, a local file or folder, or ``hf:NAME[:CONFIG]``
+    (see :func:`iter_documents`; large corpora are read through :mod:`memlab.data.stream` instead)."""
+    if spec.startswith("hf:") and streaming and max_documents is None:
+        raise DataError("a streamed hub dataset needs data.max_documents to be held in memory "
+                        "(the token-chunk view streams it whole)")
+    docs = list(iter_documents(spec, text_field, hf_split, streaming, max_documents))
     if not docs:
         raise DataError(f"corpus '{spec}' is empty: no document has any text")
     return docs
@@ -208,8 +236,6 @@ def split_chapters(doc: Document) -> list[Document]:
 
 MIN_UNITS = 20
 """Below this many chapter units, documents without chapter headings are cut into paragraph blocks."""
-BLOCK_ID = "/b"
-"""A paragraph block's id is ``DOC/bNNNN``."""
 
 
 def _windows(text: str, size: int) -> list[str]:
@@ -257,10 +283,41 @@ def paragraph_blocks(doc: Document, block_chars: int) -> list[Document]:
     return [Document(id=f"{doc.id}{BLOCK_ID}{n:04d}", text=t, group=doc.group or doc.id) for n, t in enumerate(blocks)]
 
 
-def block_size(docs: list[Document]) -> int:
-    """Characters per paragraph block: about a hundred blocks over the text, within [1,000, 20,000]."""
-    total = sum(len(d.text) for d in docs)
-    return max(1000, min(20000, total // 100))
+def block_size(total_chars: int) -> int:
+    """Characters per paragraph block: about a hundred blocks over ``total_chars`` of text, within [1,000, 20,000]."""
+    return max(1000, min(20000, total_chars // 100))
+
+
+def cut_size(docs: Iterable[Document], split_by: str) -> int:
+    """How :func:`units` cuts a corpus: 0 = chapters (or whole documents), else the paragraph-block size
+    of the documents without chapter headings. Reads only as many documents as it needs to decide
+    (once :data:`MIN_UNITS` chapter units are seen, the rest is not read)."""
+    if split_by == "document":
+        return 0
+    if split_by != "chapter":
+        raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
+    count, plain_chars, any_plain = 0, 0, False
+    for d in docs:
+        parts = split_chapters(d)
+        count += len(parts)
+        if count >= MIN_UNITS:
+            return 0
+        if len(parts) == 1 and parts[0] is d:  # no chapter headings
+            any_plain, plain_chars = True, plain_chars + len(d.text)
+    return block_size(plain_chars) if any_plain else 0
+
+
+def iter_units(docs: Iterable[Document], split_by: str, size: int) -> Iterator[Document]:
+    """Documents cut into held-out units one at a time, as :func:`cut_size` decided (``size``)."""
+    for d in docs:
+        if split_by == "document":
+            yield d
+            continue
+        parts = split_chapters(d)
+        if size and len(parts) == 1 and parts[0] is d:
+            yield from paragraph_blocks(d, size)
+        else:
+            yield from parts
 
 
 def units(docs: Iterable[Document], split_by: str) -> list[Document]:
@@ -273,95 +330,7 @@ def units(docs: Iterable[Document], split_by: str) -> list[Document]:
     :func:`describe_units` says how a corpus was cut.
     """
     docs = list(docs)
-    if split_by == "document":
-        return docs
-    if split_by != "chapter":
-        raise DataError(f"unknown split unit '{split_by}' (use chapter or document)")
-    cut = [split_chapters(d) for d in docs]
-    if sum(len(c) for c in cut) >= MIN_UNITS:
-        return [c for parts in cut for c in parts]
-    plain = [len(parts) == 1 and parts[0] is d for d, parts in zip(docs, cut)]  # no chapter headings
-    size = block_size([d for d, p in zip(docs, plain) if p]) if any(plain) else 0
-    out: list[Document] = []
-    for d, parts, p in zip(docs, cut, plain):
-        out.extend(paragraph_blocks(d, size) if p else parts)
-    return out
+    return list(iter_units(docs, split_by, cut_size(docs, split_by)))
 
-
-def describe_units(docs: list[Document]) -> str:
-    """How a corpus was cut into held-out units, in words (for run summaries and probe reports)."""
-    blocks = [d for d in docs if BLOCK_ID in d.id and d.id.rsplit(BLOCK_ID, 1)[1].isdigit()]
-    chapters = [d for d in docs if re.search(r"/ch\d{3}$", d.id)]
-    parts = []
-    if chapters:
-        parts.append(f"{len(chapters)} chapters (cut at chapter headings)")
-    if blocks:
-        mean = sum(len(d.text) for d in blocks) // len(blocks)
-        sources = len({d.group for d in blocks})
-        parts.append(f"{len(blocks)} paragraph blocks of about {mean} characters (cut from {sources} document(s) "
-                     "without chapter headings)")
-    rest = len(docs) - len(chapters) - len(blocks)
-    if rest:
-        parts.append(f"{rest} whole documents")
-    return f"{len(docs)} units: " + ", ".join(parts)
-
-
-def describe_splits(splits: dict[str, list[Document]]) -> str:
-    """One line: how units were made and how many each split holds."""
-    every = [d for v in splits.values() for d in v]
-    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
-    return f"{describe_units(every)}; {sizes} (whole units per split)"
-
-
-def require_split(splits: dict[str, list[Document]], name: str, corpus: str) -> list[Document]:
-    """The units of split ``name``, or a DataError that names the empty split and how the corpus was cut."""
-    if splits.get(name):
-        return splits[name]
-    raise DataError(f"the {name} split of corpus '{corpus}' is empty ({describe_splits(splits)}); "
-                    "use a larger corpus, more documents, or larger data.val_fraction / data.test_fraction")
-
-
-def _unit_draw(seed: int, unit_id: str) -> float:
-    """A uniform number in [0, 1) fixed by (seed, unit id) alone."""
-    h = hashlib.sha256(f"{seed}:{unit_id}".encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def make_splits(
-    docs: list[Document], val_fraction: float, test_fraction: float, seed: int
-) -> dict[str, list[Document]]:
-    """Assign whole units to train/validation/test.
-
-    Each unit's split depends only on the seed and its own id (a hash drawn in
-    [0, 1): validation below ``val_fraction``, test below ``val_fraction +
-    test_fraction``), so adding or removing other documents never moves a unit
-    between training and held-out data. With at least three units, each
-    non-zero held-out fraction gets at least one unit (the units with the
-    lowest draws above the threshold).
-    """
-    ids = sorted({d.id for d in docs})
-    if len(ids) != len(docs):
-        seen: set[str] = set()
-        dup = next(d.id for d in docs if d.id in seen or seen.add(d.id))  # type: ignore[func-returns-value]
-        raise DataError(f"document ids must be unique to split a corpus; '{dup}' appears twice")
-    n = len(ids)
-    draw = {i: _unit_draw(seed, i) for i in ids}
-    val_ids = {i for i in ids if draw[i] < val_fraction}
-    test_ids = {i for i in ids if val_fraction <= draw[i] < val_fraction + test_fraction}
-    if n >= 3:
-        rest = sorted((i for i in ids if i not in val_ids and i not in test_ids), key=draw.get)
-        if val_fraction > 0 and not val_ids:
-            val_ids.add(rest.pop(0))
-        if test_fraction > 0 and not test_ids:
-            test_ids.add(rest.pop(0))
-    n_val, n_test = len(val_ids), len(test_ids)
-    if n_val + n_test >= n:
-        raise DataError(
-            f"cannot hold out {n_val}+{n_test} of {n} units and keep any for training; "
-            "use a larger corpus or smaller fractions"
-        )
-    out: dict[str, list[Document]] = {"train": [], "validation": [], "test": []}
-    for d in docs:
-        key = "validation" if d.id in val_ids else "test" if d.id in test_ids else "train"
-        out[key].append(d)
-    return out
+__all__ = ["Document", "SplitPlan", "UnitCounts", "cut_size", "describe_splits", "describe_units", "iter_documents",
+           "iter_units", "load_corpus", "make_splits", "paragraph_blocks", "require_split", "split_chapters", "units"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from memlab.errors import DataError
 
@@ -22,19 +22,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MEMLAB_CACHE", Path.home() / ".cache" / "memlab"))
 
 
-def train_bpe(texts: list[str], vocab_size: int, out_dir: str | Path | None = None):
-    """Train (or fetch from cache) a byte-level BPE on ``texts``; returns a PreTrainedTokenizerFast."""
+def train_bpe(texts: list[str] | Callable[[], Iterable[str]], vocab_size: int, out_dir: str | Path | None = None):
+    """Train (or fetch from cache) a byte-level BPE on ``texts``; returns a PreTrainedTokenizerFast.
+
+    ``texts`` is a list, or a function that returns a fresh iterator of the texts (it is read twice: once for
+    the cache key, once to train), so a corpus larger than memory streams through."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if not texts or not any(t.strip() for t in texts):
-        raise DataError("cannot train a tokenizer on an empty corpus")
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise DataError(f"a byte-level BPE needs vocab_size >= {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
+    read = texts if callable(texts) else (lambda: iter(texts))
     h = hashlib.sha256()
     h.update(str(vocab_size).encode())
-    for t in texts:
+    any_text = False
+    for t in read():
+        any_text = any_text or bool(t.strip())
         h.update(hashlib.sha256(t.encode()).digest())
+    if not any_text:
+        raise DataError("cannot train a tokenizer on an empty corpus")
     key = h.hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{key}"
     if not (cached / "tokenizer.json").is_file():
@@ -47,7 +53,7 @@ def train_bpe(texts: list[str], vocab_size: int, out_dir: str | Path | None = No
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
-        tok.train_from_iterator(texts, trainer=trainer)
+        tok.train_from_iterator(read(), trainer=trainer)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
         tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
         fast.save_pretrained(str(tmp))
@@ -87,10 +93,12 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
-def build_tokenizer(spec: str, train_texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
-    """``bpe`` -> train a byte-level BPE on ``train_texts``; else load ``spec`` as an HF tokenizer."""
+def build_tokenizer(spec: str, train_texts: Iterable[str] | Callable[[], Iterable[str]], vocab_size: int,
+                    out_dir: str | Path | None = None):
+    """``bpe`` -> train a byte-level BPE on ``train_texts`` (see :func:`train_bpe`); else load ``spec`` as an
+    HF tokenizer."""
     if spec == "bpe":
-        return train_bpe(list(train_texts), vocab_size, out_dir)
+        return train_bpe(train_texts if callable(train_texts) else list(train_texts), vocab_size, out_dir)
     tok = load_tokenizer(spec)
     if out_dir is not None:
         tok.save_pretrained(str(out_dir))

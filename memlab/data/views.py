@@ -7,9 +7,12 @@ split into the view a model family trains on.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
+import numpy as np
 import torch
 
 from memlab.config import DataConfig
@@ -39,20 +42,39 @@ def clean_text(text: str) -> str:
 
 def split_corpus(cfg: DataConfig) -> dict[str, list[Document]]:
     """Load the corpus, cut it into units (``data.split_by``) and hold out whole units with a seeded
-    permutation: ``{"train", "validation", "test"} -> units``. Every view of a corpus starts here."""
-    import sys
-
+    permutation: ``{"train", "validation", "test"} -> units``. Every in-memory view of a corpus starts
+    here (:class:`memlab.data.stream.CorpusStream` is the lazy one, with the same splits)."""
     docs = load_corpus(cfg.corpus, cfg.text_field, cfg.hf_split, cfg.streaming, cfg.max_documents)
     splits = make_splits(units(docs, cfg.split_by), cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
-    if cfg.val_fraction > 0 and not splits["validation"]:
+    record_splits(cfg, describe_splits(splits), {k: len(v) for k, v in splits.items()}, splits)
+    return splits
+
+
+def record_splits(cfg: DataConfig, description: str, sizes: dict[str, int], splits=None) -> None:
+    """Warn of an empty validation split, refuse an empty training split, and remember how the corpus was
+    split (:func:`split_description`)."""
+    import sys
+
+    if cfg.val_fraction > 0 and not sizes["validation"]:
         print(f"memlab: warning: the validation split of corpus '{cfg.corpus}' is empty "
-              f"({describe_splits(splits)}); no validation data", file=sys.stderr)
-    if not splits["train"]:
+              f"({description}); no validation data", file=sys.stderr)
+    if not sizes["train"]:
         from memlab.data.corpus import require_split
 
-        require_split(splits, "train", cfg.corpus)
-    SPLIT_DESCRIPTIONS[_data_key(cfg)] = describe_splits(splits)
-    return splits
+        require_split(splits or {"train": []}, "train", cfg.corpus)
+    SPLIT_DESCRIPTIONS[_data_key(cfg)] = description
+
+
+def corpus_tokenizer(cfg: DataConfig, train_texts, tokenizer_dir: str | Path | None = None,
+                     tokenizer_spec: str | None = None):
+    """The tokenizer of a run: the one saved in ``tokenizer_dir`` (a resumed run keeps it), else
+    ``tokenizer_spec or cfg.tokenizer`` built on ``train_texts`` (a list, or a function returning a fresh
+    iterator of them, read twice when a BPE is trained) and saved into ``tokenizer_dir``."""
+    if tokenizer_dir is not None and (Path(tokenizer_dir) / "tokenizer_config.json").is_file():
+        from memlab.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(str(tokenizer_dir))
+    return build_tokenizer(tokenizer_spec or cfg.tokenizer, train_texts, cfg.vocab_size, tokenizer_dir)
 
 
 def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
@@ -63,13 +85,7 @@ def prepare_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
     weights must keep the tokenizer it was trained with).
     """
     splits = split_corpus(cfg)
-    train_texts = [clean_text(d.text) for d in splits["train"]]
-    if tokenizer_dir is not None and (Path(tokenizer_dir) / "tokenizer_config.json").is_file():
-        from memlab.data.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(str(tokenizer_dir))  # a resumed run keeps the tokenizer it saved
-    else:
-        tok = build_tokenizer(tokenizer_spec or cfg.tokenizer, train_texts, cfg.vocab_size, tokenizer_dir)
+    tok = corpus_tokenizer(cfg, [clean_text(d.text) for d in splits["train"]], tokenizer_dir, tokenizer_spec)
     return PreparedCorpus(splits=splits, tokenizer=tok, split_description=SPLIT_DESCRIPTIONS[_data_key(cfg)])
 
 
@@ -87,25 +103,44 @@ def split_description(cfg: DataConfig) -> str | None:
     return SPLIT_DESCRIPTIONS.get(_data_key(cfg))
 
 
+def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_chars: int = 1 << 20) -> Iterator[np.ndarray]:
+    """Token ids of ``texts`` joined (EOS after each document), as int64 arrays of about ``batch_chars``
+    characters' worth: texts are encoded in batches, never all at once."""
+    eos = tokenizer.eos_token_id if add_eos else None
+    batch: list[str] = []
+    size = 0
+
+    def flush() -> np.ndarray:
+        enc = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        if eos is not None:
+            enc = [piece + [eos] for piece in enc]
+        return np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int64)
+
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= batch_chars:
+            yield flush()
+            batch, size = [], 0
+    if batch:
+        yield flush()
+
+
 def token_chunks(texts: list[str], tokenizer, seq_len: int, add_eos: bool = True) -> torch.Tensor:
-    """Tokenize texts, join them (EOS between documents) and cut into ``(N, seq_len)`` chunks.
+    """Tokenize texts, join them (EOS between documents) and cut into ``(N, seq_len)`` chunks in memory
+    (:func:`memlab.data.stream.token_file` writes them to a memory-mapped file instead).
 
     The last partial chunk is dropped. Raises a DataError when the texts hold
     fewer than ``seq_len`` tokens.
     """
     if seq_len < 1:
         raise DataError(f"seq_len must be >= 1, got {seq_len}")
-    ids: list[int] = []
-    eos = tokenizer.eos_token_id
-    enc = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    for piece in enc:
-        ids.extend(piece)
-        if add_eos and eos is not None:
-            ids.append(eos)
+    parts = list(encode_stream(texts, tokenizer, add_eos))
+    ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     n = len(ids) // seq_len
     if n == 0:
         raise DataError(f"the text holds {len(ids)} tokens, fewer than one chunk of {seq_len}")
-    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # (N, T)
+    return torch.from_numpy(ids[: n * seq_len]).view(n, seq_len)  # (N, T)
 
 
 def sentence_documents(docs: list[Document], min_sentences: int = 1) -> list[list[str]]:
@@ -115,13 +150,15 @@ def sentence_documents(docs: list[Document], min_sentences: int = 1) -> list[lis
 
 
 class ChunkDataset(torch.utils.data.Dataset):
-    """Rows of a ``(N, T)`` token tensor, as ``{"input_ids": (T,)}`` examples."""
+    """Rows of a ``(N, T)`` token tensor or array (a memory-mapped one reads only the rows asked for),
+    as ``{"input_ids": (T,)}`` int64 examples."""
 
-    def __init__(self, chunks: torch.Tensor):
+    def __init__(self, chunks):
         self.chunks = chunks
 
     def __len__(self) -> int:
         return self.chunks.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.chunks[i]}
+        row = self.chunks[i]
+        return {"input_ids": row.long() if torch.is_tensor(row) else torch.from_numpy(row.astype(np.int64))}

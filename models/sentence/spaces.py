@@ -20,11 +20,21 @@ from memlab.space import build_space, parse_space_spec
 
 
 def normalize_spec(spec: str) -> str:
-    """Make a path argument absolute, so that a run can rebuild its space from anywhere."""
+    """Make path arguments absolute, so that a run can rebuild its space from anywhere: the argument, or each of
+    its comma-separated parts (``sonar:enc.pt,dec.pt,tokenizer=DIR``: both paths and the tokenizer's)."""
     name, arg = parse_space_spec(spec)
-    if arg and Path(arg).exists():
+    if not arg:
+        return spec.strip()
+    if Path(arg).exists():
         return f"{name}:{Path(arg).resolve()}"
-    return spec.strip()
+
+    def absolute(part: str) -> str:
+        key, eq, value = part.partition("=")
+        if eq and Path(value).exists():
+            return f"{key}={Path(value).resolve()}"
+        return str(Path(part).resolve()) if not eq and Path(part).exists() else part
+
+    return f"{name}:" + ",".join(absolute(p.strip()) for p in arg.split(","))
 
 
 def load_space(spec: str):

@@ -19,7 +19,8 @@ from memlab.errors import ModelError
 from memlab.models.sonar.configuration_sonar import PRESETS, SonarConfig
 from memlab.models.sonar.generation import generate_ids
 from memlab.models.sonar.modeling_sonar import SonarModel
-from memlab.models.sonar.tokenizer import build_toy_tokenizer, check_layout, lang_token_id
+from memlab.models.sonar.tokenizer import (build_toy_tokenizer, check_layout, check_matches_checkpoint, lang_token_id,
+                                          nllb_tokenizer, spm_file)
 
 
 class SonarSpace(torch.nn.Module):
@@ -137,14 +138,38 @@ def toy_space(seed: int = 0, **overrides) -> SonarSpace:
 
 
 def _tokenizer(spec, fallback: str | None):
+    """A tokenizer object as given, else the one at ``spec or fallback``: a SentencePiece model (a ``.model`` file, or
+    a folder holding one and no ``tokenizer.json``) becomes the NLLB tokenizer (:func:`nllb_tokenizer`); anything
+    else loads with AutoTokenizer (a folder or a hub name)."""
     from memlab.data.tokenizer import load_tokenizer
 
     if spec is not None and not isinstance(spec, (str, Path)):
         return spec  # a tokenizer object
     name = spec or fallback
     if name is None:
-        raise ModelError("a fairseq2 SONAR checkpoint carries no tokenizer: pass tokenizer=<folder or hub name of an NLLB tokenizer>")
-    return load_tokenizer(str(name))
+        raise ModelError("a fairseq2 SONAR checkpoint carries no tokenizer: give one, e.g. the space spec "
+                         "'sonar:enc.pt,dec.pt,tokenizer=PATH' (an NLLB tokenizer folder, hub name or sentencepiece .model)")
+    spm = spm_file(name)
+    return nllb_tokenizer(spm) if spm is not None else load_tokenizer(str(name))
+
+
+SPEC_OPTIONS = ("tokenizer", "lang", "num_heads", "preset")
+"""``key=value`` parts a ``sonar:`` spec may carry after its paths (``sonar:enc.pt,dec.pt,tokenizer=DIR``);
+``preset`` sizes the random ``toy`` space (``sonar:toy,preset=basic``: SONAR's real shape, random weights)."""
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``'enc.pt,dec.pt,tokenizer=DIR,lang=fra_Latn'`` -> ``('enc.pt,dec.pt', {'tokenizer': 'DIR', 'lang': 'fra_Latn'})``."""
+    paths, opts = [], {}
+    for part in (p.strip() for p in spec.split(",")):
+        key, eq, value = part.partition("=")
+        if not eq:
+            paths.append(part)
+        elif key.strip() in SPEC_OPTIONS:
+            opts[key.strip()] = int(value) if key.strip() == "num_heads" and value.strip().isdigit() else value.strip()
+        else:
+            raise ModelError(f"unknown option '{key.strip()}' in the SONAR spec '{spec}'; valid: {', '.join(SPEC_OPTIONS)}")
+    return ",".join(paths), opts
 
 
 def from_fairseq2(encoder_path: str, decoder_path: str, tokenizer=None, num_heads: int | None = None, **cfg_overrides) -> SonarSpace:
@@ -154,7 +179,8 @@ def from_fairseq2(encoder_path: str, decoder_path: str, tokenizer=None, num_head
     num_heads = num_heads or heads_beside(encoder_path)  # explicit, else a config.json / asset card beside the weights
     sd = {**convert_fairseq2(load_checkpoint_file(encoder_path), "encoder"),
           **convert_fairseq2(load_checkpoint_file(decoder_path), "decoder")}
-    return _build(sd, config_from_state_dict(sd, num_heads=num_heads, **cfg_overrides), _tokenizer(tokenizer, None))
+    return _build(sd, config_from_state_dict(sd, num_heads=num_heads, **cfg_overrides), _tokenizer(tokenizer, None),
+                  f"{encoder_path},{decoder_path}")
 
 
 def _read_port(name: str) -> tuple[dict, dict, Path]:
@@ -191,15 +217,22 @@ def from_hf_ports(encoder: str, decoder: str | None = None, tokenizer=None, **cf
     sd = {**convert_hf_port(esd, "encoder"), **convert_hf_port(dsd, "decoder")}
     cfg = config_from_state_dict(sd, num_heads=ecfg.get("encoder_attention_heads"))
     cfg["decoder_attention_heads"] = dcfg.get("decoder_attention_heads", cfg["decoder_attention_heads"])
-    for k in ("max_position_embeddings", "scale_embedding", "activation_function", "pad_token_id"):
+    for k in ("scale_embedding", "activation_function", "pad_token_id"):
         if k in ecfg:
             cfg[k] = ecfg[k]
+    # SONAR reads at most 512 positions; the M2M100 ports declare transformers' default of 1024
+    cfg["max_position_embeddings"] = min(int(ecfg.get("max_position_embeddings", SONAR_POSITIONS)), SONAR_POSITIONS)
     cfg.update(cfg_overrides)
-    return _build(sd, cfg, _tokenizer(tokenizer, str(edir)))
+    return _build(sd, cfg, _tokenizer(tokenizer, str(edir)), encoder if decoder is None else f"{encoder},{decoder}")
 
 
-def _build(sd: dict, cfg_kwargs: dict, tokenizer) -> SonarSpace:
+SONAR_POSITIONS = PRESETS["basic"]["max_position_embeddings"]
+"""The longest sequence SONAR's text encoder and decoder read (512, special tokens included)."""
+
+
+def _build(sd: dict, cfg_kwargs: dict, tokenizer, where: str) -> SonarSpace:
     cfg = SonarConfig(**cfg_kwargs)
+    check_matches_checkpoint(tokenizer, cfg.vocab_size, where)  # before any weight is placed
     with torch.device("meta"):
         model = SonarModel(cfg)
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
@@ -214,15 +247,31 @@ def load(spec: str | None = None, *, decoder: str | None = None, tokenizer=None,
     ``spec``: ``toy`` (random toy model), a folder saved by :meth:`SonarSpace.save_pretrained`,
     a fairseq2 encoder checkpoint ``enc.pt`` (with ``decoder=dec.pt`` or spec ``enc.pt,dec.pt``,
     and ``tokenizer=``), or a Hugging Face M2M100 port (folder or hub name): an encoder port with
-    ``decoder=`` its decoder port, or one port holding both halves.
+    ``decoder=`` its decoder port, or one port holding both halves. The spec may end with
+    ``key=value`` options (:func:`parse_spec`): ``tokenizer=`` (an NLLB tokenizer folder, hub name,
+    or SentencePiece ``.model`` file), ``lang=``, ``num_heads=``; so a config's
+    ``options.space: sonar:enc.pt,dec.pt,tokenizer=nllb/sentencepiece.bpe.model`` is complete.
     """
+    if spec is not None and "=" in spec:  # 'enc.pt,dec.pt,tokenizer=DIR[,lang=...][,num_heads=N]'
+        spec, opts = parse_spec(spec)
+        tokenizer = tokenizer if tokenizer is not None else opts.pop("tokenizer", None)
+        lang = lang or opts.pop("lang", None)
+        kw = {**opts, **kw}
+        kw.pop("tokenizer", None), kw.pop("lang", None)
     if spec is None or spec == "toy":
-        space = toy_space(**kw)
+        preset = kw.pop("preset", None)
+        if preset is not None and preset not in PRESETS:
+            raise ModelError(f"unknown SONAR preset '{preset}'; valid: {', '.join(PRESETS)}")
+        space = toy_space(**{**PRESETS.get(preset or "toy", {}), **kw})
     elif "," in spec and decoder is None:
         enc, dec = (s.strip() for s in spec.split(",", 1))
         return load(enc, decoder=dec, tokenizer=tokenizer, lang=lang, **kw)
     elif (Path(spec) / "config.json").is_file() and json.loads((Path(spec) / "config.json").read_text()).get("model_type") == SonarConfig.model_type:
-        space = SonarSpace(SonarModel.from_pretrained(spec).eval(), _tokenizer(tokenizer, spec))
+        model = SonarModel.from_pretrained(spec).eval()
+        tok = _tokenizer(tokenizer, spec)
+        if tokenizer is not None:  # a tokenizer other than the one saved beside the weights
+            check_matches_checkpoint(tok, model.config.vocab_size, spec)
+        space = SonarSpace(model, tok)
     elif spec.endswith((".pt", ".pth")) or Path(spec).is_file():
         if decoder is None:
             raise ModelError("a fairseq2 SONAR encoder checkpoint needs its decoder: decoder=<path> (or spec 'enc.pt,dec.pt')")

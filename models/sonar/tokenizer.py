@@ -2,13 +2,17 @@
 
 Real SONAR uses the NLLB SentencePiece vocabulary (256k pieces + language
 tokens), loaded with ``transformers.AutoTokenizer`` from a local folder or a
-hub name. Offline tests cannot download it, so :func:`build_toy_tokenizer`
+hub name, or built by :func:`nllb_tokenizer` from the SentencePiece model file
+alone (``sentencepiece.bpe.model``, as fairseq2 checkpoints ship it; needs the
+``sentencepiece`` package). Offline tests cannot download it, so :func:`build_toy_tokenizer`
 trains a tiny byte-level BPE with the same layout of special tokens:
 ``<s>`` = 0, ``<pad>`` = 1, ``</s>`` = 2, ``<unk>`` = 3, the pieces, then
 language tokens (``eng_Latn`` ...) and ``<mask>`` at the end.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from memlab.errors import DataError, ModelError
 
@@ -49,6 +53,61 @@ def build_toy_tokenizer(texts: list[str] | None = None, vocab_size: int = 512, l
     fast.add_special_tokens({"mask_token": "<mask>"})
     fast.padding_side = "right"
     return fast
+
+
+SPM_NAMES = ("sentencepiece.bpe.model", "sentencepiece.source.256000.model")
+"""SentencePiece model file names looked for in a tokenizer folder without a ``tokenizer.json``."""
+VOCAB_SLACK = 8
+"""A checkpoint's vocabulary may hold up to this many rows more than its tokenizer (fairseq2's SONAR: 256206 rows
+for the 256204 tokens of the NLLB tokenizer); a larger gap means the tokenizer is not the checkpoint's."""
+
+
+def spm_file(path) -> Path | None:
+    """The SentencePiece model to build an NLLB tokenizer from: ``path`` itself (a ``.model`` file), or one in the
+    folder ``path`` when it has no ``tokenizer.json``; else None (load ``path`` with AutoTokenizer)."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".model":
+        return p
+    if p.is_dir() and not (p / "tokenizer.json").is_file():
+        found = [p / n for n in SPM_NAMES if (p / n).is_file()] or sorted(p.glob("*.model"))
+        return found[0] if found else None
+    return None
+
+
+def nllb_tokenizer(model_file, langs: tuple[str, ...] | None = None):
+    """The NLLB tokenizer (transformers' ``NllbTokenizer``) built from a SentencePiece model file, in the layout
+    of the Hugging Face NLLB tokenizer: ``<s> <pad> </s> <unk>``, the pieces (SentencePiece id + 1), the
+    language tokens (``langs``, default NLLB's 202 codes), then ``<mask>``."""
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        raise ModelError("building the NLLB tokenizer from a SentencePiece model needs the 'sentencepiece' package "
+                         "(pip install sentencepiece, or memlab's 'sonar' extra)") from None
+    import shutil
+    import tempfile
+
+    from transformers import NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    src = Path(model_file)
+    with tempfile.TemporaryDirectory() as d:  # NllbTokenizer reads 'sentencepiece.bpe.model' from a folder
+        shutil.copyfile(src, Path(d) / "sentencepiece.bpe.model")
+        try:
+            tok = NllbTokenizer.from_pretrained(d, extra_special_tokens=list(langs or FAIRSEQ_LANGUAGE_CODES),
+                                                mask_token=None)
+        except Exception as e:  # a file that is not a SentencePiece model
+            raise ModelError(f"{src}: not a SentencePiece model ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    tok.add_special_tokens({"mask_token": "<mask>"})
+    return tok
+
+
+def check_matches_checkpoint(tokenizer, vocab_size: int, where: str) -> None:
+    """A tokenizer given beside SONAR weights must be theirs: SONAR's special ids (:func:`check_layout`) and
+    within :data:`VOCAB_SLACK` tokens of the checkpoint's vocabulary."""
+    check_layout(tokenizer, vocab_size)
+    if len(tokenizer) < vocab_size - VOCAB_SLACK:
+        raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but the SONAR checkpoint {where} has a vocabulary "
+                         f"of {vocab_size}: it is not this checkpoint's tokenizer (real SONAR uses the NLLB tokenizer)")
 
 
 def lang_token_id(tokenizer, lang: str) -> int:

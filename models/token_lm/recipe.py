@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
+from memlab.data.stream import stream_corpus
+from memlab.data.views import ChunkDataset
 from memlab.flops import matrix_params, transformer_train_flops
 from memlab.loading import check_fits_tokenizer, config_for_tokenizer
 from memlab.losses import linear_cross_entropy, logits_cross_entropy
@@ -62,13 +63,12 @@ class LMRecipe:
         init = cfg.model.init_from
         from memlab.loading import resolve_model_dir
 
-        corpus = prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
-                                tokenizer_spec=str(resolve_model_dir(init)) if init else None)
+        corpus = stream_corpus(cfg.data, Path(run_dir) / "tokenizer",
+                               tokenizer_spec=str(resolve_model_dir(init)) if init else None)  # read lazily
         tok = corpus.tokenizer
         model = build_model_for_tokenizer(cfg, tok, cfg.data.seq_len)  # checks seq_len against the model first
-        train = token_chunks(corpus.texts("train"), tok, cfg.data.seq_len)  # (N, T)
-        val_texts = corpus.texts("validation")
-        val = token_chunks(val_texts, tok, cfg.data.seq_len) if val_texts else None
+        train = corpus.chunks("train", cfg.data.seq_len)  # (N, T) memory-mapped
+        val = corpus.chunks("validation", cfg.data.seq_len)  # (N', T) or None
         c = model.config
         flops = transformer_train_flops(matrix_params(model), c.num_hidden_layers, c.hidden_size, cfg.data.seq_len)
         return TrainSetup(

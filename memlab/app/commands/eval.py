@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
                                                      "key from MEMLAB_JUDGE_API_KEY)")
     p.add_argument("--judge-model", default="gpt-4o")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto",
+                   help="where the models run: auto (the best present: CUDA, MPS, else CPU), cpu, cuda, cuda:N, mps")
     p.add_argument("--scaling", metavar="SWEEP", help="run a scaling sweep config (configs/scaling/*.yaml) instead")
     p.add_argument("--out", default=None, help="output directory (default runs/eval-TIMESTAMP)")
     p.set_defaults(func=run)
@@ -35,8 +37,10 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
+    from memlab.devices import resolve_device, running_on
     from memlab.errors import MemlabError
 
+    device = resolve_device(args.device)  # an absent device: one error before anything is loaded or written
     command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ""
     out = Path(args.out or f"runs/{'scaling' if args.scaling else 'eval'}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.scaling:
@@ -66,8 +70,9 @@ def run(args) -> int:
     tasks = args.task or TASKS.names()
     for t in tasks:
         TASKS.get(t)  # unknown names: one clear error before loading any model
-    adapters = [load_adapter(r) for r in args.run]
-    results = evaluate_models(adapters, tasks, opts, log=lambda s: print(s, file=sys.stderr))
+    with running_on(device):
+        adapters = [load_adapter(r) for r in args.run]
+        results = evaluate_models(adapters, tasks, opts, log=lambda s: print(s, file=sys.stderr))
     path = write_results(results, out, command)
     print(format_table(results))
     print(f"wrote {path}")

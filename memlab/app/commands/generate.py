@@ -22,17 +22,21 @@ def add_parser(sub) -> None:
                    help="beam search with this many beams (sentence models: in the space's decoder; 1: greedy)")
     p.add_argument("--max-sentences", type=int, default=8, help="sentence models: stop after this many sentences")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto",
+                   help="where the models run: auto (the best present: CUDA, MPS, else CPU), cpu, cuda, cuda:N, mps")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import torch
 
+    from memlab.devices import resolve_device, running_on
     from memlab.errors import MemlabError
     from memlab.generation import GenerationOptions
     from memlab.loading import family_of, resolve_model_dir
     from memlab.registry import GENERATORS
 
+    device = resolve_device(args.device)  # an absent device: one error before anything is loaded
     opts = GenerationOptions(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
                              top_p=args.top_p, num_beams=args.num_beams, max_sentences=args.max_sentences)
     d = resolve_model_dir(args.run)
@@ -40,12 +44,13 @@ def run(args) -> int:
     family = family_of(d)
     if any(not p.strip() for p in args.prompt):
         raise MemlabError("a prompt must hold some text")
-    if family in GENERATORS:
-        for text in GENERATORS.get(family)(d, args.prompt, opts):
-            print(text)
-        return 0
-    for prompt, text in zip(args.prompt, causal_continuations(d, args.prompt, opts)):
-        print(f"{prompt}{text}")
+    with running_on(device):
+        if family in GENERATORS:
+            for text in GENERATORS.get(family)(d, args.prompt, opts):
+                print(text)
+            return 0
+        for prompt, text in zip(args.prompt, causal_continuations(d, args.prompt, opts)):
+            print(f"{prompt}{text}")
     return 0
 
 

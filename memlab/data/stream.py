@@ -1,0 +1,163 @@
+"""Corpora at scale: splits decided while the corpus streams past, token ids in memory-mapped files.
+
+:class:`CorpusStream` reads a corpus lazily (:func:`memlab.data.corpus.iter_documents`: local
+files and downloaded hub datasets from their memory-mapped ``datasets`` cache, or a streamed hub
+dataset), so the memory it holds does not grow with the corpus. It gives the same units and splits
+as the in-memory :func:`memlab.data.views.split_corpus`, in the same order, because both use
+:func:`~memlab.data.corpus.cut_size`, :func:`~memlab.data.corpus.iter_units` and
+:class:`~memlab.data.splits.SplitPlan`.
+
+It reads the corpus a few times: a few documents to decide how units are cut, one pass for the
+split plan, one to train a BPE (when ``data.tokenizer: bpe``), one to tokenize. :func:`token_file`
+writes a split's token ids once to ``$MEMLAB_CACHE/tokens`` (``uint16`` when the vocabulary fits, else
+``uint32``), under a file lock so that of several processes one writes and the others wait and read;
+:meth:`CorpusStream.chunks` maps it as an ``(N, T)`` array, from which each process reads only the rows
+of its own share of a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from memlab.config import DataConfig
+from memlab.data.corpus import CORPORA, Document, bundled_corpus_dir, cut_size, iter_documents, iter_units, local_files
+from memlab.data.splits import SplitPlan, UnitCounts, split_line
+from memlab.data.tokenizer import cache_dir
+from memlab.data.views import clean_text, corpus_tokenizer, encode_stream, record_splits
+from memlab.errors import DataError
+
+
+class CorpusStream:
+    """A corpus split into train/validation/test units, read lazily; ``tokenizer`` once :meth:`with_tokenizer`."""
+
+    def __init__(self, cfg: DataConfig):
+        self.cfg = cfg
+        self.size = cut_size(self._docs(), cfg.split_by)
+        self.plan = SplitPlan(cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
+        counts = UnitCounts()
+        for u in self._units():
+            self.plan.add(u.id)
+            counts.add(u)
+        if not counts.units:
+            raise DataError(f"corpus '{cfg.corpus}' is empty: no document has any text")
+        self.plan.finish()
+        self.split_description = split_line(counts, self.plan.sizes)
+        record_splits(cfg, self.split_description, self.plan.sizes)
+        self.tokenizer = None
+
+    def _docs(self) -> Iterator[Document]:
+        c = self.cfg
+        return iter_documents(c.corpus, c.text_field, c.hf_split, c.streaming, c.max_documents)
+
+    def _units(self) -> Iterator[Document]:
+        return iter_units(self._docs(), self.cfg.split_by, self.size)
+
+    def units(self, split: str) -> Iterator[Document]:
+        """The units of one split, in corpus order (a fresh read of the corpus)."""
+        return (u for u in self._units() if self.plan.split_of(u.id) == split)
+
+    def texts(self, split: str) -> Iterator[str]:
+        """The cleaned texts of one split (:func:`memlab.data.views.clean_text`), in corpus order."""
+        return (clean_text(u.text) for u in self.units(split))
+
+    def with_tokenizer(self, tokenizer_dir: str | Path | None = None, tokenizer_spec: str | None = None) -> "CorpusStream":
+        """Build (or load) the tokenizer as :func:`memlab.data.views.prepare_corpus` does, streaming the
+        training texts."""
+        self.tokenizer = corpus_tokenizer(self.cfg, lambda: self.texts("train"), tokenizer_dir, tokenizer_spec)
+        return self
+
+    def chunks(self, split: str, seq_len: int, add_eos: bool = True) -> np.ndarray | None:
+        """The split's token stream cut into ``(N, seq_len)`` chunks, memory-mapped read-only (the last partial
+        chunk dropped); None when the split is empty. Raises a DataError when it holds fewer than
+        ``seq_len`` tokens."""
+        if seq_len < 1:
+            raise DataError(f"seq_len must be >= 1, got {seq_len}")
+        if self.tokenizer is None:
+            raise DataError("CorpusStream.chunks needs a tokenizer: call with_tokenizer() first")
+        if not self.plan.sizes[split]:
+            return None
+        key = _key({"data": _data_fingerprint(self.cfg), "split": split, "eos": add_eos,
+                    "tokenizer": tokenizer_fingerprint(self.tokenizer)})
+        path, dtype, n = token_file(self.texts(split), self.tokenizer, cache_dir() / "tokens" / key, add_eos)
+        rows = n // seq_len
+        if rows == 0:
+            raise DataError(f"the text holds {n} tokens, fewer than one chunk of {seq_len}")
+        return np.memmap(path, dtype=dtype, mode="r", shape=(rows, seq_len))  # (N, T)
+
+
+def stream_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
+                  tokenizer_spec: str | None = None) -> CorpusStream:
+    """:func:`memlab.data.views.prepare_corpus` for corpora of any size: the same splits and tokenizer,
+    nothing held in memory (see :class:`CorpusStream`)."""
+    return CorpusStream(cfg).with_tokenizer(tokenizer_dir, tokenizer_spec)
+
+
+def token_dtype(tokenizer) -> np.dtype:
+    return np.dtype(np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.uint32)
+
+
+def token_file(texts, tokenizer, stem: Path, add_eos: bool = True) -> tuple[Path, np.dtype, int]:
+    """Write the token ids of ``texts`` (EOS after each) to ``stem.bin`` once: ``(path, dtype, token count)``.
+
+    A finished file is named by ``stem.json`` (written last); a process that finds it reuses the file.
+    Several processes asking at once take turns on ``stem.lock``: one writes, the others then reuse."""
+    path, meta, lock = stem.with_suffix(".bin"), stem.with_suffix(".json"), stem.with_suffix(".lock")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer)
+    with open(lock, "w") as held:
+        _lock(held)
+        if meta.is_file():
+            info = json.loads(meta.read_text())
+            if path.is_file() and path.stat().st_size == info["tokens"] * dtype.itemsize:
+                return path, dtype, int(info["tokens"])
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        n = 0
+        with open(tmp, "wb") as f:
+            for ids in encode_stream(texts, tokenizer, add_eos):
+                f.write(ids.astype(dtype).tobytes())
+                n += ids.size
+        os.replace(tmp, path)
+        meta.write_text(json.dumps({"tokens": n, "dtype": dtype.name}))
+    return path, dtype, n
+
+
+def _lock(f) -> None:
+    try:
+        import fcntl
+
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
+    except ImportError:  # no fcntl (Windows): processes may write the same file twice, each atomically
+        pass
+
+
+def _key(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of a tokenizer's vocabulary and rules (its ``tokenizer.json`` for fast tokenizers)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _data_fingerprint(cfg: DataConfig) -> dict:
+    """What a corpus's token files depend on: the data settings and, for files, their names, sizes and times
+    (a hub dataset is named, not hashed: a new revision under the same name needs a new MEMLAB_CACHE)."""
+    keys = ("corpus", "text_field", "hf_split", "max_documents", "split_by", "val_fraction", "test_fraction", "split_seed")
+    out: dict = {k: getattr(cfg, k) for k in keys}
+    if cfg.corpus.startswith("hf:"):
+        return out
+    if cfg.corpus in CORPORA:
+        root = bundled_corpus_dir(cfg.corpus)
+        files = sorted(root.glob("*")) if root.is_dir() else []
+    else:
+        files, _ = local_files(cfg.corpus)
+    out["files"] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    return out

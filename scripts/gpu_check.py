@@ -1,0 +1,210 @@
+"""The GPU check: every family on CUDA in bf16, one line per check with peak memory, tokens/s and MFU.
+
+    bash scripts/gpu_check.sh [--out DIR] [--only toy,ddp,sonar,probe]
+    bash scripts/gpu_check.sh --device cpu --tiny      # the CPU-side logic at tiny sizes (tests run it)
+    bash scripts/gpu_check.sh --dry-run                # print the plan only
+
+Checks (not part of CI; about 10 minutes on one GPU):
+
+- ``toy``: every toy training config (``configs/*/*toy*.yaml``) for a few steps in bf16;
+- ``ddp``: ``configs/token_lm/toy.yaml`` launched on 2 processes (accelerate), where two GPUs exist;
+- ``sonar``: SONAR-LLM training steps over a SONAR space of the real shape (``sonar:toy,preset=basic``:
+  24 + 24 layers, width 1024, 256k vocabulary, random weights) with the ``base`` SONAR-LLM;
+- ``probe``: ``memlab probe`` with its defaults on a random Llama-shaped causal LM of about 1B parameters.
+
+Without a CUDA GPU (and without ``--device cpu``) it prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("toy", "ddp", "sonar", "probe")
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, num_attention_heads=16,
+                num_key_value_heads=16, max_position_embeddings=2048)
+"""About 0.97B parameters with a 4096-token vocabulary (Llama-2's layout at TinyLlama's width)."""
+LLAMA_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, max_position_embeddings=64)
+
+
+def toy_configs() -> list[Path]:
+    """The shipped toy training configs (probe configs excluded: the probe check covers probes)."""
+    return sorted(p for p in (ROOT / "configs").glob("*/*toy*.yaml") if p.parent.name != "probes")
+
+
+def plan(args) -> list[tuple[str, str, list[str]]]:
+    """``(part, name, memlab argv)`` of every check, in order (the ``ddp`` and ``probe`` argv are completed when run)."""
+    out = Path(args.out)
+    steps = 2 if args.tiny else args.steps
+    precision = "bf16" if args.device == "cuda" else '"no"'  # quoted: YAML reads a bare no as false
+    common = [f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
+              f"train.eval_batches=2", "train.log_every=1", f"train.mixed_precision={precision}"]
+    if args.device == "cpu":
+        common.append("train.cpu=true")
+    checks = []
+    for cfg in toy_configs():
+        name = f"{cfg.parent.name}/{cfg.stem}"
+        checks.append(("toy", name, ["train", str(cfg), "--out", str(out / "toy" / name.replace("/", "-")), *common]))
+    lm = str(ROOT / "configs" / "token_lm" / "toy.yaml")
+    checks.append(("ddp", "token_lm/toy x2", ["train", lm, "--out", str(out / "ddp"), *common]))
+    space = "sonar:toy" if args.tiny else "sonar:toy,preset=basic"
+    sonar = ["train", str(ROOT / "configs" / "sonar_llm" / "toy.yaml"), "--out", str(out / "sonar"), *common,
+             f"options.space={space}", f"model.preset={'toy' if args.tiny else 'base'}"]
+    checks.append(("sonar", f"sonar_llm over {space}", sonar))
+    probe = ["probe", "--model", str(out / "llama"), "--out", str(out / "probe")]
+    if args.tiny:
+        probe += ["n_train=64", "n_eval=16", "epochs=1"]
+    checks.append(("probe", "llama-1b random" if not args.tiny else "llama-tiny random", probe))
+    return [c for c in checks if c[0] in args.only]
+
+
+def peak_gb() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def line(part: str, name: str, peak: float | None, tps: float | None, mfu: float | None, secs: float, status: str) -> str:
+    def f(x, fmt):
+        return "n/a" if x is None else format(x, fmt)
+
+    return (f"{part:6s} {name:40s} peak_mem={f(peak, '.2f')}GB tokens/s={f(tps, '.0f')} mfu={f(mfu, '.3f')} "
+            f"seconds={secs:.0f} {status}")
+
+
+def run_train(argv: list[str], run_dir: Path) -> tuple[float | None, float | None]:
+    """In this process: ``memlab train``; (tokens/s, MFU) from its summary.json."""
+    from memlab.app.cli import main
+
+    if main(argv) != 0:
+        raise RuntimeError("memlab train failed (its error is printed above)")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary.get("tokens_per_s"), summary.get("mfu")
+
+
+def run_ddp(argv: list[str], run_dir: Path) -> tuple[float | None, float | None]:
+    """Two processes through accelerate; (tokens/s, MFU) from the run's summary.json."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "memlab.app.cli", *argv]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"2-process launch failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary.get("tokens_per_s"), summary.get("mfu")
+
+
+def build_llama(folder: Path, tiny: bool, device: str) -> int:
+    """A random Llama-shaped causal LM saved with the bundled corpus's 4096-token BPE; returns its parameters."""
+    import torch
+    import transformers as tf
+
+    from memlab.config import DataConfig
+    from memlab.data.views import prepare_corpus
+
+    tok = prepare_corpus(DataConfig()).tokenizer
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, **(LLAMA_TINY if tiny else LLAMA_1B))
+    with torch.device(device):
+        model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return sum(p.numel() for p in model.parameters())
+
+
+def run_probe(argv: list[str], run_dir: Path, params: int, peak_flops: float | None) -> tuple[float | None, float | None]:
+    """``memlab probe``; encoder tokens/s over the encode time, and the encoder's MFU (2 x params FLOPs a token)."""
+    from memlab.app.cli import main
+
+    if main(argv) != 0:
+        raise RuntimeError("memlab probe failed (its error is printed above)")
+    report = json.loads((run_dir / "report.json").read_text())
+    timing = report.get("timing", {})
+    tokens = (report.get("n_train", 0) + report.get("n_eval", 0)) * report.get("seq_len", 0)
+    secs = timing.get("encode_s")
+    if not tokens or not secs or timing.get("encode_cached"):
+        return None, None
+    tps = tokens / secs
+    return tps, (2 * params * tps / peak_flops) if peak_flops else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="tiny sizes (the CPU-side check; numbers mean nothing)")
+    p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
+    p.add_argument("--steps", type=int, default=30, help="training steps per toy config")
+    p.add_argument("--out", default=None, help="work folder (default /tmp/memlab-gpu-check-TIMESTAMP); must be new")
+    p.add_argument("--dry-run", action="store_true", help="print the checks and exit")
+    args = p.parse_args(argv)
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = [x for x in args.only if x not in PARTS]
+    if unknown:
+        print(f"gpu_check: error: unknown part(s) {', '.join(unknown)}; valid: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    args.out = args.out or f"/tmp/memlab-gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU is visible (torch.cuda.is_available() is False); nothing was run "
+              "(use --device cpu --tiny for the CPU-side check)", file=sys.stderr)
+        return 2
+    checks = plan(args)
+    if args.dry_run:
+        for part, name, cmd in checks:
+            print(f"{part:6s} {name:40s} memlab {' '.join(cmd)}")
+        return 0
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        print(f"gpu_check: error: {out} exists and is not empty", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    from memlab.train.loop import measure_matmul_flops
+
+    cuda = args.device == "cuda"
+    peak_flops = measure_matmul_flops(torch.device(args.device), torch.bfloat16 if cuda else torch.float32,
+                                      n=8192 if cuda else 512)  # a GPU needs a large product to reach its peak
+    print(f"gpu_check: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
+          f"{torch.cuda.device_count() if args.device == 'cuda' else 0} GPU(s), matmul {peak_flops / 1e12:.3g} TFLOP/s; "
+          f"work folder {out}", flush=True)
+    t_all, failed = time.perf_counter(), 0
+    for part, name, cmd in checks:
+        run_dir = Path(cmd[cmd.index("--out") + 1])
+        if part == "ddp" and (args.device != "cuda" or torch.cuda.device_count() < 2):
+            print(line(part, name, None, None, None, 0, "skipped (needs 2 CUDA GPUs)"), flush=True)
+            continue
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            if part == "ddp":
+                tps, mfu = run_ddp(cmd, run_dir)
+            elif part == "probe":
+                params = build_llama(out / "llama", args.tiny, args.device)
+                name = f"{name} ({params / 1e9:.2f}B)"
+                tps, mfu = run_probe(cmd, run_dir, params, peak_flops)
+            else:
+                tps, mfu = run_train(cmd, run_dir)
+            status = "ok"
+        except Exception as e:  # one failed check does not stop the others
+            tps = mfu = None
+            status = f"FAILED: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            failed += 1
+        print(line(part, name, None if part == "ddp" else peak_gb(), tps, mfu, time.perf_counter() - t0, status),
+              flush=True)
+    total = time.perf_counter() - t_all
+    print(f"gpu_check: {len(checks) - failed}/{len(checks)} checks passed in {total:.0f} s"
+          + (" (over the 10-minute budget)" if total > 600 and not args.tiny else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
