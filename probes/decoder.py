@@ -1,5 +1,7 @@
 """The probe's trainable decoder: a small Llama-style causal LM conditioned on one embedding.
 
+Conditioning and token inputs are registered parts (:mod:`memlab.probes.parts`); the built-in ones:
+
 Conditioning (``conditioning``):
 
 * ``prefix``: the embedding is projected to ``prefix_len`` vectors of width d
@@ -41,6 +43,8 @@ import math
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
+
+from memlab.probes.parts import get_part
 
 
 class ProbeDecoderConfig(PretrainedConfig):
@@ -86,7 +90,9 @@ class ProbeDecoder(PreTrainedModel):
         self.register_buffer("to_compact", to_compact)  # (V+1,)
         self.register_buffer("to_full", kept)  # (K,)
         n_classes = self.num_kept + int(self.has_other)
-        n_cond = c.prefix_len if c.conditioning == "prefix" else c.max_len
+        self._cond = get_part("conditioning", c.conditioning).impl
+        self._inputs = get_part("inputs", c.inputs).impl
+        n_cond = self._cond.vectors(c)
         body_cfg = LlamaConfig(vocab_size=self.num_kept + 1, hidden_size=c.hidden_size,
                                intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
                                num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
@@ -136,33 +142,25 @@ class ProbeDecoder(PreTrainedModel):
         b, t = decoder_input_ids.shape
         if t > c.max_len:
             raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
-        if c.inputs == "blank":
-            decoder_input_ids = torch.full_like(decoder_input_ids, c.start_id)  # (B, T)
-        elif self.training and getattr(c, "input_dropout", 0.0):
-            drop = torch.rand(decoder_input_ids.shape, device=decoder_input_ids.device) < c.input_dropout  # (B, T)
-            decoder_input_ids = decoder_input_ids.masked_fill(drop, c.start_id)  # (B, T)
+        decoder_input_ids = self._inputs(decoder_input_ids, c, self.training)  # (B, T)
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
         x = self.body.embed_tokens(ids)  # (B, T, d)
         zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)
         if self.training and getattr(c, "cond_dropout", 0.0):
             zn = nn.functional.dropout(zn, c.cond_dropout)
         cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
-        if c.conditioning == "prefix":
-            x = torch.cat([cond, x], dim=1)  # (B, P + T, d)
-        else:
-            x = x + cond[:, :t]  # (B, T, d)
-        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P + T or T, d)
-        if c.conditioning == "prefix":
-            h = h[:, c.prefix_len :]  # (B, T, d)
+        x = self._cond.join(x, cond)  # (B, P' + T, d): the registered conditioning
+        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
+        h = h[:, self._cond.offset(c) :]  # (B, T, d)
         logits = self.lm_head(h)  # (B, T, C)
         if self.bag is not None:
             logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary labels (B, T) -> compact class ids, keeping -100."""
+        """Full-vocabulary labels (B, T) -> compact class ids; negative labels (-100, a probe chunk's PAD) -> -100."""
         out = self.to_compact[labels.clamp(0, self.config.vocab_size)]  # (B, T)
-        return torch.where(labels == -100, torch.full_like(out, -100), out)
+        return torch.where(labels < 0, torch.full_like(out, -100), out)
 
     def other_penalty(self) -> float:
         """``ln(V - K)``: extra nats for a target in the *other* class (0 without one)."""

@@ -26,7 +26,7 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
         report = run_probe(opts, out_dir)
     except (MemlabError, OSError, RuntimeError) as e:
         return {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}", "options": kw}
-    t = report["timing"]
+    t = report.timing
     res = {"model": model, "options": kw, "encode_s": t["encode_s"], "decoder_train_s": t["train_s"],
            "control_train_s": t.get("control_s") or 0.0, "load_s": t["load_s"], "total_s": t["total_s"],
            "encode_cached": t.get("encode_cached")}
