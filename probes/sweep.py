@@ -89,8 +89,11 @@ def _write(run_dir, stem: str, payload: dict, table: str, plot_fn) -> None:
 
 def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int) -> torch.Tensor:
     """(N, T) chunks -> (N, L, D) pooled states of each layer, one forward pass per batch."""
-    out = [encoder.encode_layers(ids[i : i + batch_size], torch.ones_like(ids[i : i + batch_size]), layers)
-           for i in range(0, ids.shape[0], batch_size)]
+    from memlab.probes.chunks import fill_pad, mask_of
+
+    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
+    out = [encoder.encode_layers(fill_pad(b, pad_id), mask_of(b).long(), layers)
+           for b in ids.split(batch_size)]
     return torch.cat(out)  # (N, L, D)
 
 
@@ -108,7 +111,7 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache = [], {}
-    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
+    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids, z_tr.shape[-1])
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
@@ -151,7 +154,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     rows = []
     for n in sizes:
         o = replace(opts, n_train=n, calibrate=False)
-        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
+        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr.shape[1])
         fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key,
                            bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"n_train": n, **_row(fit)})
