@@ -204,3 +204,20 @@ def test_shipped_probe_configs_load():
         assert opts.n_train == 7 and opts.model == cfg.options.model
     with pytest.raises(MemlabError, match="unknown config key 'options.colour'"):
         load_options(files[0], ["colour=red"])
+
+
+def test_experiment_sections_used_or_refused_and_sweeps_in_yaml(tiny_llama, small_corpus, tmp_path, capsys):
+    import yaml
+
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(yaml.safe_dump({"recipe": "probe", "options": {"model": str(tiny_llama)}, "data": {"seq_len": 8},
+                                   "train": {"lr": 1.0}}))
+    _fails(["probe", "--config", str(cfg)], capsys, "sections 'data', 'train' are not used by recipe: probe")
+    opts = {"model": str(tiny_llama), "corpus": str(small_corpus), "n_train": [32, 64], "n_eval": 16, "seq_len": 4,
+            "hidden_size": 32, "num_layers": 1, "epochs": 1}
+    cfg.write_text(yaml.safe_dump({"recipe": "probe", "options": opts}))
+    assert main(["probe", "--config", str(cfg), "--out", str(tmp_path / "curve")]) == 0  # a learning curve
+    rows = json.loads((tmp_path / "curve" / "curve.json").read_text())["rows"]
+    assert [r["n_train"] for r in rows] == [32, 64] and all("bits_per_chunk" in r for r in rows)
+    assert main(["probe", "--config", str(cfg), "--out", str(tmp_path / "layers"), "n_train=32", "layers=[0,2]"]) == 0
+    assert [r["layer"] for r in json.loads((tmp_path / "layers" / "layers.json").read_text())["rows"]] == [0, 2]
