@@ -81,6 +81,7 @@ class ProbeDecoder(PreTrainedModel):
 
     def __init__(self, config: ProbeDecoderConfig):
         super().__init__(config)
+        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,)))  # from the global seed: initialisation below
         c = config
         kept = torch.tensor(sorted(set(c.kept_ids) | {c.start_id}), dtype=torch.long)  # (K,)
         self.num_kept = int(kept.numel())
@@ -99,13 +100,15 @@ class ProbeDecoder(PreTrainedModel):
                                max_position_embeddings=c.max_len + n_cond, use_cache=False)
         body_cfg._attn_implementation = "sdpa"
         self.body = LlamaModel(body_cfg)
+        # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
+        # control (the same decoder on a constant embedding) start from the same weights whatever the width
+        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
         self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
         # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
         # Adam then cannot blow the conditioning up into noise that swamps the tokens
         self.cond_norm = nn.LayerNorm(c.hidden_size)
         with torch.no_grad():
             self.cond_norm.weight.fill_(0.02)
-        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
         # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
         # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
         self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
@@ -121,13 +124,25 @@ class ProbeDecoder(PreTrainedModel):
 
     def post_init(self):
         super().post_init()
+        # every weight drawn from one private generator, the embedding-shaped ones (cond, bag) last: a probe and its
+        # control start from the same weights whatever the embedding's width
+        gen = torch.Generator().manual_seed(self._init_seed)
+        late = {"cond", "bag"}
+        mods = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        with torch.no_grad():
+            for n, m in sorted(mods, key=lambda nm: nm[0].split(".")[0] in late):  # stable: order kept otherwise
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.02)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
         if self.bag is not None:  # starts silent: the decoder begins as without it
             nn.init.zeros_(self.bag.weight)
 
     def set_normalization(self, z: torch.Tensor) -> None:
         """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
-        self.z_mean.copy_(z.mean(0))
+        same = (z == z[:1]).all(0)  # (D,) dimensions constant in training: their mean is that value, exactly
+        self.z_mean.copy_(torch.where(same, z[0], z.mean(0)))  # so a constant embedding standardises to exact zeros
         std = z.std(0) if z.shape[0] > 1 else torch.ones_like(self.z_std)  # (D,)
+        std = std.masked_fill(same, 0.0)
         live = std[std > 0]
         # dimensions that hardly vary in training must not blow up when they do vary later
         floor = 0.1 * float(live.median()) if live.numel() else 1.0

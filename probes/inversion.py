@@ -56,12 +56,13 @@ ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_
 """Options a control run does not depend on."""
 
 
-def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor, dim: int) -> str:
-    """What a control run depends on: the token data, the vocabulary size, the decoder's options and the embedding's
-    width ``dim`` (it shapes the decoder, hence its initialisation: probe and control start from the same weights,
-    so what they differ by is the embedding, not the draw of a seed)."""
+def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
+    """What a control run depends on: the token data, the vocabulary size and the decoder's options. Not the
+    embedding's width: the decoder draws every weight the width does not shape first, from the seed, and the
+    control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
+    from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
     decoder_side = {k: v for k, v in vars(opts).items() if k not in ENCODER_SIDE}
-    return T.content_hash({**decoder_side, "vocab_size": len(tokenizer), "embed_dim": int(dim)}, train_ids, eval_ids)
+    return T.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
 
 
 def _load(opts: ProbeOptions, encoder):
@@ -198,7 +199,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     encoder, train_ids, eval_ids, text, load_s = setup(opts, run_dir, encoder)
     with T.Timer() as t_enc:
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
-    ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids, z_train.shape[1])
+    ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
     fit = fit_readings(opts, encoder.tokenizer, train_ids, eval_ids, z_train, z_eval, control_cache, ckey,
                        bow=bool(opts.readouts), chars=text["chars"])
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text)

@@ -92,7 +92,17 @@ class ProbeOptions:
     batch_size: int = 32
     """Decoder batch size."""
     lr: float = 2e-3
-    """Peak learning rate (AdamW, warmup then cosine to 10 %)."""
+    """Peak learning rate (memlab's AdamW, memlab.train.loop.make_optimizer; warmup then cosine to min_lr_ratio)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.98
+    """AdamW beta2."""
+    warmup_fraction: float = 0.05
+    """Share of the decoder's steps spent warming the learning rate up."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at lr * min_lr_ratio."""
+    clip_grad: float = 1.0
+    """Gradient norm clipping (0: none)."""
     plain_input_dropout: float = 0.3
     """Input dropout of the plain decoder fitted beside the bag-head one (select_decoder): with it, teacher inputs
     read synthetic concat whole instead of over-fitting their own language model (docs/probes.md)."""
@@ -214,7 +224,12 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         v = getattr(opts, k)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ConfigError(f"'{k}' must be a finite number > 0, got {v}")
-    for k in ("weight_decay", "repeat_penalty"):
+    for k in ("beta1", "beta2", "warmup_fraction"):
+        if not 0.0 <= getattr(opts, k) < 1.0:
+            raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
+    if not 0.0 <= opts.min_lr_ratio <= 1.0:
+        raise ConfigError(f"'min_lr_ratio' must be in [0, 1], got {opts.min_lr_ratio}")
+    for k in ("weight_decay", "repeat_penalty", "clip_grad"):
         v = getattr(opts, k)
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"'{k}' must be a finite number >= 0, got {v}")

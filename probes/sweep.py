@@ -111,7 +111,7 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache = [], {}
-    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids, z_tr.shape[-1])
+    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
@@ -154,7 +154,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     rows = []
     for n in sizes:
         o = replace(opts, n_train=n, calibrate=False)
-        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr.shape[1])
+        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
         fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key,
                            bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"n_train": n, **_row(fit)})

@@ -200,7 +200,7 @@ def full_vocab_loss(dec: ProbeDecoder, logits: torch.Tensor, labels: torch.Tenso
     return ce
 
 
-def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp) -> torch.Tensor:
+def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp, clip: float) -> torch.Tensor:
     """One optimiser step on a batch: embeddings (b, D), chunks (b, T); returns the loss (on the device: the host
     reads it only at log points)."""
     with amp:
@@ -208,7 +208,8 @@ def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp
     loss = full_vocab_loss(dec, logits, tb)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
+    if clip:
+        torch.nn.utils.clip_grad_norm_(dec.parameters(), clip)
     opt.step()
     sched.step()
     return loss.detach()
@@ -235,10 +236,13 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
 
     Early stopping (``opts.val_fraction > 0``): that share of the training chunks is held back, its CE is
     measured after every epoch, training stops after ``opts.patience`` epochs without a new best and the
-    decoder ends with the weights of its best epoch. AdamW, learning rate
-    :func:`memlab.train.schedule.warmup_cosine` (5 % warmup, cosine to 10 %); bf16 autocast where the
-    hardware has it.
+    decoder ends with the weights of its best epoch. memlab's optimiser
+    (:func:`memlab.train.loop.make_optimizer`: AdamW, ``opts.beta1``/``beta2``, weight decay on matrices) and
+    schedule (:func:`memlab.train.schedule.warmup_cosine`: ``opts.warmup_fraction`` warmup, cosine to
+    ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``; bf16 autocast where the hardware has it.
+    The loss is the full-vocabulary CE of :func:`evaluate` (same units); the host reads it only at log points.
     """
+    from memlab.train.loop import make_optimizer
     from memlab.train.schedule import warmup_cosine
 
     if z.shape[1] != dec.config.embed_dim:
@@ -246,12 +250,13 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
     device = torch.device(opts.device)
     dec.to(device).train()
     gen = torch.Generator().manual_seed(opts.seed)
+    torch.manual_seed(opts.seed)  # dropout draws: the same for a probe and its control
     z, ids, z_val, ids_val = _split_held_back(z, ids, opts.val_fraction, gen)
     n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
     total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
-    warm = max(1, int(0.05 * total))
-    opt = torch.optim.AdamW(dec.parameters(), lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=0.1))
+    warm = max(1, int(opts.warmup_fraction * total))
+    opt = make_optimizer(dec, opts, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=opts.min_lr_ratio))
     amp, stop = autocast_context(device), _EarlyStop(opts.patience)
     history, step, bar = [], 0, _bar(total, desc, progress)
     while step < total:
@@ -260,7 +265,7 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
             if step >= total:
                 break
             idx = perm[i : i + bs]
-            loss = _step(dec, opt, sched, z[idx].to(device), ids[idx].to(device), amp)  # (b, D), (b, T)
+            loss = _step(dec, opt, sched, z[idx].to(device), ids[idx].to(device), amp, opts.clip_grad)  # (b, D), (b, T)
             step += 1
             if step % 10 == 0 or step == total:  # the only host sync of the loop
                 value = float(loss)
