@@ -81,7 +81,7 @@ class ProbeDecoder(PreTrainedModel):
 
     def __init__(self, config: ProbeDecoderConfig):
         super().__init__(config)
-        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,)))  # from the global seed: initialisation below
+        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu"))  # from the global seed (post_init)
         c = config
         kept = torch.tensor(sorted(set(c.kept_ids) | {c.start_id}), dtype=torch.long)  # (K,)
         self.num_kept = int(kept.numel())
@@ -126,6 +126,8 @@ class ProbeDecoder(PreTrainedModel):
         super().post_init()
         # every weight drawn from one private generator, the embedding-shaped ones (cond, bag) last: a probe and its
         # control start from the same weights whatever the embedding's width
+        if any(p.is_meta for p in self.parameters()):  # built to be loaded (from_pretrained): weights come later
+            return
         gen = torch.Generator().manual_seed(self._init_seed)
         late = {"cond", "bag"}
         mods = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
