@@ -22,8 +22,10 @@ and how to get its frozen encoder (with its tokenizer). The default entries:
   bag (TF1 >= 0.9) and nothing of constant (information gain 0). A failed row
   means the probe's budget, not the models, limits the other readings.
 
-All are probed with the same options on chunks of the same held-out split
-(Austen test chapters, 32 tokens in each model's own tokenizer). ``--retrain``
+All are probed with the same options on the same chunks of text (24 words of
+Austen test chapters, cut once, each model reading them in its own tokens), so
+the table's bits per chunk (what the embedding adds over the control, with a
+95 % paired bootstrap interval) compare across models. ``--retrain``
 trains the memory autoencoder and the causal LM from scratch first.
 """
 
@@ -41,9 +43,9 @@ from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
 
-FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
+FULL = dict(seq_len=24, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
-"""2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
+"""Chunks of 24 words (about 32 tokens of the toy BPE), 2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
 nine entries within 10 minutes on 2 cores; the probe is not saturated there (docs/probes.md: learning curve): the
 calibration rows say how far it sees."""
 FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
