@@ -1,9 +1,11 @@
 """The inversion probe: how much of its input does a frozen model keep in one embedding?
 
 A frozen encoder (any HF model read at one layer and pooled, or any memlab
-space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
-chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
-that cache to rebuild the tokens in the encoder's own tokenizer. By default
+space: a registered encoder kind, :mod:`memlab.probes.parts`) embeds chunks of
+``seq_len`` words of held-out Austen text (cut once as text, the same for every
+model: :mod:`memlab.probes.chunks`), once per chunk; a fresh Llama-style decoder
+(:mod:`memlab.probes.decoder`) trains on that cache to rebuild the tokens in the
+encoder's own tokenizer. By default
 it reads the true previous tokens (``inputs="teacher"``), the embedding is
 added to every position (``conditioning="unrolled"``) and a position-shared
 linear read-out of it is added to every position's logits (``bag_head``);
@@ -13,7 +15,9 @@ through the embedding (see docs/probes.md for the measured choice). A tenth of t
 budget, trains on a constant embedding (the mean training embedding): it
 measures what the decoder guesses without the embedding (with blank inputs:
 the most likely token at each position; with teacher forcing: language).
-Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
+Report (:class:`memlab.probes.result.ProbeReport`): first the bits per chunk and per character the
+embedding adds over the control, every reading with its paired bootstrap interval and a retention line
+(:mod:`memlab.probes.intervals`); token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
 F1, sentence BLEU and exact match of the greedy reconstruction, the
 information gain ``(CE_control - CE_probe) / CE_control``, what limits the
 reading (order or content), accuracy by position, reconstructions, the
