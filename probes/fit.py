@@ -8,7 +8,7 @@ embeddings already computed: ``z_train`` (N, D) of ``train_ids`` (N, T) and
 Calibration (``report["calibration"]``): a probe of a synthetic encoder
 (:mod:`memlab.probes.synthetic`) is checked against what it must read
 (``concat``: token accuracy >= 0.99; ``bag``: token-set F1 of the bag-of-words read-out >= 0.9;
-``constant``: information gain within 0.01 of 0). With ``calibrate=True`` a
+``constant``: the interval of its information gain holds 0). With ``calibrate=True`` a
 probe of any model also fits the same decoder on ``synthetic:concat`` codes
 and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks
 in the model's own tokenizer: when these positive controls fail, the report

@@ -146,58 +146,6 @@ class ProbeOptions:
     """torch CPU threads (default: torch's own); 1 is fastest for small decoders on a busy machine."""
 
 
-def validate(opts: ProbeOptions) -> ProbeOptions:
-    if opts.pool is not None and opts.pool not in POOLS:
-        raise ConfigError(f"'pool' must be one of {', '.join(POOLS)}, got {opts.pool!r}")
-    if opts.conditioning not in ("prefix", "unrolled"):
-        raise ConfigError(f"'conditioning' must be prefix or unrolled, got {opts.conditioning!r}")
-    if opts.inputs not in ("teacher", "blank"):
-        raise ConfigError(f"'inputs' must be teacher or blank, got {opts.inputs!r}")
-    if opts.eval_split not in ("test", "validation"):
-        raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
-    for k in ("input_dropout", "cond_dropout"):
-        if not 0.0 <= getattr(opts, k) < 1.0:
-            raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
-    if opts.repeat_penalty < 0:
-        raise ConfigError(f"'repeat_penalty' must be >= 0, got {opts.repeat_penalty}")
-    if not 0.0 <= opts.val_fraction < 1.0:
-        raise ConfigError(f"'val_fraction' must be in [0, 1), got {opts.val_fraction}")
-    for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
-              "patience"):
-        if getattr(opts, k) < 1:
-            raise ConfigError(f"'{k}' must be >= 1")
-    if opts.hidden_size % opts.num_heads:
-        raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
-    if opts.seq_len < 2:
-        raise ConfigError("'seq_len' must be >= 2")
-    return opts
-
-
-def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
-    """ProbeOptions from a YAML file (strict keys), dotted ``key=value`` overrides, then keyword values."""
-    from memlab.config import apply_overrides, from_dict, read_yaml, to_dict
-
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"probe config not found: {p}")
-        data = read_yaml(p) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: a probe config must be a YAML mapping")
-        if "recipe" in data:  # an experiment file (recipe: probe): the options section holds the probe
-            from memlab.config import load_config
-
-            over = [o if o.split("=", 1)[0].startswith(("options.", "name")) else f"options.{o}" for o in overrides or []]
-            cfg = load_config(p, over)
-            if cfg.recipe != "probe":
-                raise ConfigError(f"{p}: recipe '{cfg.recipe}' is not a probe (recipe: probe)")
-            data, overrides = to_dict(cfg.options), []
-    apply_overrides(data, overrides or [])
-    data.update({k: v for k, v in kw.items() if v is not None})
-    return validate(from_dict(ProbeOptions, data))
-
-
 def _sizes(opts: ProbeOptions) -> list[int]:
     n = opts.n_train
     return list(n) if isinstance(n, (list, tuple)) else [n]
