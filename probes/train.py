@@ -188,6 +188,12 @@ def autocast_context(device: torch.device):
     return contextlib.nullcontext()
 
 
+def trim(ids: torch.Tensor) -> torch.Tensor:
+    """(b, T) chunk ids -> (b, T_b): without the columns that are padding in every row (a host tensor: no sync)."""
+    n = int(mask_of(ids).sum(1).max()) if ids.numel() else 0
+    return ids[:, : max(n, 1)]
+
+
 def full_vocab_loss(dec: ProbeDecoder, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean CE (nats) over the full vocabulary of (b, T, C) compact logits for (b, T) labels (PAD ignored): the
     compact CE plus ``ln(V - K)`` for each target in the *other* class (a constant: the gradient is the compact
@@ -265,7 +271,8 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
             if step >= total:
                 break
             idx = perm[i : i + bs]
-            loss = _step(dec, opt, sched, z[idx].to(device), ids[idx].to(device), amp, opts.clip_grad)  # (b, D), (b, T)
+            tb = trim(ids[idx])  # (b, T_b): the batch's trailing all-pad columns cost nothing
+            loss = _step(dec, opt, sched, z[idx].to(device), tb.to(device), amp, opts.clip_grad)  # (b, D), (b, T_b)
             step += 1
             if step % 10 == 0 or step == total:  # the only host sync of the loop
                 value = float(loss)
@@ -305,8 +312,9 @@ def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: 
     counts = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
     start = start_token_id_from(dec)
     for i in range(0, ids.shape[0], batch_size):
-        zb, tb = z[i : i + batch_size].to(device), ids[i : i + batch_size].to(device)  # (b, D), (b, T)
-        logits = dec(zb, shift_right(fill_pad(tb), start)).float()  # (b, T, C)
+        zb, tb = z[i : i + batch_size].to(device), trim(ids[i : i + batch_size]).to(device)  # (b, D), (b, T_b)
+        t_b = tb.shape[1]
+        logits = dec(zb, shift_right(fill_pad(tb), start)).float()  # (b, T_b, C)
         real = mask_of(tb)  # (b, T)
         tc = dec.compact_targets(tb)  # (b, T), -100 at pads
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T), 0 at pads
@@ -315,8 +323,8 @@ def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: 
         hit = ((dec.predict_full(logits) == tb) & real).long().cpu()  # (b, T)
         nll_c.append(nll.sum(1).cpu())  # (b,)
         hit_c.append(hit.sum(1))  # (b,)
-        correct += hit.sum(0)
-        counts += real.long().sum(0).cpu()
+        correct[:t_b] += hit.sum(0)
+        counts[:t_b] += real.long().sum(0).cpu()
     n_tok = int(counts.sum())
     nll_chunk = torch.cat(nll_c).double()  # (N,)
     ce = float(nll_chunk.sum()) / max(n_tok, 1)
