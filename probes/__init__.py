@@ -1,5 +1,9 @@
-"""Inversion probes: hidden-state capture from any HF model, a trained decoder, and the report."""
+"""Inversion probes: hidden-state capture from any HF model, a trained decoder, and the report.
 
+A probe is a composition of registered parts (:mod:`memlab.probes.parts`); the built-in ones register here.
+"""
+
+from memlab.probes import builtin_parts  # noqa: F401  (registers the probe's own parts)
 from memlab.registry import SPACES
 
 

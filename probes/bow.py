@@ -19,21 +19,27 @@ import torch
 
 def multi_hot(ids: torch.Tensor, to_compact: torch.Tensor, n: int) -> torch.Tensor:
     """(N, T) token ids -> (N, n) 0/1 float: which compact ids occur in each chunk (unseen ids dropped)."""
-    c = to_compact[ids]  # (N, T), n for unseen
+    c = torch.where(ids >= 0, to_compact[ids.clamp(min=0)], n)  # (N, T), n for unseen ids and PAD
     out = torch.zeros(ids.shape[0], n + 1)  # (N, n+1)
     out.scatter_(1, c, 1.0)
     return out[:, :n]  # (N, n)
 
 
-def recovered_share(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor) -> float:
-    """Mean over chunks of |top-k ids of ``scores`` (N, n) ∩ distinct ids of ``ids`` (N, T)| / k."""
-    total = 0.0
+def recovered_per_chunk(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor) -> list[float]:
+    """Each chunk's |top-k ids of ``scores`` (N, n) ∩ distinct ids of ``ids`` (N, T), PAD skipped| / k."""
+    out = []
     for s, row in zip(scores, ids.tolist()):
-        true = set(row)
+        true = {t for t in row if t >= 0}
         k = len(true)
         top = kept[s.topk(min(k, s.shape[0])).indices].tolist()
-        total += len(true & set(top)) / k
-    return total / max(len(ids), 1)
+        out.append(len(true & set(top)) / k)
+    return out
+
+
+def recovered_share(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor) -> float:
+    """Mean over chunks of :func:`recovered_per_chunk`."""
+    per = recovered_per_chunk(scores, ids, kept)
+    return sum(per) / max(len(per), 1)
 
 
 def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor, ids_eval: torch.Tensor,
@@ -41,7 +47,7 @@ def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor
             val_fraction: float = 0.1, patience: int = 5, seed: int = 0) -> dict:
     """Fit the read-out on (N, D) embeddings of (N, T) chunks; score it and its prior on the held-out chunks."""
     gen = torch.Generator().manual_seed(seed)
-    kept = torch.unique(ids_train)  # (n,) compact vocabulary: ids seen in training
+    kept = torch.unique(ids_train[ids_train >= 0])  # (n,) compact vocabulary: ids seen in training
     vmax = int(max(int(ids_train.max()), int(ids_eval.max()))) + 1
     to_compact = torch.full((vmax,), kept.numel(), dtype=torch.long)
     to_compact[kept] = torch.arange(kept.numel())
@@ -80,8 +86,9 @@ def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor
         head.load_state_dict(best_state)
     with torch.no_grad():
         scores = head((z_eval - mean) / std)  # (M, n)
-    got = recovered_share(scores, ids_eval, kept)
-    base = recovered_share(prior.expand(ids_eval.shape[0], -1), ids_eval, kept)
-    return {"recovered": got, "prior": base, "gain": got - base, "epochs": ep, "kept_vocab": int(kept.numel()),
+    got = recovered_per_chunk(scores, ids_eval, kept)
+    base = recovered_per_chunk(prior.expand(ids_eval.shape[0], -1), ids_eval, kept)
+    got_m, base_m = sum(got) / max(len(got), 1), sum(base) / max(len(base), 1)
+    return {"recovered": got_m, "prior": base_m, "gain": got_m - base_m, "_per_chunk": {"recovered": got, "prior": base}, "epochs": ep, "kept_vocab": int(kept.numel()),
             "definition": "share of each held-out chunk's k distinct tokens among the read-out's top k (prior: the k "
                           "tokens in most training chunks), averaged over chunks"}

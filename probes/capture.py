@@ -163,7 +163,11 @@ def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
     if pool == "mean":
         m = mask.to(h.dtype).unsqueeze(-1)  # (B, T, 1)
         return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
-    raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(POOLS)}")
+    from memlab.probes.parts import PARTS
+
+    if pool in PARTS["pool"]:  # a registered pooling (memlab.probes.parts)
+        return PARTS["pool"].get(pool).impl(h, mask)  # (B, D)
+    raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(PARTS['pool'].names())}")
 
 
 def right_pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,8 +229,10 @@ class HiddenStateEncoder:
 
     def __init__(self, model: nn.Module, tokenizer, layer: int = -1, pool: str = "last", final_norm: bool = False,
                  special_tokens: bool = True, name: str = "model"):
-        if pool not in POOLS:
-            raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(POOLS)}")
+        from memlab.probes.parts import PARTS
+
+        if pool not in POOLS and pool not in PARTS["pool"]:
+            raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(PARTS['pool'].names())}")
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name

@@ -1,5 +1,7 @@
 """The probe's trainable decoder: a small Llama-style causal LM conditioned on one embedding.
 
+Conditioning and token inputs are registered parts (:mod:`memlab.probes.parts`); the built-in ones:
+
 Conditioning (``conditioning``):
 
 * ``prefix``: the embedding is projected to ``prefix_len`` vectors of width d
@@ -42,6 +44,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
 
+from memlab.probes.parts import get_part
+
 
 class ProbeDecoderConfig(PretrainedConfig):
     model_type = "memlab_probe_decoder"
@@ -77,6 +81,7 @@ class ProbeDecoder(PreTrainedModel):
 
     def __init__(self, config: ProbeDecoderConfig):
         super().__init__(config)
+        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu"))  # from the global seed (post_init)
         c = config
         kept = torch.tensor(sorted(set(c.kept_ids) | {c.start_id}), dtype=torch.long)  # (K,)
         self.num_kept = int(kept.numel())
@@ -86,20 +91,24 @@ class ProbeDecoder(PreTrainedModel):
         self.register_buffer("to_compact", to_compact)  # (V+1,)
         self.register_buffer("to_full", kept)  # (K,)
         n_classes = self.num_kept + int(self.has_other)
-        n_cond = c.prefix_len if c.conditioning == "prefix" else c.max_len
+        self._cond = get_part("conditioning", c.conditioning).impl
+        self._inputs = get_part("inputs", c.inputs).impl
+        n_cond = self._cond.vectors(c)
         body_cfg = LlamaConfig(vocab_size=self.num_kept + 1, hidden_size=c.hidden_size,
                                intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
                                num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
                                max_position_embeddings=c.max_len + n_cond, use_cache=False)
         body_cfg._attn_implementation = "sdpa"
         self.body = LlamaModel(body_cfg)
+        # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
+        # control (the same decoder on a constant embedding) start from the same weights whatever the width
+        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
         self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
         # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
         # Adam then cannot blow the conditioning up into noise that swamps the tokens
         self.cond_norm = nn.LayerNorm(c.hidden_size)
         with torch.no_grad():
             self.cond_norm.weight.fill_(0.02)
-        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
         # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
         # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
         self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
@@ -115,13 +124,27 @@ class ProbeDecoder(PreTrainedModel):
 
     def post_init(self):
         super().post_init()
+        # every weight drawn from one private generator, the embedding-shaped ones (cond, bag) last: a probe and its
+        # control start from the same weights whatever the embedding's width
+        if any(p.is_meta for p in self.parameters()):  # built to be loaded (from_pretrained): weights come later
+            return
+        gen = torch.Generator().manual_seed(self._init_seed)
+        late = {"cond", "bag"}
+        mods = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        with torch.no_grad():
+            for n, m in sorted(mods, key=lambda nm: nm[0].split(".")[0] in late):  # stable: order kept otherwise
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.02)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
         if self.bag is not None:  # starts silent: the decoder begins as without it
             nn.init.zeros_(self.bag.weight)
 
     def set_normalization(self, z: torch.Tensor) -> None:
         """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
-        self.z_mean.copy_(z.mean(0))
+        same = (z == z[:1]).all(0)  # (D,) dimensions constant in training: their mean is that value, exactly
+        self.z_mean.copy_(torch.where(same, z[0], z.mean(0)))  # so a constant embedding standardises to exact zeros
         std = z.std(0) if z.shape[0] > 1 else torch.ones_like(self.z_std)  # (D,)
+        std = std.masked_fill(same, 0.0)
         live = std[std > 0]
         # dimensions that hardly vary in training must not blow up when they do vary later
         floor = 0.1 * float(live.median()) if live.numel() else 1.0
@@ -136,33 +159,25 @@ class ProbeDecoder(PreTrainedModel):
         b, t = decoder_input_ids.shape
         if t > c.max_len:
             raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
-        if c.inputs == "blank":
-            decoder_input_ids = torch.full_like(decoder_input_ids, c.start_id)  # (B, T)
-        elif self.training and getattr(c, "input_dropout", 0.0):
-            drop = torch.rand(decoder_input_ids.shape, device=decoder_input_ids.device) < c.input_dropout  # (B, T)
-            decoder_input_ids = decoder_input_ids.masked_fill(drop, c.start_id)  # (B, T)
+        decoder_input_ids = self._inputs(decoder_input_ids, c, self.training)  # (B, T)
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
         x = self.body.embed_tokens(ids)  # (B, T, d)
         zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)
         if self.training and getattr(c, "cond_dropout", 0.0):
             zn = nn.functional.dropout(zn, c.cond_dropout)
         cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
-        if c.conditioning == "prefix":
-            x = torch.cat([cond, x], dim=1)  # (B, P + T, d)
-        else:
-            x = x + cond[:, :t]  # (B, T, d)
-        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P + T or T, d)
-        if c.conditioning == "prefix":
-            h = h[:, c.prefix_len :]  # (B, T, d)
+        x = self._cond.join(x, cond)  # (B, P' + T, d): the registered conditioning
+        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
+        h = h[:, self._cond.offset(c) :]  # (B, T, d)
         logits = self.lm_head(h)  # (B, T, C)
         if self.bag is not None:
             logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary labels (B, T) -> compact class ids, keeping -100."""
+        """Full-vocabulary labels (B, T) -> compact class ids; negative labels (-100, a probe chunk's PAD) -> -100."""
         out = self.to_compact[labels.clamp(0, self.config.vocab_size)]  # (B, T)
-        return torch.where(labels == -100, torch.full_like(out, -100), out)
+        return torch.where(labels < 0, torch.full_like(out, -100), out)
 
     def other_penalty(self) -> float:
         """``ln(V - K)``: extra nats for a target in the *other* class (0 without one)."""

@@ -8,7 +8,7 @@ embeddings already computed: ``z_train`` (N, D) of ``train_ids`` (N, T) and
 Calibration (``report["calibration"]``): a probe of a synthetic encoder
 (:mod:`memlab.probes.synthetic`) is checked against what it must read
 (``concat``: token accuracy >= 0.99; ``bag``: token-set F1 of the bag-of-words read-out >= 0.9;
-``constant``: information gain within 0.01 of 0). With ``calibrate=True`` a
+``constant``: the interval of its information gain holds 0). With ``calibrate=True`` a
 probe of any model also fits the same decoder on ``synthetic:concat`` codes
 and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks
 in the model's own tokenizer: when these positive controls fail, the report
@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from memlab.probes import train as T
-from memlab.probes.bow import fit_bow
 from memlab.probes.scores import limit_line, reconstruction_scores
 
 EXPECT = {"concat": ("token_accuracy", 0.99), "bag": ("bow_token_set_f1", 0.9), "constant": ("information_gain", 0.01)}
@@ -37,7 +36,7 @@ def fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "p
     with T.Timer() as t:
         hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc=desc)
     metrics = T.evaluate(dec, z_eval, eval_ids)
-    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok))
+    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers))
     return dec, metrics, hist, t.seconds
 
 
@@ -97,9 +96,12 @@ def fit_control(opts, tok, train_ids, eval_ids, z_train, z_eval, cache: dict | N
     return metrics, hist, secs, None
 
 
-def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0) -> dict:
+def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow") -> dict:
+    """The registered read-out ``name`` (default the bag of words) fitted and scored, with its seconds."""
+    from memlab.probes.parts import get_part
+
     with T.Timer() as t:
-        out = fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed)
+        out = get_part("readout", name).impl(z_train, train_ids, z_eval, eval_ids, seed=seed)
     out["seconds"] = t.seconds
     return out
 
@@ -126,7 +128,10 @@ def check_synthetic(kind: str, readings: dict) -> dict:
         value, thr = bow["recovered"], EXPECT["bag"][1]
         return _verdict([_check(name, "bow recovered", value, value >= thr, f"bow recovered >= {thr}")])
     if metric == "information_gain":
-        value = readings.get("information_gain")
+        value, r = readings.get("information_gain"), (readings.get("readings") or {}).get("information_gain")
+        if r is not None:  # nothing is there to read: the interval must hold 0
+            return _verdict([_check(name, metric, value, r["low"] <= 0.0 <= r["high"],
+                                    "its interval holds 0", interval=[r["low"], r["high"]])])
         return _verdict([_check(name, metric, value, value is not None and abs(value) <= thr,
                                 f"|information gain| <= {thr}")])
     value = readings["probe"][metric]
@@ -137,7 +142,9 @@ def _codes(kind: str, tok, ids: torch.Tensor) -> torch.Tensor:
     """Synthetic ``kind`` embeddings (N, D) of chunks ``ids`` (N, T) in their own tokenizer."""
     from memlab.probes.synthetic import SyntheticEncoder
 
-    return SyntheticEncoder(kind, tok, max_len=ids.shape[1]).encode(ids, torch.ones_like(ids))
+    from memlab.probes.chunks import fill_pad, mask_of
+
+    return SyntheticEncoder(kind, tok, max_len=ids.shape[1]).encode(fill_pad(ids), mask_of(ids).long())
 
 
 def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
@@ -165,13 +172,32 @@ def calibration(opts, tok, train_ids, eval_ids, readings: dict) -> dict:
             "note": "positive controls not run on these chunks (calibrate=true, or the quickstart's calibration rows)"}
 
 
-def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
-                 control_key: str | None = None, sequence: bool = True, bow: bool = True) -> dict:
-    """Sequence probe and control (``sequence``), bag-of-words read-out (``bow``), calibration, limit line.
+def _public(m: dict | None) -> dict | None:
+    """A metrics dict without its per-chunk arrays (keys starting with ``_``)."""
+    return None if m is None else {k: v for k, v in m.items() if not k.startswith("_")}
 
-    Returns a dict with probe, control, information_gain, bow, limited_by, calibration, history, timing and
-    ``_decoder`` (the fitted sequence decoder, or None).
+
+def interval_readings(opts, eval_ids, tok, probe, control, bow, chars=None) -> dict:
+    """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts)."""
+    from memlab.probes.chunks import chunk_chars
+    from memlab.probes.intervals import readings
+
+    chars = chars if chars is not None else chunk_chars(eval_ids, tok)
+    return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
+                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), (bow or {}).get("_per_chunk"),
+                    n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed)
+
+
+def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
+                 control_key: str | None = None, sequence: bool = True, bow: bool = True, chars=None) -> dict:
+    """Sequence probe and control (``sequence``), bag-of-words read-out (``bow``), intervals, calibration, limit line.
+
+    ``chars``: characters of each held-out chunk's text (default: as its tokens decode). Returns a dict with
+    probe, control, information_gain, bow, readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
+    retention, limited_by, calibration, history, timing and ``_decoder`` (the fitted sequence decoder, or None).
     """
+    from memlab.probes.intervals import retention
+
     out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None, "bow": None,
            "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
            "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
@@ -185,8 +211,16 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
             out["control"] = c
             out["information_gain"] = T.information_gain(out["probe"]["ce"], c["ce"])
         out["limited_by"] = limit_line(out["probe"], out["control"])
-    if bow:
-        out["bow"] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed)
-        out["timing"]["bow_s"] = out["bow"]["seconds"]
+    out["readouts"] = {}
+    for name in opts.readouts if bow else []:
+        out["readouts"][name] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name)
+        out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
+    out["bow"] = out["readouts"].get("bow")
+    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars)
+    out["retention"] = retention(out["readings"], opts.ci_level)
+    out["_reconstruction"] = (out["probe"] or {}).get("_reconstruction")
+    for k in ("probe", "control", "bow"):
+        out[k] = _public(out[k])
+    out["readouts"] = {k: _public(v) for k, v in out["readouts"].items()}
     out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
     return out

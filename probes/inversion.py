@@ -1,9 +1,11 @@
 """The inversion probe: how much of its input does a frozen model keep in one embedding?
 
 A frozen encoder (any HF model read at one layer and pooled, or any memlab
-space) embeds chunks of ``seq_len`` tokens of held-out Austen text, once per
-chunk; a fresh Llama-style decoder (:mod:`memlab.probes.decoder`) trains on
-that cache to rebuild the tokens in the encoder's own tokenizer. By default
+space: a registered encoder kind, :mod:`memlab.probes.parts`) embeds chunks of
+``seq_len`` words of held-out Austen text (cut once as text, the same for every
+model: :mod:`memlab.probes.chunks`), once per chunk; a fresh Llama-style decoder
+(:mod:`memlab.probes.decoder`) trains on that cache to rebuild the tokens in the
+encoder's own tokenizer. By default
 it reads the true previous tokens (``inputs="teacher"``), the embedding is
 added to every position (``conditioning="unrolled"``) and a position-shared
 linear read-out of it is added to every position's logits (``bag_head``);
@@ -13,7 +15,9 @@ through the embedding (see docs/probes.md for the measured choice). A tenth of t
 budget, trains on a constant embedding (the mean training embedding): it
 measures what the decoder guesses without the embedding (with blank inputs:
 the most likely token at each position; with teacher forcing: language).
-Report: token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
+Report (:class:`memlab.probes.result.ProbeReport`): first the bits per chunk and per character the
+embedding adds over the control, every reading with its paired bootstrap interval and a retention line
+(:mod:`memlab.probes.intervals`); token accuracy, CE, entropy ratio ``H_r = 1 - CE / ln V``, token-set
 F1, sentence BLEU and exact match of the greedy reconstruction, the
 information gain ``(CE_control - CE_probe) / CE_control``, what limits the
 reading (order or content), accuracy by position, reconstructions, the
@@ -24,224 +28,110 @@ Python::
 
     from memlab.probes import probe
     report = probe("minilm", pool="mean", n_train=2000, out="runs/probe-minilm")
-    report["probe"]["token_accuracy"], report["information_gain"]
+    report.retention, report.readings["bits_per_chunk"], report.probe["token_accuracy"]
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from memlab.errors import ConfigError, MemlabError
+from memlab.errors import MemlabError
 from memlab.probes import train as T
-from memlab.probes.capture import POOLS
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
+from memlab.probes.result import ProbeReport
 from memlab.probes.space import FittedProbe
+from memlab.probes.options import ProbeOptions, load_options, validate  # noqa: F401  (the probe's options)
 
 
-@dataclass
-class ProbeOptions:
-    """One probe run (YAML: configs/probes/*.yaml; CLI flags of ``memlab probe``)."""
-
-    model: str = "minilm"
-    """Model to probe: a shortcut (minilm, smollm2), ``space:NAME[:PATH]``, a local folder or run, a GGUF file, or a
-    hub name."""
-    layer: int = -1
-    """Hidden state to read: 0 = embeddings, k = output of block k-1; negative counts from the end."""
-    pool: str | None = None
-    """last, second_last, mean or first; default: the shortcut's own (mean for MiniLM) or last."""
-    final_norm: bool = False
-    """Read the last layer after the model's final norm (HF's hidden_states[-1])."""
-    random_init: bool = False
-    """Probe the same architecture with random weights (the floor)."""
-    special_tokens: bool = True
-    """Wrap each chunk in the tokenizer's special tokens ([CLS] ... [SEP]) before encoding."""
-    seq_len: int = 32
-    """Tokens per chunk, in the probed model's tokenizer."""
-    n_train: int = 8000
-    """Training chunks (from the corpus's train split). 8,000 from the learning curve (docs/probes.md): MiniLM's
-    readings still rise from 4,000 to 8,000, and concat calibration needs that many; fewer is marked in the report."""
-    n_eval: int = 256
-    """Held-out chunks (from ``eval_split``); a split that holds fewer is scored whole, with a warning and a note."""
-    corpus: str = "austen"
-    """Corpus (memlab data pipeline): bundled name or local path."""
-    eval_split: str = "test"
-    """Held-out split scored: test (default) or validation."""
-    conditioning: str = "unrolled"
-    """How the decoder reads the embedding: unrolled (projected and added per position) or prefix (memory prefix)."""
-    prefix_len: int = 4
-    """Memory prefix vectors (prefix conditioning)."""
-    inputs: str = "teacher"
-    """Decoder token inputs: teacher (true previous tokens, greedy generation is autoregressive: the decoder's
-    language knowledge helps, as the control shows) or blank (start token everywhere: all it knows comes from the
-    embedding; it cannot spread an order-free set over positions)."""
-    input_dropout: float = 0.0
-    """Teacher inputs only: share of the true previous tokens replaced by the start token while training (word
-    dropout: the decoder must read the embedding rather than lean on its language model)."""
-    repeat_penalty: float = 1.5
-    """Teacher inputs only: nats taken off the log-probability of each token already in the greedy reconstruction
-    (0: plain greedy). A weak decoder otherwise loops on one phrase, which hides the tokens it does read (TF1, BLEU
-    and exact match score the reconstruction; token accuracy and CE are teacher forced and do not use it)."""
-    hidden_size: int = 128
-    """Decoder width."""
-    num_layers: int = 2
-    """Decoder blocks."""
-    num_heads: int = 4
-    """Decoder attention heads."""
-    bag_head: bool = True
-    """Add a position-shared linear read-out of the embedding to every position's logits (see the decoder)."""
-    select_decoder: bool = True
-    """With bag_head: also fit the plain decoder (no bag head, input dropout 0.3) and keep the one with the lower
-    held-back CE (needs val_fraction > 0). The bag head reads content a positional read-out cannot learn from few
-    chunks; it slows the read-out of embeddings that keep every position (docs/probes.md). Costs one more decoder."""
-    cond_dropout: float = 0.0
-    """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
-    epochs: float = 30.0
-    """Most passes of the decoder over the cached training embeddings; early stopping usually ends sooner (real
-    encoders over-fit within 3-6 epochs), while a decoder that still improves keeps going (concat needs ~30)."""
-    val_fraction: float = 0.1
-    """Share of the training chunks held back for early stopping and decoder selection (0: train all epochs, keep
-    the last weights, no selection)."""
-    patience: int = 3
-    """Early stopping: epochs without a better held-back CE before training stops (best weights are kept)."""
-    batch_size: int = 32
-    """Decoder batch size."""
-    lr: float = 2e-3
-    """Peak learning rate (AdamW, warmup then cosine to 10 %)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    control: bool = True
-    """Also train the control decoder on a constant embedding."""
-    bow: bool = True
-    """Also fit the bag-of-words read-out (linear multi-label head) and its frequency prior."""
-    calibrate: bool = False
-    """Also fit the positive controls (synthetic concat and bag codes of the same chunks, same tokenizer) and
-    report whether the probe reads them; a synthetic model is always checked against what it must give."""
-    compact_vocab: bool = True
-    """Output layer over tokens seen in training plus one 'other' class (exact over V; much faster for large V)."""
-    encode_batch_size: int = 32
-    """Chunks per encoder call."""
-    cache_dir: str | None = None
-    """Cache embeddings on disk (safetensors) here and reuse them; default: in memory only."""
-    n_examples: int = 5
-    """Reconstructions shown beside their inputs."""
-    seed: int = 0
-    """Seed of data sampling and decoder initialisation."""
-    device: str = "cpu"
-    """Device of the encoder and decoder (cpu, cuda)."""
-    encoder_dtype: str = "float32"
-    """Weights of the frozen encoder: float32, bfloat16, float16 or auto (bf16 where native); embeddings are float32."""
-    progress: bool | None = None
-    """Progress bars (default: on a TTY)."""
-    threads: int | None = None
-    """torch CPU threads (default: torch's own); 1 is fastest for small decoders on a busy machine."""
-
-
-def validate(opts: ProbeOptions) -> ProbeOptions:
-    if opts.pool is not None and opts.pool not in POOLS:
-        raise ConfigError(f"'pool' must be one of {', '.join(POOLS)}, got {opts.pool!r}")
-    if opts.conditioning not in ("prefix", "unrolled"):
-        raise ConfigError(f"'conditioning' must be prefix or unrolled, got {opts.conditioning!r}")
-    if opts.inputs not in ("teacher", "blank"):
-        raise ConfigError(f"'inputs' must be teacher or blank, got {opts.inputs!r}")
-    if opts.eval_split not in ("test", "validation"):
-        raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
-    for k in ("input_dropout", "cond_dropout"):
-        if not 0.0 <= getattr(opts, k) < 1.0:
-            raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
-    if opts.repeat_penalty < 0:
-        raise ConfigError(f"'repeat_penalty' must be >= 0, got {opts.repeat_penalty}")
-    if not 0.0 <= opts.val_fraction < 1.0:
-        raise ConfigError(f"'val_fraction' must be in [0, 1), got {opts.val_fraction}")
-    for k in ("seq_len", "n_train", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
-              "patience"):
-        if getattr(opts, k) < 1:
-            raise ConfigError(f"'{k}' must be >= 1")
-    if opts.hidden_size % opts.num_heads:
-        raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
-    if opts.seq_len < 2:
-        raise ConfigError("'seq_len' must be >= 2")
-    return opts
-
-
-def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
-    """ProbeOptions from a YAML file (strict keys), dotted ``key=value`` overrides, then keyword values."""
-    from memlab.config import apply_overrides, from_dict, read_yaml, to_dict
-
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"probe config not found: {p}")
-        data = read_yaml(p) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: a probe config must be a YAML mapping")
-        if "recipe" in data:  # an experiment file (recipe: probe): the options section holds the probe
-            from memlab.config import load_config
-
-            over = [o if o.split("=", 1)[0].startswith(("options.", "name")) else f"options.{o}" for o in overrides or []]
-            cfg = load_config(p, over)
-            if cfg.recipe != "probe":
-                raise ConfigError(f"{p}: recipe '{cfg.recipe}' is not a probe (recipe: probe)")
-            data, overrides = to_dict(cfg.options), []
-    apply_overrides(data, overrides or [])
-    data.update({k: v for k, v in kw.items() if v is not None})
-    return validate(from_dict(ProbeOptions, data))
-
-
-class ProbeRecipe:
-    """Inversion probe of a frozen model (run it with ``memlab probe --config``; options: ProbeOptions)."""
-
-    name = "probe"
-    options_class = ProbeOptions
-
-    def setup(self, cfg, run_dir):
-        raise ConfigError("probe configs run with `memlab probe --config PATH` (they train a decoder and a control "
-                          "on cached embeddings and write a report), not with `memlab train`")
-
-
-def encoder_spec(opts: ProbeOptions) -> dict:
+def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
     spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
-    if opts.model.startswith("synthetic:"):
-        spec["max_len"] = opts.seq_len  # the concat code's width depends on it
+    if opts.model.startswith("synthetic:"):  # the concat code's width depends on it
+        spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
     return spec
 
 
+ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
+                "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
+                "ci_level", "ci_resamples", "layers", "layers_sequence"}
+"""Options a control run does not depend on."""
+
+
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
-    """What a control run depends on: the token data, the vocabulary size and the decoder's options."""
-    encoder_side = set(encoder_spec(opts)) | {"max_len", "bow", "calibrate", "encoder_dtype", "cache_dir", "progress", "threads", "n_examples",
-                                              "device", "encode_batch_size"}
-    decoder_side = {k: v for k, v in vars(opts).items() if k not in encoder_side}
+    """What a control run depends on: the token data, the vocabulary size and the decoder's options. Not the
+    embedding's width: the decoder draws every weight the width does not shape first, from the seed, and the
+    control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
+    from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
+    decoder_side = {k: v for k, v in vars(opts).items() if k not in ENCODER_SIDE}
     return T.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
 
 
 def _load(opts: ProbeOptions, encoder):
-    from memlab.probes.loading import load_encoder
+    """``encoder``, or the one the registered encoder kind that takes ``opts.model`` builds."""
+    from memlab.errors import ModelError
+    from memlab.probes.parts import encoder_kind
 
     if encoder is not None:
         return encoder
-    return load_encoder(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
-                        random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
-                        dtype=opts.encoder_dtype, max_len=opts.seq_len)
+    kind = encoder_kind(opts.model)
+    if kind is None:
+        raise ModelError(f"no registered encoder kind takes '{opts.model}'")
+    return kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
+                          random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
+                          dtype=opts.encoder_dtype, max_len=opts.seq_len)
 
 
-def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer."""
-    if encoder.max_length is not None and opts.seq_len > encoder.max_length:
-        raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} tokens "
-                          "besides its special tokens)")
-    train_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_train, "train", opts.corpus, opts.seed)
-    eval_ids = T.probe_chunks(encoder.tokenizer, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
-                              at_most=True)
+def _words_data(opts: ProbeOptions, encoder):
+    from memlab.probes.chunks import PAD, tokenize_chunks
+
+    texts_tr = T.probe_texts(opts.seq_len, _n(opts), "train", opts.corpus, opts.seed)
+    texts_ev = T.probe_texts(opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed, at_most=True)
+    limit = None if getattr(encoder, "resizable", False) else encoder.max_length
+    tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
+    ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
+    if cut_tr + cut_ev:
+        raise MemlabError(f"{cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
+                          f"({encoder.max_length} tokens besides its special tokens); lower seq_len")
+    t = max(tr.shape[1], ev.shape[1])
+    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
+    return pad(tr), pad(ev), texts_ev, cut_tr + cut_ev
+
+
+def _n(opts: ProbeOptions) -> int:
+    return max(opts.n_train) if isinstance(opts.n_train, (list, tuple)) else opts.n_train
+
+
+def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), and
+    how the text was cut (``report.text``; ``chars``: characters of each held-out chunk)."""
+    from memlab.probes.chunks import chunk_chars, mask_of, rendering, rows
+
+    tok = encoder.tokenizer
+    if opts.chunk_by == "tokens":
+        if encoder.max_length is not None and opts.seq_len > encoder.max_length:
+            raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
+                              "tokens besides its special tokens)")
+        train_ids = T.probe_chunks(tok, opts.seq_len, _n(opts), "train", opts.corpus, opts.seed)
+        eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
+                                  at_most=True)
+        texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
+        chars = chunk_chars(eval_ids, tok)
+        render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
+    else:
+        train_ids, eval_ids, texts, cut = _words_data(opts, encoder)
+        chars, render = [len(x) for x in texts], rendering(texts, eval_ids, tok)
     note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
     if note:
         print(f"memlab: warning: {note}", file=sys.stderr)
-    return train_ids, eval_ids  # (N, T), (M, T)
+    n_tok = mask_of(eval_ids).sum(1).float()  # (M,)
+    text = {"chunk_by": opts.chunk_by, "per_chunk": f"{opts.seq_len} {opts.chunk_by}",
+            "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
+            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars}
+    return train_ids, eval_ids, text  # (N, T), (M, T)
 
 
 def eval_note(opts: ProbeOptions, eval_ids: torch.Tensor) -> str | None:
@@ -250,52 +140,47 @@ def eval_note(opts: ProbeOptions, eval_ids: torch.Tensor) -> str | None:
     if m >= opts.n_eval:
         return None
     return (f"n_eval={opts.n_eval} asked, but the {opts.eval_split} split of '{opts.corpus}' holds {m} chunks of "
-            f"{opts.seq_len} tokens: all {m} are scored")
+            f"{opts.seq_len} {opts.chunk_by}: all {m} are scored")
 
 
 def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
     """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
-    key = {**encoder_spec(opts), "enc": encoder.describe()}
+    key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
     kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
     z_train, hit1 = T.cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
     z_eval, hit2 = T.cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
     return z_train, z_eval, bool(hit1 and hit2)
 
 
-SATURATION_HINT = 8000
-"""Training chunks below which the measured learning curves (docs/probes.md) still rise."""
-
-DEFINITIONS = {
-    "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
-    "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
-    "entropy_ratio": "H_r = 1 - CE / ln V",
-    "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",
-    "token_set_f1": "F1 between the sets of token ids of the greedy reconstruction and of the chunk, mean over chunks",
-    "sentence_bleu": "NLTK sentence BLEU (whitespace tokens, smoothing 4, 0-1) of the decoded greedy reconstruction",
-    "exact_match": "share of chunks rebuilt token for token",
-}
+def fit_length(encoder, ids: torch.Tensor):
+    """A resizable encoder (a synthetic one) rebuilt for chunks of ``ids.shape[1]`` tokens when it is shorter."""
+    if getattr(encoder, "resizable", False) and encoder.max_length < ids.shape[1]:
+        return encoder.resized(ids.shape[1])
+    return encoder
 
 
-def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, z_eval, fit: dict) -> dict:
-    """report.json's content from the fitted read-outs ``fit`` (:func:`memlab.probes.fit.fit_readings`)."""
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, text: dict) -> ProbeReport:
+    """The typed report from the fitted read-outs ``fit`` (:func:`memlab.probes.fit.fit_readings`)."""
+    from memlab.probes.chunks import rows
+
     tok, dec = encoder.tokenizer, fit["_decoder"]
     k = min(opts.n_examples, eval_ids.shape[0]) if dec is not None else 0
-    recon = FittedProbe(encoder, dec).generate(z_eval[:k], max_new_tokens=opts.seq_len) if k else []
-    inputs = tok.batch_decode(eval_ids[:k].tolist(), skip_special_tokens=True)
-    return {
-        "model": opts.model if not opts.random_init else f"{opts.model} (random init)",
-        "encoder": encoder.describe(), "options": dict(vars(opts)), "vocab_size": len(tok), "seq_len": opts.seq_len,
-        "n_train": int(train_ids.shape[0]), "n_eval": int(eval_ids.shape[0]),
-        "decoder": None if dec is None else {"parameters": sum(p.numel() for p in dec.parameters()),
-                                             "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
-                                             "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
-                                             "input_dropout": float(dec.config.input_dropout),
-                                             "repeat_penalty": float(dec.config.repeat_penalty)},
+    recon = (fit.get("_reconstruction") or [])[:k]
+    inputs = tok.batch_decode(rows(eval_ids[:k]), skip_special_tokens=True)
+    return ProbeReport(
+        model=opts.model if not opts.random_init else f"{opts.model} (random init)",
+        encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(tok), seq_len=opts.seq_len,
+        n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
+        text={k_: v for k_, v in text.items() if k_ != "chars"},
+        decoder=None if dec is None else {"parameters": sum(p.numel() for p in dec.parameters()),
+                                          "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
+                                          "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
+                                          "input_dropout": float(dec.config.input_dropout),
+                                          "repeat_penalty": float(dec.config.repeat_penalty)},
         **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by", "bow",
-                                  "calibration", "history")},
-        "examples": [{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
-        "timing": dict(fit["timing"]), "memory": peak_memory_mb(), "definitions": DEFINITIONS,
-    }
+                                  "readouts", "readings", "retention", "calibration", "history")},
+        examples=[{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
+        timing=dict(fit["timing"]), memory=peak_memory_mb())
 
 
 def claim_out(run_dir: str | Path | None) -> None:
@@ -306,8 +191,21 @@ def claim_out(run_dir: str | Path | None) -> None:
         claim(run_dir, fresh=True, what="probe")
 
 
+def setup(opts: ProbeOptions, run_dir, encoder=None):
+    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with."""
+    validate(opts)
+    claim_out(run_dir)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    with T.Timer() as t_load:
+        encoder = _load(opts, encoder)
+    train_ids, eval_ids, text = probe_data(opts, encoder)
+    encoder = fit_length(encoder, train_ids)
+    return encoder, train_ids, eval_ids, text, t_load.seconds
+
+
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
-              control_cache: dict | None = None) -> dict:
+              control_cache: dict | None = None) -> ProbeReport:
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
@@ -315,48 +213,42 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     """
     from memlab.probes.fit import fit_readings
 
-    validate(opts)
-    claim_out(run_dir)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     t_start = time.perf_counter()
-    with T.Timer() as t_load:
-        encoder = _load(opts, encoder)
-    train_ids, eval_ids = probe_data(opts, encoder)
+    encoder, train_ids, eval_ids, text, load_s = setup(opts, run_dir, encoder)
     with T.Timer() as t_enc:
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
     ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
     fit = fit_readings(opts, encoder.tokenizer, train_ids, eval_ids, z_train, z_eval, control_cache, ckey,
-                       bow=opts.bow)
-    report = build_report(opts, encoder, train_ids, eval_ids, z_eval, fit)
+                       bow=bool(opts.readouts), chars=text["chars"])
+    report = build_report(opts, encoder, train_ids, eval_ids, fit, text)
     if not opts.model.startswith("synthetic:"):
-        report["data_split"] = T.split_description(opts.corpus)
-    report["timing"].update(load_s=t_load.seconds, encode_s=t_enc.seconds, encode_cached=cached,
-                            total_s=time.perf_counter() - t_start)
+        report.data_split = T.split_description(opts.corpus)
+    report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
+                         total_s=time.perf_counter() - t_start)
     if note := eval_note(opts, eval_ids):
-        report["eval_note"] = note  # and report["n_eval"] is the number scored
-    if opts.n_train < SATURATION_HINT:
-        report["budget_note"] = (f"n_train={opts.n_train} is below {SATURATION_HINT}: on the measured learning curves "
-                                 "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
+        report.eval_note = note  # and report.n_eval is the number scored
+    default_n = ProbeOptions.n_train
+    if _n(opts) < default_n:
+        report.budget_note = (f"n_train={_n(opts)} is below the default {default_n}: on the measured learning curves "
+                              "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
     fitted = FittedProbe(encoder, fit["_decoder"])
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        fitted.save(out, encoder_spec(opts))
+        fitted.save(out, encoder_spec(opts, encoder))
+        report.run_dir = str(out)
         write_report(report, out)
-        report["run_dir"] = str(out)
     if verbose:
         print(format_summary(report))
-    report["_fitted"] = fitted
+    report.fitted = fitted
     return report
 
 
 def probe(model: str = "minilm", out: str | Path | None = None, config: str | Path | None = None, encoder=None,
-          **options) -> dict:
-    """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the report dict.
+          **options) -> ProbeReport:
+    """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
-    ``report["_fitted"]`` is the fitted probe (an EmbeddingSpace).
+    ``report.fitted`` is the fitted probe (an EmbeddingSpace).
     """
     opts = load_options(config, model=model, **options)
     return run_probe(opts, out, encoder=encoder)
-

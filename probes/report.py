@@ -1,6 +1,7 @@
 """The probe report: report.json and PNGs in the run directory, and a printed summary.
 
-report.json holds the probed model and layer, the data, the probe's and the
+report.json (:class:`memlab.probes.result.ProbeReport`'s ``to_dict``) holds the bits per chunk the
+embedding adds with their paired bootstrap interval (:mod:`memlab.probes.intervals`), the probed model and layer, the data, the probe's and the
 control's metrics (see :mod:`memlab.probes.train` for their definitions), the
 information gain ``(CE_control - CE_probe) / CE_control``, a few
 reconstructions beside their inputs, timings (encoder pass, decoder training)
@@ -31,25 +32,25 @@ def peak_memory_mb() -> dict:
     return out
 
 
-def plot_accuracy_by_position(report: dict, path: Path) -> Path:
+def plot_accuracy_by_position(report, path: Path) -> Path:
     """Token accuracy at each chunk position, probe against control."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key, style in (("probe", "-o"), ("control", "--")):
-        if report.get(key):
-            acc = report[key]["accuracy_by_position"]
+        if getattr(report, key):
+            acc = getattr(report, key)["accuracy_by_position"]
             ax.plot(range(len(acc)), acc, style, ms=3, label=key)
     ax.set_ylim(0, 1)
-    ax.set_title(f"{report['model']} (layer {report['encoder'].get('layer')}, {report['encoder'].get('pool')})")
+    ax.set_title(f"{report.model} (layer {report.encoder.get('layer')}, {report.encoder.get('pool')})")
     finish_axes(ax, "position in chunk", "token accuracy")
     return save_figure(fig, path)
 
 
-def plot_training(report: dict, path: Path) -> Path:
+def plot_training(report, path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for key in ("probe", "control"):
-        hist = report.get("history", {}).get(key) or []
+        hist = report.history.get(key) or []
         train = [h for h in hist if "loss" in h]
         val = [h for h in hist if "val_ce" in h]
         if train:
@@ -57,16 +58,16 @@ def plot_training(report: dict, path: Path) -> Path:
             if val:
                 ax.plot([h["step"] for h in val], [h["val_ce"] for h in val], "o--", color=line.get_color(),
                         label=f"{key} held-back (early stopping)")
-    finish_axes(ax, "step", "CE (nats; train on the compact vocabulary)")
+    finish_axes(ax, "step", "CE (nats per token, full vocabulary)")
     return save_figure(fig, path)
 
 
-def write_report(report: dict, run_dir: str | Path) -> list[Path]:
-    """Write report.json and plots/*.png into ``run_dir``; returns the files written."""
+def write_report(report, run_dir: str | Path) -> list[Path]:
+    """Write report.json (``report.to_dict()``) and plots/*.png into ``run_dir``; returns the files written."""
     out = Path(run_dir)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     files = [out / "report.json"]
-    files[0].write_text(json.dumps(report, indent=2))
+    files[0].write_text(json.dumps(report.to_dict(), indent=2))
     files.append(plot_accuracy_by_position(report, out / "plots" / "accuracy_by_position.png"))
     files.append(plot_training(report, out / "plots" / "training.png"))
     return files
@@ -93,33 +94,62 @@ def calibration_lines(cal: dict | None) -> list[str]:
     return lines
 
 
-def format_summary(report: dict) -> str:
-    """A few lines for the terminal."""
-    p, c = report["probe"], report.get("control")
-    enc = report["encoder"]
-    lines = [f"model: {report['model']}  layer: {enc.get('layer')}  pool: {enc.get('pool')}  dim: {enc.get('dim')}  "
-             f"V: {report['vocab_size']}  seq_len: {report['seq_len']}  n_train: {report['n_train']}"]
+READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char", "bits per character", True, 4),
+                 ("information_gain", "information gain", True, 3), ("token_accuracy", "token accuracy", False, 3),
+                 ("token_accuracy_gain", "token accuracy over the control", True, 3),
+                 ("token_set_f1", "TF1", False, 3), ("token_set_f1_gain", "TF1 over the control", True, 3),
+                 ("bow_recovered", "bag-of-words read-out", False, 3),
+                 ("bow_gain", "bag-of-words read-out over its prior", True, 3))
+"""The summary's interval lines: (reading, label, is a gain, digits)."""
+
+
+def reading_lines(readings: dict, level: float) -> list[str]:
+    """``label: value [low, high]`` per reading; a gain without evidence says so (never a bare negative figure)."""
+    from memlab.probes.intervals import NO_EVIDENCE, cell, shows_retention
+
+    out = []
+    for key, label, gain, digits in READING_LINES:
+        r = readings.get(key)
+        if r is None:
+            continue
+        text = cell(r, gain, digits)
+        if gain and not shows_retention(r):
+            text = text.replace("no evidence", NO_EVIDENCE + ",", 1)
+        out.append(f"  {label}: {text}")
+    return [f"readings ({level:.0%} paired bootstrap intervals over held-out chunks):"] + out if out else []
+
+
+def format_summary(report) -> str:
+    """A few lines for the terminal: the bits the embedding adds first, with their interval."""
+    p, c = report.probe, report.control
+    enc, text = report.encoder, report.text
+    lines = [f"model: {report.model}  layer: {enc.get('layer')}  pool: {enc.get('pool')}  dim: {enc.get('dim')}  "
+             f"V: {report.vocab_size}  n_train: {report.n_train}  n_eval: {report.n_eval}",
+             f"text: chunks of {text['per_chunk']} ({text['mean_chars']:.0f} characters, {text['mean_tokens']:.1f} "
+             f"tokens on average, at most {text['max_tokens']}); bits counted over {text['rendering']}",
+             f"retention: {report.retention}"]
+    lines += reading_lines(report.readings, report.options.get("ci_level", 0.95))
     if p:
         lines.append(_metrics_line("probe:", p))
     if c:
-        lines.append(_metrics_line("control:", c) + f"  information_gain={report['information_gain']:.3f}")
+        lines.append(_metrics_line("control:", c))
     choice = (p or {}).get("decoder_choice")
     if choice:
         lines.append(f"decoder kept: {choice['kept']} (held-back CE {choice['bag_head']:.3f} with the bag head, "
                      f"{choice['plain']:.3f} plain)")
-    if report.get("limited_by"):
-        lines.append(f"limited by: {report['limited_by']}")
-    b = report.get("bow")
+    if report.limited_by:
+        lines.append(f"limited by: {report.limited_by}")
+    b = report.bow
     if b:
         lines.append(f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
                      f"(frequency prior {b['prior']:.3f})")
-    lines += calibration_lines(report.get("calibration"))
-    if report.get("budget_note"):
-        lines.append(f"note: {report['budget_note']}")
-    t = report["timing"]
+    lines += calibration_lines(report.calibration)
+    if report.budget_note:
+        lines.append(f"note: {report.budget_note}")
+    t = report.timing
     lines.append(f"time: encode {t.get('encode_s', 0):.1f}s, probe decoder {t['train_s']:.1f}s"
-                 + (f", control {t['control_s']:.1f}s" if c else "") + f", bow {t.get('bow_s', 0):.1f}s; "
-                 f"peak memory {report['memory']}")
-    for ex in report.get("examples", [])[:3]:
+                 + (f", control {t['control_s']:.1f}s" if c else "") + f", read-outs {t.get('bow_s', 0):.1f}s; "
+                 f"peak memory {report.memory}")
+    for ex in report.examples[:3]:
         lines.append(f"  in:  {ex['input']!r}\n  out: {ex['reconstruction']!r}")
     return "\n".join(lines)

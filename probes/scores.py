@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from memlab.probes.chunks import rows
+
 
 @torch.no_grad()
 def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
@@ -50,34 +52,55 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
     return torch.cat(out)  # (N, T)
 
 
-def token_set_f1(pred: torch.Tensor, true: torch.Tensor) -> float:
-    """Mean over chunks of the F1 between the sets of token ids of ``pred`` and ``true`` (both (N, T))."""
+def _cut(pred: torch.Tensor, true: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+    """Each chunk's real tokens and as many of its reconstruction (a padded chunk is rebuilt to its own length)."""
+    t = rows(true)
+    return [p[: len(r)] for p, r in zip(pred.tolist(), t)], t
+
+
+def token_set_f1_per_chunk(pred: torch.Tensor, true: torch.Tensor) -> list[float]:
+    """Each chunk's F1 between the sets of token ids of ``pred`` and ``true`` (both (N, T); PAD skipped)."""
     scores = []
-    for p, t in zip(pred.tolist(), true.tolist()):
+    for p, t in zip(*_cut(pred, true)):
         ps, ts = set(p), set(t)
         hit = len(ps & ts)
         scores.append(0.0 if not hit else 2 * hit / (len(ps) + len(ts)))
+    return scores
+
+
+def token_set_f1(pred: torch.Tensor, true: torch.Tensor) -> float:
+    """Mean over chunks of :func:`token_set_f1_per_chunk`."""
+    scores = token_set_f1_per_chunk(pred, true)
     return sum(scores) / max(len(scores), 1)
 
 
 def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
     """Share of chunks whose reconstruction equals the chunk token for token."""
-    return float((pred == true).all(1).float().mean()) if len(true) else 0.0
+    p, t = _cut(pred, true)
+    return sum(a == b for a, b in zip(p, t)) / len(t) if len(t) else 0.0
 
 
-def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer) -> dict:
-    """TF1, sentence BLEU and exact match of the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D)."""
-    from memlab.metrics import sentence_bleu
+SCORERS = ("token_set_f1", "sentence_bleu", "exact_match")
+"""The built-in scorers (registered parts, :mod:`memlab.probes.builtin_parts`)."""
+
+
+def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers=SCORERS) -> dict:
+    """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D); the
+    per-chunk TF1 (``_tf1``, for its interval) and the decoded reconstructions (``_reconstruction``)."""
+    from memlab.probes.parts import get_part
 
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (N, T)
-    hyps = tokenizer.batch_decode(pred.tolist(), skip_special_tokens=True)
-    refs = tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
-    return {"token_set_f1": token_set_f1(pred, ids), "sentence_bleu": sentence_bleu(hyps, refs) if len(refs) else 0.0,
-            "exact_match": exact_match(pred, ids)}
+    cut, true = _cut(pred, ids)
+    hyps = tokenizer.batch_decode(cut, skip_special_tokens=True)
+    refs = tokenizer.batch_decode(true, skip_special_tokens=True)
+    out = {name: float(get_part("scorer", name).impl(pred, ids, hyps, refs)) for name in scorers}
+    return {**out, "_tf1": token_set_f1_per_chunk(pred, ids), "_reconstruction": hyps}
 
 
 def limit_line(probe: dict, control: dict | None) -> str:
     """Which of order and content limits the reading, in one sentence."""
+    if "token_set_f1" not in probe:
+        return None
     f1, acc = probe["token_set_f1"], probe["token_accuracy"]
     c_f1 = control["token_set_f1"] if control else 0.0
     c_acc = control["token_accuracy"] if control else 0.0

@@ -24,11 +24,17 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes import train as T
 from memlab.probes.fit import fit_readings
-from memlab.probes.inversion import _load, claim_out, control_key, encode_data, probe_data, validate
+from memlab.probes.inversion import control_key, encode_data, setup
 
 
 def _row(fit: dict) -> dict:
-    row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]}
+    """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
+    row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]} if fit["bow"] else {}
+    r = fit["readings"]
+    if "bits_per_chunk" in r:
+        row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
+                   bits_high=r["bits_per_chunk"]["high"])
+    row["readings"], row["retention"] = r, fit["retention"]
     if fit["probe"]:
         p, c = fit["probe"], fit["control"]
         row.update(token_accuracy=p["token_accuracy"], token_set_f1=p["token_set_f1"],
@@ -40,7 +46,8 @@ def _row(fit: dict) -> dict:
 
 
 def _table(rows: list[dict], first: str) -> str:
-    cols = [first, "bow_recovered", "bow_prior", "token_accuracy", "control_accuracy", "token_set_f1",
+    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "token_accuracy",
+            "control_accuracy", "token_set_f1",
             "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -82,37 +89,37 @@ def _write(run_dir, stem: str, payload: dict, table: str, plot_fn) -> None:
 
 def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int) -> torch.Tensor:
     """(N, T) chunks -> (N, L, D) pooled states of each layer, one forward pass per batch."""
-    out = [encoder.encode_layers(ids[i : i + batch_size], torch.ones_like(ids[i : i + batch_size]), layers)
-           for i in range(0, ids.shape[0], batch_size)]
+    from memlab.probes.chunks import fill_pad, mask_of
+
+    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
+    out = [encoder.encode_layers(fill_pad(b, pad_id), mask_of(b).long(), layers)
+           for b in ids.split(batch_size)]
     return torch.cat(out)  # (N, L, D)
 
 
 def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
     """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
-    validate(opts)
-    claim_out(run_dir)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     t0 = time.perf_counter()
-    encoder = _load(opts, None)
+    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
-    train_ids, eval_ids = probe_data(opts, encoder)
     with T.Timer() as t_enc:
         z_tr = encode_layers(encoder, train_ids, idx, opts.encode_batch_size)  # (N, L, D)
         z_ev = encode_layers(encoder, eval_ids, idx, opts.encode_batch_size)  # (M, L, D)
+    if not opts.readouts and not sequence:
+        raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache = [], {}
     key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                           sequence=sequence)
+                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"layer": layer, **_row(fit)})
-        log(f"layer {layer}: bag-of-words recovered {rows[-1]['bow_recovered']:.3f} "
-            f"(prior {rows[-1]['bow_prior']:.3f})")
+        log(f"layer {layer}: {fit['retention']}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
+               "text": {k: v for k, v in text.items() if k != "chars"},
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
     table = _table(rows, "layer")
@@ -122,12 +129,13 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     return payload
 
 
-def parse_sizes(text: str) -> list[int]:
-    """``"1000,4000"`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
+def parse_sizes(text) -> list[int]:
+    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
     from memlab.errors import ConfigError
 
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
     try:
-        sizes = sorted({int(x) for x in str(text).split(",") if x.strip()})
+        sizes = sorted({int(x) for x in items if str(x).strip()})
     except ValueError:
         raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
     if not sizes or sizes[0] < 1:
@@ -137,26 +145,24 @@ def parse_sizes(text: str) -> list[int]:
 
 def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     """Probe readings against the number of training chunks, on one encoder pass (see the module doc)."""
-    opts = validate(replace(opts, n_train=max(sizes)))
-    claim_out(run_dir)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
-    encoder = _load(opts, None)
-    train_ids, eval_ids = probe_data(opts, encoder)  # chunks come in a seeded random order: a prefix is a sample
+    # chunks come in a seeded random order: a prefix is a sample
+    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
     with T.Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
     rows = []
     for n in sizes:
         o = replace(opts, n_train=n, calibrate=False)
         key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
-        fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key)
+        fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key,
+                           bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"n_train": n, **_row(fit)})
         r = rows[-1]
-        log(f"n_train {n}: token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} "
-            f"(control {r['control_token_set_f1'] or 0:.3f}), information gain {r['information_gain'] or 0:.3f}, "
-            f"bag-of-words {r['bow_recovered']:.3f} (prior {r['bow_prior']:.3f}), {r['seconds']:.0f}s")
+        log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
+            f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
+               "text": {k: v for k, v in text.items() if k != "chars"},
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     table = _table(rows, "n_train")
     _write(run_dir, "curve", payload, table, lambda d: _plot(rows, "n_train", d / "learning_curve.png",

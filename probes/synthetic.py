@@ -37,12 +37,15 @@ class SyntheticEncoder:
 
     pool = "synthetic"
     layer = None
+    resizable = True
+    """Built for any chunk length: the probe rebuilds it (:meth:`resized`) for its longest chunk."""
 
     def __init__(self, kind: str, tokenizer, max_len: int = 64, code_dim: int = 32, bag_dim: int = 512,
                  seed: int = 0):
         if kind not in KINDS:
             raise ModelError(f"unknown synthetic encoder '{kind}'; use synthetic:{', synthetic:'.join(KINDS)}")
         self.kind = kind
+        self.seed = seed
         self.tokenizer = tokenizer
         self.name = f"synthetic:{kind}"
         self.max_length = int(max_len)
@@ -52,6 +55,11 @@ class SyntheticEncoder:
         codes = torch.randn(v, self.code_dim, generator=gen)  # (V, c): one fixed random code per token id
         self.codes = codes / codes.norm(dim=1, keepdim=True)  # unit length: every code is as loud as any other
         self.dim = self.max_length * self.code_dim if kind == "concat" else (8 if kind == "constant" else self.code_dim)
+
+    def resized(self, max_len: int) -> "SyntheticEncoder":
+        """The same codes for chunks of up to ``max_len`` tokens."""
+        return SyntheticEncoder(self.kind, self.tokenizer, max_len=max_len, code_dim=self.code_dim,
+                                bag_dim=self.code_dim, seed=self.seed)
 
     def describe(self) -> dict:
         return {"name": self.name, "pool": self.pool, "dim": self.dim, "layer": None, "code_dim": self.code_dim,

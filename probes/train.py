@@ -27,6 +27,7 @@ import torch
 from memlab.data.corpus import load_corpus, make_splits, require_split, units
 from memlab.data.views import clean_text, token_chunks
 from memlab.errors import DataError, MemlabError
+from memlab.probes.chunks import fill_pad, mask_of, pick_texts, word_chunks
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 
 
@@ -65,6 +66,23 @@ def split_description(corpus: str) -> str:
     return describe_splits(_splits(corpus))
 
 
+def _texts_of(corpus: str, split: str) -> list[str]:
+    splits = _split_texts(corpus)
+    if split not in splits:
+        raise DataError(f"unknown split '{split}'; use train, validation or test")
+    if not splits[split]:  # names the empty split and how the corpus was cut
+        require_split(_splits(corpus), split, corpus)
+    return splits[split]
+
+
+def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
+                at_most: bool = False) -> list[str]:
+    """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
+    (``at_most``: all there are when the split holds fewer than ``n``)."""
+    chosen = pick_texts(_texts_of(corpus, split), 7 * words * n * 2, seed)  # about 6 characters a word, twice
+    return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
+
+
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
                  at_most: bool = False) -> torch.Tensor:
     """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
@@ -75,20 +93,8 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     data settings has seen. Units are read in a seeded order until there are
     enough tokens, and ``n`` chunks are drawn from them.
     """
-    splits = _split_texts(corpus)
-    if split not in splits:
-        raise DataError(f"unknown split '{split}'; use train, validation or test")
-    texts = splits[split]
-    if not texts:  # names the empty split and how the corpus was cut
-        require_split(_splits(corpus), split, corpus)
-    order = np.random.default_rng(seed).permutation(len(texts))
-    chosen, n_chars = [], 0
-    need_chars = 8 * seq_len * n * 2  # about 4 characters a token, twice the need
-    for i in order:
-        chosen.append(texts[i])
-        n_chars += len(texts[i])
-        if n_chars >= need_chars:
-            break
+    texts = _texts_of(corpus, split)
+    chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
     try:
         chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
     except DataError as e:  # not one chunk: nothing to score or train on
@@ -113,11 +119,12 @@ def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool 
                desc: str = "encode") -> torch.Tensor:
     """Run the frozen encoder once over full chunks ``(N, T)`` -> embeddings ``(N, D)`` float32."""
     out = []
+    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
     bar = _bar(ids.shape[0], desc, progress)
     with torch.no_grad():
         for i in range(0, ids.shape[0], batch_size):
-            b = ids[i : i + batch_size]  # (b, T)
-            out.append(encoder.encode(b, torch.ones_like(b)))  # (b, D)
+            b = ids[i : i + batch_size]  # (b, T), PAD after each chunk's tokens
+            out.append(encoder.encode(fill_pad(b, pad_id), mask_of(b).long()))  # (b, D)
             bar.update(b.shape[0])
     bar.close()
     z = torch.cat(out)  # (N, D)
@@ -153,15 +160,17 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
     """A fresh decoder for :class:`~memlab.probes.inversion.ProbeOptions` ``opts`` (its decoder fields and seed)."""
     torch.manual_seed(opts.seed)
     v = len(tokenizer)
-    kept = sorted(set(torch.unique(train_ids).tolist())) if compact else list(range(v))
+    kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
     if kept and kept[-1] >= v:
         raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
     cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
-                             max_len=opts.seq_len, conditioning=opts.conditioning, prefix_len=opts.prefix_len,
+                             max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
                              inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
                              input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
-    return ProbeDecoder(cfg)
+    from memlab.probes.parts import get_part
+
+    return get_part("decoder", opts.decoder).impl(cfg)
 
 
 def _split_held_back(z: torch.Tensor, ids: torch.Tensor, fraction: float, gen: torch.Generator):
@@ -184,20 +193,37 @@ def autocast_context(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp, step: int) -> float:
-    """One optimiser step on a batch: embeddings (b, D), chunks (b, T); returns the loss."""
+def trim(ids: torch.Tensor) -> torch.Tensor:
+    """(b, T) chunk ids -> (b, T_b): without the columns that are padding in every row (a host tensor: no sync)."""
+    n = int(mask_of(ids).sum(1).max()) if ids.numel() else 0
+    return ids[:, : max(n, 1)]
+
+
+def full_vocab_loss(dec: ProbeDecoder, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean CE (nats) over the full vocabulary of (b, T, C) compact logits for (b, T) labels (PAD ignored): the
+    compact CE plus ``ln(V - K)`` for each target in the *other* class (a constant: the gradient is the compact
+    CE's), so training loss and evaluation CE are in the same units."""
+    tc = dec.compact_targets(labels)  # (b, T), -100 at pads
+    ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tc.reshape(-1))
+    if dec.has_other:
+        real = tc != -100  # (b, T)
+        ce = ce + dec.other_penalty() * (tc == dec.num_kept).sum() / real.sum().clamp(min=1)
+    return ce
+
+
+def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp, clip: float) -> torch.Tensor:
+    """One optimiser step on a batch: embeddings (b, D), chunks (b, T); returns the loss (on the device: the host
+    reads it only at log points)."""
     with amp:
-        logits = dec(zb, shift_right(tb, int(dec.config.start_id)))  # (b, T, C)
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                             dec.compact_targets(tb).reshape(-1))
-    if not torch.isfinite(loss):
-        raise MemlabError(f"the probe's loss became {loss.item()} at step {step}; lower the learning rate")
+        logits = dec(zb, shift_right(fill_pad(tb), int(dec.config.start_id)))  # (b, T, C)
+    loss = full_vocab_loss(dec, logits, tb)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
+    if clip:
+        torch.nn.utils.clip_grad_norm_(dec.parameters(), clip)
     opt.step()
     sched.step()
-    return loss.item()
+    return loss.detach()
 
 
 class _EarlyStop:
@@ -221,10 +247,13 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
 
     Early stopping (``opts.val_fraction > 0``): that share of the training chunks is held back, its CE is
     measured after every epoch, training stops after ``opts.patience`` epochs without a new best and the
-    decoder ends with the weights of its best epoch. AdamW, learning rate
-    :func:`memlab.train.schedule.warmup_cosine` (5 % warmup, cosine to 10 %); bf16 autocast where the
-    hardware has it.
+    decoder ends with the weights of its best epoch. memlab's optimiser
+    (:func:`memlab.train.loop.make_optimizer`: AdamW, ``opts.beta1``/``beta2``, weight decay on matrices) and
+    schedule (:func:`memlab.train.schedule.warmup_cosine`: ``opts.warmup_fraction`` warmup, cosine to
+    ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``; bf16 autocast where the hardware has it.
+    The loss is the full-vocabulary CE of :func:`evaluate` (same units); the host reads it only at log points.
     """
+    from memlab.train.loop import make_optimizer
     from memlab.train.schedule import warmup_cosine
 
     if z.shape[1] != dec.config.embed_dim:
@@ -232,12 +261,13 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
     device = torch.device(opts.device)
     dec.to(device).train()
     gen = torch.Generator().manual_seed(opts.seed)
+    torch.manual_seed(opts.seed)  # dropout draws: the same for a probe and its control
     z, ids, z_val, ids_val = _split_held_back(z, ids, opts.val_fraction, gen)
     n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
     total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
-    warm = max(1, int(0.05 * total))
-    opt = torch.optim.AdamW(dec.parameters(), lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=0.1))
+    warm = max(1, int(opts.warmup_fraction * total))
+    opt = make_optimizer(dec, opts, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=opts.min_lr_ratio))
     amp, stop = autocast_context(device), _EarlyStop(opts.patience)
     history, step, bar = [], 0, _bar(total, desc, progress)
     while step < total:
@@ -246,11 +276,15 @@ def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, p
             if step >= total:
                 break
             idx = perm[i : i + bs]
-            loss = _step(dec, opt, sched, z[idx].to(device), ids[idx].to(device), amp, step)  # (b, D), (b, T)
+            tb = trim(ids[idx])  # (b, T_b): the batch's trailing all-pad columns cost nothing
+            loss = _step(dec, opt, sched, z[idx].to(device), tb.to(device), amp, opts.clip_grad)  # (b, D), (b, T_b)
             step += 1
-            if step % 10 == 0 or step == total:
-                history.append({"step": step, "loss": loss})
-                bar.set_postfix(loss=f"{loss:.3f}")
+            if step % 10 == 0 or step == total:  # the only host sync of the loop
+                value = float(loss)
+                if not math.isfinite(value):
+                    raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning rate")
+                history.append({"step": step, "loss": value})
+                bar.set_postfix(loss=f"{value:.3f}")
             bar.update(1)
         if z_val is not None:  # end of an epoch (or of training)
             ce = evaluate(dec, z_val, ids_val)["ce"]
@@ -272,30 +306,37 @@ def start_token_id_from(dec: ProbeDecoder) -> int:
 
 @torch.no_grad()
 def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 64) -> dict:
-    """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T)."""
+    """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T), over
+    real tokens (PAD skipped); ``_per_chunk`` holds each chunk's summed NLL (nats), hits and tokens (for the
+    intervals, :mod:`memlab.probes.intervals`)."""
     dec.eval()
     device = next(dec.parameters()).device
     v = dec.config.vocab_size
-    nll_sum, n_tok = 0.0, 0
+    nll_c, hit_c = [], []
     correct = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
     counts = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
     start = start_token_id_from(dec)
     for i in range(0, ids.shape[0], batch_size):
-        zb, tb = z[i : i + batch_size].to(device), ids[i : i + batch_size].to(device)  # (b, D), (b, T)
-        logits = dec(zb, shift_right(tb, start)).float()  # (b, T, C)
-        tc = dec.compact_targets(tb)  # (b, T)
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T)
+        zb, tb = z[i : i + batch_size].to(device), trim(ids[i : i + batch_size]).to(device)  # (b, D), (b, T_b)
+        t_b = tb.shape[1]
+        logits = dec(zb, shift_right(fill_pad(tb), start)).float()  # (b, T_b, C)
+        real = mask_of(tb)  # (b, T)
+        tc = dec.compact_targets(tb)  # (b, T), -100 at pads
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T), 0 at pads
         if dec.has_other:
             nll = nll + (tc == dec.num_kept).float() * dec.other_penalty()
-        nll_sum += float(nll.sum())
-        n_tok += tb.numel()
-        hit = (dec.predict_full(logits) == tb).long().cpu()  # (b, T)
-        correct += hit.sum(0)
-        counts += hit.shape[0]
-    ce = nll_sum / max(n_tok, 1)
+        hit = ((dec.predict_full(logits) == tb) & real).long().cpu()  # (b, T)
+        nll_c.append(nll.sum(1).cpu())  # (b,)
+        hit_c.append(hit.sum(1))  # (b,)
+        correct[:t_b] += hit.sum(0)
+        counts[:t_b] += real.long().sum(0).cpu()
+    n_tok = int(counts.sum())
+    nll_chunk = torch.cat(nll_c).double()  # (N,)
+    ce = float(nll_chunk.sum()) / max(n_tok, 1)
     by_pos = (correct.float() / counts.clamp(min=1).float()).tolist()
+    per_chunk = {"nll": nll_chunk.numpy(), "hits": torch.cat(hit_c).numpy(), "tokens": mask_of(ids).sum(1).numpy()}
     return {"ce": ce, "token_accuracy": float(correct.sum()) / max(n_tok, 1), "entropy_ratio": 1.0 - ce / math.log(v),
-            "accuracy_by_position": by_pos, "n_tokens": n_tok}
+            "accuracy_by_position": by_pos, "n_tokens": n_tok, "_per_chunk": per_chunk}
 
 
 def information_gain(ce_probe: float, ce_control: float) -> float:

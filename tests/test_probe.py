@@ -15,8 +15,8 @@ from memlab.probes.inversion import ProbeOptions, load_options, run_probe
 from memlab.testing import check_embedding_space
 
 SHORT = ["Mr. Darcy.", "It was fine.", "They set out."]
-TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64", "n_eval=16",
-        "epochs=2", "n_examples=2"]
+TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=64", "n_eval=16",
+        "epochs=2", "n_examples=2"]  # 6 words: about 18 tokens of the tests' 300-token BPE
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,12 +39,23 @@ def test_cli_probe_end_to_end(tiny_llama, small_corpus, tmp_path, capsys):
     rep = json.loads((out / "report.json").read_text())
     p, c = rep["probe"], rep["control"]
     v = rep["vocab_size"]
+    t = rep["text"]  # chunks of 16 words, each as many tokens as it takes, padded to the longest
+    assert t["chunk_by"] == "words" and t["per_chunk"] == "6 words" and t["mean_tokens"] <= t["max_tokens"]
     for m in (p, c):
         assert 0.0 <= m["token_accuracy"] <= 1.0 and m["ce"] > 0
         assert m["entropy_ratio"] == pytest.approx(1 - m["ce"] / math.log(v))
-        assert len(m["accuracy_by_position"]) == 16
-        assert sum(m["accuracy_by_position"]) / 16 == pytest.approx(m["token_accuracy"])
+        assert len(m["accuracy_by_position"]) == t["max_tokens"]
+        assert m["n_tokens"] == pytest.approx(t["mean_tokens"] * rep["n_eval"])  # pads are not scored
     assert rep["information_gain"] == pytest.approx((c["ce"] - p["ce"]) / c["ce"])
+    r = rep["readings"]
+    assert r["information_gain"]["value"] == pytest.approx(rep["information_gain"])
+    assert r["token_accuracy"]["value"] == pytest.approx(p["token_accuracy"])
+    # bits per chunk: the summed CE difference in bits, per chunk and per character
+    bits = (c["ce"] - p["ce"]) * p["n_tokens"] / math.log(2)
+    assert r["bits_per_chunk"]["value"] == pytest.approx(bits / rep["n_eval"], rel=1e-4)
+    assert r["bits_per_char"]["value"] == pytest.approx(bits / (t["mean_chars"] * rep["n_eval"]), rel=1e-4)
+    for x in r.values():
+        assert x["low"] <= x["value"] <= x["high"]
     assert rep["encoder"]["layer"] == 2 and rep["encoder"]["pool"] == "last"
     assert len(rep["examples"]) == 2 and all(isinstance(e["reconstruction"], str) for e in rep["examples"])
     assert (out / "plots" / "accuracy_by_position.png").stat().st_size > 1000
@@ -74,6 +85,7 @@ class FirstTokens:
 @pytest.mark.parametrize("inputs", ["teacher", "blank"])
 def test_probe_reads_the_embedding(tokenizer, small_corpus, inputs):
     opts = load_options(None, TINY, model="oracle", corpus=str(small_corpus), epochs=10, lr=3e-3, n_train=512,
+                        chunk_by="tokens", seq_len=16,
                         n_eval=64, inputs=inputs, conditioning="unrolled" if inputs == "blank" else "prefix")
     rep = run_probe(opts, encoder=FirstTokens(tokenizer))
     p, c = rep["probe"], rep["control"]
@@ -148,6 +160,21 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
     _fails(["probe", "--model", str(tiny_llama), *base, "seq_len=50"], capsys, "longer than")
     _fails(["probe", "--model", str(tiny_llama), "--pool", "max", *base], capsys, "pool")
     _fails(["probe", "--model", str(tiny_llama), *base, "colour=red"], capsys, "unknown config key 'colour'")
+    out = tmp_path / "never-written"
+    model = ["probe", "--model", str(tiny_llama), "--out", str(out), *base]
+    _fails([*model, "--epochs", "0"], capsys, "'epochs' must be a finite number > 0, got 0")
+    _fails([*model, "--epochs", "-3"], capsys, "'epochs' must be a finite number > 0, got -3")
+    _fails([*model, "--lr", "nan"], capsys, "'lr' must be a finite number > 0, got nan")
+    _fails([*model, "--lr", "-1"], capsys, "'lr' must be a finite number > 0, got -1")
+    _fails([*model, "--inputs", "blank", "input_dropout=0.5"], capsys,
+           "'input_dropout' applies to inputs=teacher, not to inputs=blank")
+    _fails([*model, "prefix_len=8"], capsys, "'prefix_len' applies to conditioning=prefix, not to conditioning=unrolled")
+    _fails([*model, "--conditioning", "sideways"], capsys, "unknown probe conditioning 'sideways'; registered: prefix")
+    _fails([*model, "decoder=gru"], capsys, "unknown probe decoder 'gru'")
+    _fails([*model, "readouts=[bow,knn]"], capsys, "unknown probe readout 'knn'")
+    _fails([*model, "scorers=[rouge]"], capsys, "unknown probe scorer 'rouge'")
+    _fails([*model, "chunk_by=lines"], capsys, "'chunk_by' must be one of words, tokens")
+    assert not out.exists()  # nothing saved touched
     no_tok = tmp_path / "no-tok"
     tf.GPT2Model(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=300)).save_pretrained(no_tok)
     _fails(["probe", "--model", str(no_tok), *base], capsys, "tokenizer")
@@ -177,3 +204,20 @@ def test_shipped_probe_configs_load():
         assert opts.n_train == 7 and opts.model == cfg.options.model
     with pytest.raises(MemlabError, match="unknown config key 'options.colour'"):
         load_options(files[0], ["colour=red"])
+
+
+def test_experiment_sections_used_or_refused_and_sweeps_in_yaml(tiny_llama, small_corpus, tmp_path, capsys):
+    import yaml
+
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(yaml.safe_dump({"recipe": "probe", "options": {"model": str(tiny_llama)}, "data": {"seq_len": 8},
+                                   "train": {"lr": 1.0}}))
+    _fails(["probe", "--config", str(cfg)], capsys, "sections 'data', 'train' are not used by recipe: probe")
+    opts = {"model": str(tiny_llama), "corpus": str(small_corpus), "n_train": [32, 64], "n_eval": 16, "seq_len": 4,
+            "hidden_size": 32, "num_layers": 1, "epochs": 1}
+    cfg.write_text(yaml.safe_dump({"recipe": "probe", "options": opts}))
+    assert main(["probe", "--config", str(cfg), "--out", str(tmp_path / "curve")]) == 0  # a learning curve
+    rows = json.loads((tmp_path / "curve" / "curve.json").read_text())["rows"]
+    assert [r["n_train"] for r in rows] == [32, 64] and all("bits_per_chunk" in r for r in rows)
+    assert main(["probe", "--config", str(cfg), "--out", str(tmp_path / "layers"), "n_train=32", "layers=[0,2]"]) == 0
+    assert [r["layer"] for r in json.loads((tmp_path / "layers" / "layers.json").read_text())["rows"]] == [0, 2]

@@ -16,7 +16,7 @@ from memlab.probes.synthetic import SyntheticEncoder
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = ["hidden_size=64", "num_heads=4", "num_layers=1", "batch_size=32", "seq_len=8", "n_train=600", "n_eval=64",
-         "epochs=15", "patience=15", "n_examples=1", "inputs=blank", "bag_head=false"]
+         "epochs=15", "patience=15", "n_examples=1", "inputs=blank", "bag_head=false", "chunk_by=tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_failed_positive_control_is_reported(tokenizer, small_corpus):
     from memlab.probes.report import format_summary
 
     opts = load_options(None, SMALL, model="synthetic:concat", corpus=str(small_corpus), epochs=1, n_train=64,
-                        bow=False)
+                        readouts=[])
     rep = run_probe(opts, encoder=SyntheticEncoder("concat", tokenizer, max_len=8))
     assert rep["calibration"]["status"] == "failed" and rep["bow"] is None
     text = format_summary(rep)
@@ -166,7 +166,7 @@ def test_decoder_selection_keeps_the_lower_held_back_ce(tokenizer, small_corpus,
     over = [o for o in SMALL if not o.startswith(("inputs", "bag_head", "epochs", "patience"))]
     opts = load_options(None, over + ["inputs=teacher", "bag_head=true", "epochs=4", "patience=4",
                                       f"select_decoder={str(select).lower()}"],
-                        model="synthetic:concat", corpus=str(small_corpus), control=False, bow=False)
+                        model="synthetic:concat", corpus=str(small_corpus), control=False, readouts=[])
     r = run_probe(opts, encoder=SyntheticEncoder("concat", tokenizer, max_len=8))
     dec = r["_fitted"].decoder
     choice = r["probe"].get("decoder_choice")

@@ -36,3 +36,20 @@ def test_probe_cost_benchmark_split(tmp_path, small_corpus):
     assert b["encoder_share"] < a["encoder_share"]
     assert b["without_cache_s"] == b["train_s"] + 8 * b["encode_s"]
     assert (tmp_path / "cost.json").is_file() and res["memory"]["peak_rss_mb"] > 0
+
+
+def test_quickstart_budget_benchmark_reports_matmul_rate(tmp_path):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "quickstart_budget.py"
+    spec = importlib.util.spec_from_file_location("quickstart_budget", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n_threads = torch.get_num_threads()
+    try:
+        res = mod.main(["--out", str(tmp_path / "b"), "--fast", "--only", "synthetic:constant", "--threads", "1"])
+    finally:
+        torch.set_num_threads(n_threads)
+    assert list(res["entries"]) == ["synthetic:constant"] and res["quickstart_s"] >= res["entries"]["synthetic:constant"]
+    assert res["matmul_gflops_before"] > 0 and res["matmul_gflops_after"] > 0 and res["threads"] == 1
+    d = res["decoder"]
+    assert d["flops_per_step"] > 0 and d["mfu"] == d["decoder_flops_per_s"] / d["matmul_flops_per_s"] > 0
+    assert (tmp_path / "b" / "budget.json").is_file() and res["calibration"] == {"synthetic:constant": "passed"}

@@ -12,7 +12,8 @@ from memlab.data.views import token_chunks
 from memlab.probes import train as T
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64",
-        "epochs=1", "n_examples=2", "select_decoder=false", "bow=false", "--no-control"]
+        "epochs=1", "n_examples=2", "select_decoder=false", "--no-bow", "--no-control"]
+TOKENS = [*TINY, "chunk_by=tokens"]  # chunks cut in the model's own tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,7 +23,7 @@ def test_n_eval_larger_than_the_split_scores_all_of_it(tiny_llama, tokenizer, sm
     assert 0 < have < 100_000
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),
-                 "--n-eval", "100000", *TINY]) == 0
+                 "--n-eval", "100000", *TOKENS]) == 0
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("memlab: warning:")]
     assert len(warnings) == 1 and "n_eval=100000" in warnings[0] and f"all {have} are scored" in warnings[0]
     rep = json.loads((out / "report.json").read_text())
@@ -33,10 +34,10 @@ def test_n_eval_larger_than_the_split_scores_all_of_it(tiny_llama, tokenizer, sm
 def test_enough_held_out_chunks_leave_no_note(tiny_llama, small_corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),
-                 "--n-eval", "8", *TINY]) == 0
+                 "--n-eval", "8", *TOKENS]) == 0
     assert "memlab: warning:" not in capsys.readouterr().err
     rep = json.loads((out / "report.json").read_text())
-    assert rep["n_eval"] == 8 and "eval_note" not in rep
+    assert rep["n_eval"] == 8 and rep.get("eval_note") is None
 
 
 def test_a_held_out_split_with_no_chunk_is_one_clear_line(tiny_llama, small_corpus, tmp_path, capsys):
@@ -51,7 +52,19 @@ def test_a_held_out_split_with_no_chunk_is_one_clear_line(tiny_llama, small_corp
     (tmp_path / "short").mkdir()
     (tmp_path / "short" / "book.txt").write_text("".join(f"\n\nCHAPTER {i + 1}\n\n{c}" for i, c in enumerate(short)))
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(tmp_path / "short"), "--out",
-                 str(tmp_path / "run"), *TINY]) == 2
+                 str(tmp_path / "run"), *TOKENS]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("memlab: error:"), err
     assert "the test split of" in err[0] and "holds no chunk of 16 tokens" in err[0]
+
+
+def test_word_chunks_beyond_the_split_are_all_scored(tiny_llama, small_corpus, tmp_path, capsys):
+    have = len(T.probe_texts(16, 100_000, "test", str(small_corpus), 0, at_most=True))  # 16-word chunks there are
+    assert 0 < have < 100_000
+    out = tmp_path / "run"
+    assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),
+                 "--n-eval", "100000", *TINY]) == 0
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("memlab: warning:")]
+    assert len(warnings) == 1 and f"all {have} are scored" in warnings[0]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["n_eval"] == have and f"holds {have} chunks of 16 words" in rep["eval_note"]

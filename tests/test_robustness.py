@@ -79,7 +79,7 @@ def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
                         ).save_pretrained(model)
     tok.save_pretrained(model)
     out = tmp_path / "probe"
-    assert main(["probe", "--model", str(model), "--corpus", str(one_file), "--out", str(out), "--seq-len", "16",
+    assert main(["probe", "--model", str(model), "--corpus", str(one_file), "--out", str(out), "--seq-len", "5",
                  "--n-train", "32", "--n-eval", "8", "--epochs", "1", "--hidden-size", "32", "--num-layers", "1",
                  "--no-control", "num_heads=4", "n_examples=1"]) == 0
     assert json.loads((out / "report.json").read_text())["n_eval"] == 8

@@ -22,8 +22,10 @@ and how to get its frozen encoder (with its tokenizer). The default entries:
   bag (TF1 >= 0.9) and nothing of constant (information gain 0). A failed row
   means the probe's budget, not the models, limits the other readings.
 
-All are probed with the same options on chunks of the same held-out split
-(Austen test chapters, 32 tokens in each model's own tokenizer). ``--retrain``
+All are probed with the same options on the same chunks of text (24 words of
+Austen test chapters, cut once, each model reading them in its own tokens), so
+the table's bits per chunk (what the embedding adds over the control, with a
+95 % paired bootstrap interval) compare across models. ``--retrain``
 trains the memory autoencoder and the causal LM from scratch first.
 """
 
@@ -41,9 +43,9 @@ from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
 
-FULL = dict(seq_len=32, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
+FULL = dict(seq_len=24, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
-"""2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
+"""Chunks of 24 words (about 32 tokens of the toy BPE), 2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
 nine entries within 10 minutes on 2 cores; the probe is not saturated there (docs/probes.md: learning curve): the
 calibration rows say how far it sees."""
 FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
@@ -161,32 +163,43 @@ def default_entries() -> list[Entry]:
     ]
 
 
+COLUMNS = (("bits per chunk", "bits_per_chunk", True, 1), ("bits per char", "bits_per_char", True, 3),
+           ("info gain", "information_gain", True, 3), ("token acc", "token_accuracy", False, 3),
+           ("token acc gain", "token_accuracy_gain", True, 3), ("TF1", "token_set_f1", False, 3),
+           ("BoW recovered", "bow_recovered", False, 3), ("BoW gain", "bow_gain", True, 3))
+"""The table's reading columns: (header, reading, is a gain, digits); each cell is ``value [low, high]``."""
+
+
 def format_table(rows: list[dict]) -> str:
-    """A markdown table: model, embedding, dim, token accuracy (probe/control), TF1 (probe/control),
-    information gain, bag-of-words read-out (recovered/prior), calibration, time."""
-    head = ("| model | embedding | dim | token acc | control acc | TF1 | control TF1 | info gain | BoW recovered "
-            "| BoW prior | calibration | time (s) |")
-    lines = [head, "|" + "---|" * 12]
+    """A markdown table led by the bits per chunk the embedding adds (every reading with its interval; a gain
+    without evidence reads "no evidence [low, high]"), then H_r, V, tokens per chunk, calibration and time."""
+    from memlab.probes.intervals import cell
+
+    head = (["model", "embedding", "dim"] + [c[0] for c in COLUMNS]
+            + ["H_r", "V", "tokens/chunk", "calibration", "time (s)"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * 10)
+            lines.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * (len(head) - 2))
             continue
-        lines.append(f"| {r['name']} | {r['embedding']} | {r['dim']} | {r['token_accuracy']:.3f} | "
-                     f"{r['control_accuracy']:.3f} | {r['token_set_f1']:.3f} | {r['control_token_set_f1']:.3f} | "
-                     f"{r['information_gain']:.3f} | {r['bow_recovered']:.3f} | {r['bow_prior']:.3f} | "
-                     f"{r['calibration']} | {r['seconds']:.0f} |")
+        cells = [cell(r["readings"].get(key), gain, digits) for _, key, gain, digits in COLUMNS]
+        lines.append("| " + " | ".join([r["name"], r["embedding"], str(r["dim"]), *cells, f"{r['entropy_ratio']:.3f}",
+                                        str(r["vocab_size"]), f"{r['mean_tokens']:.1f}", r["calibration"],
+                                        f"{r['seconds']:.0f}"]) + " |")
     return "\n".join(lines)
 
 
-def _row(e: Entry, rep: dict, seconds: float) -> dict:
-    p, c, b = rep["probe"], rep["control"], rep["bow"]
-    return {"name": e.name, "embedding": e.embedding, "dim": rep["encoder"]["dim"],
+def _row(e: Entry, rep, seconds: float) -> dict:
+    p, c, b = rep.probe, rep.control, rep.bow
+    return {"name": e.name, "embedding": e.embedding, "dim": rep.encoder["dim"], "readings": rep.readings,
+            "retention": rep.retention, "bits_per_chunk": rep.readings.get("bits_per_chunk", {}).get("value"),
             "entropy_ratio": p["entropy_ratio"], "token_accuracy": p["token_accuracy"],
             "control_accuracy": c["token_accuracy"], "token_set_f1": p["token_set_f1"],
             "control_token_set_f1": c["token_set_f1"], "sentence_bleu": p["sentence_bleu"],
-            "information_gain": rep["information_gain"], "bow_recovered": b["recovered"], "bow_prior": b["prior"],
-            "calibration": rep["calibration"]["status"] if e.name.startswith("synthetic:") else "",
-            "limited_by": rep["limited_by"], "seconds": seconds, "vocab_size": rep["vocab_size"]}
+            "information_gain": rep.information_gain, "bow_recovered": b["recovered"], "bow_prior": b["prior"],
+            "calibration": rep.calibration["status"] if e.name.startswith("synthetic:") else "",
+            "limited_by": rep.limited_by, "seconds": seconds, "vocab_size": rep.vocab_size,
+            "mean_tokens": rep.text["mean_tokens"], "rendering": rep.text["rendering"]}
 
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
@@ -205,7 +218,7 @@ def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     a.set_ylim(0, 1)
     a.legend()
     for r in done:
-        acc = reports[r["name"]]["probe"]["accuracy_by_position"]
+        acc = reports[r["name"]].probe["accuracy_by_position"]
         b.plot(range(len(acc)), acc, label=r["name"])
     b.set_ylim(0, 1)
     finish_axes(b, "position in chunk", "token accuracy", legend_fontsize=8)
@@ -249,22 +262,25 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         encoder = e.load(ctx)
         opts = load_options(None, None, model=e.name, progress=progress, **base)
         rep = run_probe(opts, run_dir / "entries" / e.name.replace(":", "-"), encoder=encoder, control_cache=controls)
-        rep.pop("_fitted", None)
+        rep.fitted = None
         reports[e.name] = rep
         rows.append(_row(e, rep, time.perf_counter() - t))
         r = rows[-1]
-        print(f"[{e.name}] token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
-              f"{r['control_token_set_f1']:.3f}), information gain {r['information_gain']:.3f}, bag-of-words "
-              f"{r['bow_recovered']:.3f} (prior {r['bow_prior']:.3f}) {r['calibration']} ({r['seconds']:.0f}s)",
-              flush=True)
+        print(f"[{e.name}] {r['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} "
+              f"(control {r['control_token_set_f1']:.3f}), bag-of-words {r['bow_recovered']:.3f} (prior "
+              f"{r['bow_prior']:.3f}) {r['calibration']} ({r['seconds']:.0f}s)", flush=True)
         del encoder
     if not reports:
         raise MemlabError("no quickstart entry could run")
     table = format_table(rows)
     notes = "\n".join(f"- {n}" for n in ctx.notes)
     opts_line = ", ".join(f"{k}={v}" for k, v in base.items())
-    (run_dir / "table.md").write_text(f"{table}\n\nProbe options: {opts_line}; held-out: Austen test chapters.\n"
-                                      + (f"\n{notes}\n" if notes else ""))
+    renders = "; ".join(sorted({f"{r['name']}: {r['rendering']}" for r in rows if "rendering" in r}))
+    (run_dir / "table.md").write_text(f"{table}\n\nEvery model reads the same held-out chunks of text ({base.get('seq_len', 32)} "
+                                      f"words of Austen test chapters) in its own tokens; bits per chunk: what the "
+                                      f"embedding adds over the control, summed over a chunk's tokens; intervals: 95 % "
+                                      f"paired bootstrap over held-out chunks. Text as each tokenizer renders it: "
+                                      f"{renders}.\nProbe options: {opts_line}.\n" + (f"\n{notes}\n" if notes else ""))
     plot = plot_comparison(rows, reports, run_dir / "quickstart.png")
     summary = {"rows": rows, "options": base, "notes": ctx.notes, "seconds": time.perf_counter() - t0,
                "plot": str(plot)}

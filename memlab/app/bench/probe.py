@@ -26,7 +26,7 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
         report = run_probe(opts, out_dir)
     except (MemlabError, OSError, RuntimeError) as e:
         return {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}", "options": kw}
-    t = report["timing"]
+    t = report.timing
     res = {"model": model, "options": kw, "encode_s": t["encode_s"], "decoder_train_s": t["train_s"],
            "control_train_s": t.get("control_s") or 0.0, "load_s": t["load_s"], "total_s": t["total_s"],
            "encode_cached": t.get("encode_cached")}
@@ -34,4 +34,88 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
     res["encode_share"] = res["encode_s"] / work if work else None
     log(f"probe split: encode {res['encode_s']:.2f}s, decoder {res['decoder_train_s']:.2f}s, "
         f"control {res['control_train_s']:.2f}s")
+    return res
+
+
+def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: int = 32, embed_dim: int = 384,
+                vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, log=print) -> dict[str, Any]:
+    """Training MFU of the probe decoder (the quickstart's shape by default): FLOPs of one training step (counted
+    by torch's FlopCounterMode, forward and backward) times the steps per second, over the FLOP/s of a float32
+    matrix multiply timed in the same run, just before."""
+    import time
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from memlab.probes.options import ProbeOptions
+    from memlab.probes.train import _step, autocast_context
+    from memlab.train.loop import make_optimizer, measure_matmul_flops
+
+    dev = torch.device(device)
+    matmul = measure_matmul_flops(dev)
+    torch.manual_seed(0)
+    ids = torch.randint(0, vocab, (batch_size, seq_len))  # (B, T)
+    z = torch.randn(batch_size, embed_dim)  # (B, D)
+
+    class _Tok:
+        bos_token_id = 0
+
+        def __len__(self):
+            return vocab
+
+    from memlab.probes.train import build_decoder
+
+    opts = ProbeOptions(hidden_size=hidden_size, num_layers=num_layers, seq_len=seq_len, device=str(dev))
+    dec = build_decoder(embed_dim, _Tok(), ids, opts).to(dev).train()
+    opt = make_optimizer(dec, opts, dev)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    amp, zb, tb = autocast_context(dev), z.to(dev), ids.to(dev)
+    with FlopCounterMode(display=False) as fc:
+        _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
+    flops = fc.get_total_flops()
+    for _ in range(2):  # warm-up
+        _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
+    float(loss)  # the one sync
+    secs = time.perf_counter() - t0
+    res = {"flops_per_step": flops, "steps": steps, "seconds": secs, "decoder_flops_per_s": flops * steps / secs,
+           "matmul_flops_per_s": matmul, "mfu": flops * steps / secs / matmul, "threads": torch.get_num_threads(),
+           "shape": {"batch_size": batch_size, "seq_len": seq_len, "embed_dim": embed_dim, "kept_vocab": vocab,
+                     "hidden_size": hidden_size, "num_layers": num_layers}}
+    log(f"probe decoder: {res['decoder_flops_per_s'] / 1e9:.1f} GFLOP/s, matmul {matmul / 1e9:.1f} GFLOP/s, "
+        f"MFU {res['mfu']:.2f} ({res['threads']} threads)")
+    return res
+
+
+QUICKSTART_BUDGET_S = 600
+"""The quickstart's budget on a 2-core machine (docs/probes.md)."""
+
+
+def quickstart_budget(out_dir, only: list[str] | None = None, fast: bool = False, log=print) -> dict[str, Any]:
+    """Time ``memlab quickstart`` (``only`` some entries) with the machine's float32 matmul rate measured before and
+    after it in the same run, and the decoder's MFU: the quickstart's seconds only mean something beside them."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from memlab.app.quickstart import run_quickstart
+    from memlab.train.loop import measure_matmul_flops
+
+    cpu = torch.device("cpu")
+    before = measure_matmul_flops(cpu)
+    t0 = time.perf_counter()
+    summary = run_quickstart(out=Path(out_dir) / "quickstart", only=only, fast=fast, progress=False)
+    secs = time.perf_counter() - t0
+    after = measure_matmul_flops(cpu)
+    res = {"quickstart_s": secs, "budget_s": QUICKSTART_BUDGET_S, "within_budget": secs <= QUICKSTART_BUDGET_S,
+           "entries": {r["name"]: r.get("seconds") for r in summary["rows"]}, "only": only, "fast": fast,
+           "matmul_gflops_before": before / 1e9, "matmul_gflops_after": after / 1e9,
+           "threads": torch.get_num_threads(), "calibration": {r["name"]: r.get("calibration") for r in summary["rows"]
+                                                                if r["name"].startswith("synthetic:")},
+           "decoder": decoder_mfu(cpu, steps=5 if fast else 20, log=log)}
+    log(f"quickstart {secs:.0f}s (budget {QUICKSTART_BUDGET_S}s) at {before / 1e9:.0f}-{after / 1e9:.0f} GFLOP/s "
+        f"float32 matmul, {res['threads']} threads")
     return res

@@ -7,13 +7,14 @@ from pathlib import Path
 FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
     "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
-    "--seq-len": ("seq_len", int, "tokens per chunk in the model's tokenizer (default 32)"),
+    "--seq-len": ("seq_len", int, "words per chunk (default 32; with chunk_by=tokens: tokens of the model's tokenizer)"),
     "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
                                   "encoder pass and writes the learning curve"),
     "--n-eval": ("n_eval", int, "held-out chunks (default 256; all there are, with a warning, when the split holds fewer)"),
-    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings (default 30; early stopping, patience 3)"),
+    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings, > 0 (default 30; early stopping, "
+                                  "patience 3)"),
     "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
-    "--lr": ("lr", float, "decoder learning rate (default 2e-3)"),
+    "--lr": ("lr", float, "decoder learning rate, > 0 (default 2e-3)"),
     "--conditioning": ("conditioning", str, "unrolled (added per position, default) or prefix (memory prefix)"),
     "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens, default) or blank (blank copy)"),
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
@@ -41,12 +42,13 @@ def add_parser(sub) -> None:
     p.add_argument("--final-norm", action="store_true", default=None, help="read the last layer after the final norm")
     p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
     p.add_argument("--no-control", action="store_true", help="skip the control decoder")
-    p.add_argument("--no-bow", action="store_true", help="skip the bag-of-words read-out")
+    p.add_argument("--no-bow", action="store_true", help="skip the read-outs (readouts=[]; default: the bag of words)")
     p.add_argument("--calibrate", action="store_true", default=None,
                    help="also fit the positive controls (synthetic concat/bag codes of the same chunks) and report them")
     p.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit a bag-of-words "
                                     "read-out per layer (retention by depth)")
-    p.add_argument("--layers-sequence", action="store_true", help="with --layers: also fit the sequence probe per layer")
+    p.add_argument("--layers-sequence", action="store_true", help="with --layers: also fit the sequence probe per layer "
+                                                                   "(both also as options: layers=all, layers_sequence=true)")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP); must be new or empty")
     p.add_argument("--log-with", help="also log the report to trackers: tensorboard, wandb, mlflow (comma-separated)")
@@ -65,18 +67,18 @@ def run(args) -> int:
 
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
     kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress,
-              calibrate=args.calibrate)
-    sizes = parse_sizes(kw["n_train"]) if kw["n_train"] is not None else None
-    kw["n_train"] = max(sizes) if sizes else None
+              calibrate=args.calibrate, layers=args.layers, layers_sequence=args.layers_sequence or None)
+    if kw["n_train"] is not None:
+        sizes = parse_sizes(kw["n_train"])
+        kw["n_train"] = sizes if len(sizes) > 1 else sizes[0]
     if args.no_control:
         kw["control"] = False
     if args.no_bow:
-        kw["bow"] = False
-    opts = load_options(args.config, args.overrides, **kw)
+        kw["readouts"] = []
     if not args.model and not args.config:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
-    if args.layers and sizes and len(sizes) > 1:
-        raise ConfigError("--layers and a list of --n-train sizes are separate sweeps; run them one at a time")
+    opts = load_options(args.config, args.overrides, **kw)
+    sizes = parse_sizes(opts.n_train)
     from memlab.rundir import safe_name
 
     safe = safe_name(Path(opts.model).name or opts.model)
@@ -93,11 +95,11 @@ def run(args) -> int:
 
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
     try:
-        if args.layers:
-            run_layer_sweep(opts, args.layers, out, sequence=args.layers_sequence)
+        if opts.layers is not None:
+            run_layer_sweep(opts, opts.layers, out, sequence=opts.layers_sequence)
             print(f"run: {out}")
             return 0
-        if sizes and len(sizes) > 1:
+        if len(sizes) > 1:
             run_learning_curve(opts, sizes, out)
             print(f"run: {out}")
             return 0
@@ -108,7 +110,7 @@ def run(args) -> int:
     if args.log_with:
         from memlab.tracking import log_report
 
-        log_report(report, out, args.log_with, name=f"probe-{safe}")
+        log_report(report.to_dict(), out, args.log_with, name=f"probe-{safe}")
     print(format_summary(report))
     print(f"run: {out}")
     return 0

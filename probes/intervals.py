@@ -1,0 +1,128 @@
+"""Paired bootstrap intervals of the probe's readings, and whether they show retention.
+
+Every reading is a statistic of the held-out chunks. The chunks are resampled
+with replacement (``n_resamples`` times, seeded) and the probe's and the
+control's numbers of a chunk are drawn together (a paired bootstrap), so the
+interval of a difference is that of the difference, not of two independent
+noises. The interval is the percentile interval at ``level`` (95 % by
+default), as ``scipy.stats.bootstrap(..., paired=True, method="percentile")``
+gives; the statistics here are ratios of sums over chunks, vectorised over
+resamples.
+
+Readings (:func:`readings`; nats summed over a chunk's target tokens, as
+:func:`memlab.probes.train.evaluate` gives them per chunk):
+
+* ``bits_per_chunk``: mean over chunks of ``(NLL_control - NLL_probe) / ln 2``:
+  what the embedding adds, in bits, for a chunk of the shared text;
+* ``bits_per_char``: the same sum over all chunks divided by their characters;
+* ``information_gain``: ``(sum NLL_control - sum NLL_probe) / sum NLL_control``;
+* ``token_accuracy`` and ``token_accuracy_gain`` (over the control);
+* ``token_set_f1`` and ``token_set_f1_gain`` (over the control);
+* ``bow_recovered`` and ``bow_gain`` (over its frequency prior).
+
+A gain whose interval holds zero (or lies below it) is reported as "no
+evidence of retention", never as a bare figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+GAINS = ("bits_per_chunk", "bits_per_char", "information_gain", "token_accuracy_gain", "token_set_f1_gain",
+         "bow_gain")
+"""Readings that measure what the embedding adds over a control: the ones "no evidence" applies to."""
+
+NO_EVIDENCE = "no evidence of retention"
+
+
+def bootstrap(stat, columns: dict[str, np.ndarray], n_resamples: int, level: float, seed: int) -> tuple[float, float]:
+    """Percentile interval of ``stat(columns)`` over paired resamples of the rows (chunks) of every column.
+
+    ``stat`` takes a dict of (R, M) arrays (R resamples of M chunks) and returns (R,) values.
+    """
+    m = len(next(iter(columns.values())))
+    idx = np.random.default_rng(seed).integers(0, m, size=(n_resamples, m))  # (R, M) the same rows for all columns
+    values = stat({k: np.asarray(v, dtype=np.float64)[idx] for k, v in columns.items()})  # (R,)
+    alpha = (1.0 - level) / 2
+    lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def _ratio(num: str, den: str, sign: tuple[str, str] | None = None, scale: float = 1.0):
+    def stat(c):
+        top = c[sign[0]] - c[sign[1]] if sign else c[num]
+        return scale * top.sum(-1) / np.maximum(c[den].sum(-1), 1e-12)
+
+    return stat
+
+
+def _mean(a: str, b: str | None = None, scale: float = 1.0):
+    return lambda c: scale * ((c[a] - c[b]) if b else c[a]).mean(-1)
+
+
+def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None, bow: dict | None = None,
+             n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """Each reading ``{"value", "low", "high"}`` (see the module doc) from per-chunk numbers.
+
+    ``probe`` / ``control``: ``evaluate(...)["_per_chunk"]`` (nll, hits, tokens); ``chars``: characters of each
+    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``bow``: the read-out's ``_per_chunk`` (recovered, prior).
+    """
+    ln2 = math.log(2)
+    specs: dict[str, tuple] = {}
+    cols: dict[str, np.ndarray] = {}
+    if probe is not None:
+        cols.update(p_nll=probe["nll"], p_hits=probe["hits"], tokens=probe["tokens"], chars=np.asarray(chars))
+        specs["token_accuracy"] = _ratio("p_hits", "tokens")
+        if tf1_probe is not None:
+            cols["p_tf1"] = np.asarray(tf1_probe)
+            specs["token_set_f1"] = _mean("p_tf1")
+    if probe is not None and control is not None:
+        cols.update(c_nll=control["nll"], c_hits=control["hits"])
+        specs["bits_per_chunk"] = _mean("c_nll", "p_nll", scale=1 / ln2)
+        specs["bits_per_char"] = _ratio("", "chars", sign=("c_nll", "p_nll"), scale=1 / ln2)
+        specs["information_gain"] = _ratio("", "c_nll", sign=("c_nll", "p_nll"))
+        specs["token_accuracy_gain"] = _ratio("", "tokens", sign=("p_hits", "c_hits"))
+        if tf1_probe is not None and tf1_control is not None:
+            cols["c_tf1"] = np.asarray(tf1_control)
+            specs["token_set_f1_gain"] = _mean("p_tf1", "c_tf1")
+    if bow is not None:
+        cols.update(b_rec=np.asarray(bow["recovered"]), b_prior=np.asarray(bow["prior"]))
+        specs["bow_recovered"] = _mean("b_rec")
+        specs["bow_gain"] = _mean("b_rec", "b_prior")
+    out = {}
+    for name, stat in specs.items():
+        value = float(stat({k: np.asarray(v, dtype=np.float64)[None] for k, v in cols.items()})[0])
+        lo, hi = bootstrap(stat, cols, n_resamples, level, seed)
+        out[name] = {"value": value, "low": lo, "high": hi}
+    return out
+
+
+def shows_retention(r: dict | None) -> bool:
+    """A gain's interval lies above zero."""
+    return r is not None and r["low"] > 0
+
+
+def retention(read: dict, level: float = 0.95) -> str:
+    """One line: what the embedding adds in bits (with its interval), or "no evidence of retention"."""
+    key = "bits_per_chunk" if "bits_per_chunk" in read else "bow_gain" if "bow_gain" in read else None
+    if key is None:
+        return "no control: retention not measured"
+    r = read[key]
+    unit = "bits per chunk" if key == "bits_per_chunk" else "of the bag of words over its prior"
+    span = f"{r['value']:.3g} {unit}, {level:.0%} interval [{r['low']:.3g}, {r['high']:.3g}]"
+    if shows_retention(r):
+        return f"retained: {span}"
+    below = " (below the control: the embedding only misled the decoder)" if r["high"] < 0 else ""
+    return f"{NO_EVIDENCE}{below}: {span}"
+
+
+def cell(r: dict | None, gain: bool, digits: int = 3) -> str:
+    """A table cell: ``value [low, high]``; a gain without evidence reads ``no evidence [low, high]``."""
+    if r is None:
+        return ""
+    span = f"[{r['low']:.{digits}f}, {r['high']:.{digits}f}]"
+    if gain and not shows_retention(r):
+        return f"no evidence {span}"
+    return f"{r['value']:.{digits}f} {span}"

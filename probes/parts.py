@@ -1,0 +1,124 @@
+"""The probe's parts: registries of the pieces a probe is composed of.
+
+A probe is an encoder (what reads the text), a pooling (how its states become
+one vector), a conditioning (how the decoder reads that vector), token inputs,
+a decoder, read-outs besides the decoder and scorers of its reconstruction.
+Each kind is a registry (:data:`PARTS`) of :class:`Part` objects; ProbeOptions
+names the chosen one of each (``pool``, ``conditioning``, ``inputs``,
+``decoder``, ``readouts``, ``scorers``; the encoder is chosen by the ``model``
+spec). A new kind of any of them is one file that calls :func:`register_part`
+(a plugin, see :mod:`memlab.registry`); ``tests/test_probe_parts.py`` checks
+every registered part against its kind's contract and adds one from outside
+the tree.
+
+A part lists the ProbeOptions fields that apply to it alone (``options``):
+setting one of them while another part of its kind is chosen is refused by
+name (``input_dropout`` with ``inputs=blank``, ``prefix_len`` with
+``conditioning=unrolled``).
+
+Contracts (``impl``):
+
+* ``encoder``: :class:`EncoderKind` (``matches(spec)``, ``load(spec, **options)``);
+* ``pool``: ``f(states (B, T, D), mask (B, T)) -> (B, D)``;
+* ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs);
+* ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
+* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface);
+* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed) -> dict`` with ``recovered``, ``prior``, ``gain``
+  and ``_per_chunk``;
+* ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memlab.errors import ConfigError
+from memlab.registry import Registry
+
+KINDS = ("encoder", "pool", "conditioning", "inputs", "decoder", "readout", "scorer")
+PARTS: dict[str, Registry] = {k: Registry(f"probe {k}") for k in KINDS}
+
+SELECTED_BY = {"pool": "pool", "conditioning": "conditioning", "inputs": "inputs", "decoder": "decoder",
+               "readout": "readouts", "scorer": "scorers"}
+"""The ProbeOptions field that names the chosen part(s) of each kind (readouts and scorers: a list)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One registered choice of one kind of probe part."""
+
+    name: str
+    impl: Any
+    options: tuple[str, ...] = ()
+    """ProbeOptions fields that apply to this part alone."""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class EncoderKind:
+    """How one kind of ``model`` spec becomes a frozen encoder."""
+
+    matches: Callable[[str], bool]
+    load: Callable[..., Any]
+    """``load(spec, layer=, pool=, final_norm=, random_init=, special_tokens=, device=, dtype=, max_len=)``."""
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """``vectors(config)``: conditioning vectors per chunk; ``join(x (B, T, d), cond (B, P, d)) -> (B, P' + T, d)``
+    and ``offset(config)``: how many leading positions of the decoder's output are not tokens."""
+
+    vectors: Callable[[Any], int]
+    join: Callable[[Any, Any], Any]
+    offset: Callable[[Any], int] = field(default=lambda c: 0)
+
+
+_ENCODER_ORDER: list[str] = []
+
+
+def register_part(kind: str, part: Part) -> Part:
+    """Add ``part`` to the registry of ``kind`` (one of :data:`KINDS`)."""
+    if kind not in PARTS:
+        raise ValueError(f"unknown probe part kind '{kind}'; kinds: {', '.join(KINDS)}")
+    PARTS[kind].register(part.name, part, description=part.description)
+    if kind == "encoder" and part.name not in _ENCODER_ORDER:
+        _ENCODER_ORDER.append(part.name)
+    return part
+
+
+def get_part(kind: str, name: str) -> Part:
+    """The part ``name`` of ``kind``, or a ConfigError naming the registered ones."""
+    if name not in PARTS[kind]:
+        raise ConfigError(f"unknown probe {kind} '{name}'; registered: {', '.join(PARTS[kind].names())}")
+    return PARTS[kind].get(name)
+
+
+def chosen(opts, kind: str) -> list[str]:
+    """Names of the parts of ``kind`` that ``opts`` chooses."""
+    v = getattr(opts, SELECTED_BY[kind])
+    return [] if v is None else list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def check_parts(opts, explicit: set[str] = frozenset()) -> None:
+    """Every chosen part is registered; no option in ``explicit`` belongs only to a part that is not chosen."""
+    for kind in SELECTED_BY:
+        picked = [get_part(kind, n) for n in chosen(opts, kind)]
+        mine = {o for p in picked for o in p.options}
+        for name in PARTS[kind].names():
+            other = PARTS[kind].get(name)
+            for o in set(other.options) - mine:
+                if o in explicit:
+                    now = ", ".join(p.name for p in picked) or "none"
+                    raise ConfigError(f"'{o}' applies to {SELECTED_BY[kind]}={other.name}, not to "
+                                      f"{SELECTED_BY[kind]}={now}; drop it or choose {other.name}")
+
+
+def encoder_kind(spec: str) -> Part | None:
+    """The first registered encoder kind (newest registrations first) whose ``matches`` takes ``spec``."""
+    PARTS["encoder"].names()  # the plugins' registrations run first
+    for name in reversed(_ENCODER_ORDER):
+        part = PARTS["encoder"].get(name)
+        if part.impl.matches(spec):
+            return part
+    return None

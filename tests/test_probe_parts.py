@@ -1,0 +1,102 @@
+"""The probe's parts: every registered part meets its kind's contract, and parts from outside the tree
+(tests/plugins/probe_parts: a pooling, an encoder kind, a read-out, a scorer) plug in by one registration each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memlab.app.cli import main
+from memlab.probes.decoder import ProbeDecoderConfig
+from memlab.probes.parts import KINDS, PARTS, Conditioning, EncoderKind, encoder_kind
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    import tests.plugins.probe_parts as plugin  # noqa: F401  (registers its parts)
+
+    return plugin
+
+
+def check_part_contract(kind: str, name: str) -> None:
+    """Call a registered part as its kind's contract says (memlab.probes.parts) and check what comes back."""
+    part = PARTS[kind].get(name)
+    assert part.name == name and all(isinstance(o, str) for o in part.options)
+    g = torch.Generator().manual_seed(0)
+    if kind == "encoder":
+        assert isinstance(part.impl, EncoderKind) and callable(part.impl.load)
+        assert isinstance(part.impl.matches("synthetic:concat"), bool)
+    elif kind == "pool":
+        h, mask = torch.randn(3, 5, 4, generator=g), torch.tensor([[1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+        out = part.impl(h, mask)
+        assert out.shape == (3, 4)
+        moved = h.clone()
+        moved[1, 2:], moved[2, 1:] = 99.0, -99.0  # padded states must not count
+        assert torch.allclose(part.impl(moved, mask)[1:], out[1:])
+    elif kind == "conditioning":
+        cfg = ProbeDecoderConfig(max_len=6, prefix_len=2, hidden_size=8, conditioning=name)
+        assert isinstance(part.impl, Conditioning)
+        n, off = part.impl.vectors(cfg), part.impl.offset(cfg)
+        x, cond = torch.randn(2, 6, 8, generator=g), torch.randn(2, n, 8, generator=g)
+        joined = part.impl.join(x, cond)
+        assert joined.shape[0] == 2 and joined.shape[2] == 8 and joined.shape[1] - off == 6
+    elif kind == "inputs":
+        cfg = ProbeDecoderConfig(start_id=1, input_dropout=0.5)
+        ids = torch.randint(2, 50, (4, 7), generator=g)
+        for training in (True, False):
+            out = part.impl(ids, cfg, training)
+            assert out.shape == ids.shape and out.dtype == ids.dtype
+            assert bool(((out == ids) | (out == 1)).all())  # a true token or the start token
+    elif kind == "decoder":
+        cfg = ProbeDecoderConfig(embed_dim=6, vocab_size=40, kept_ids=list(range(20)), hidden_size=16, num_layers=1,
+                                 num_heads=2, max_len=5)
+        dec = part.impl(cfg)
+        logits = dec(torch.randn(3, 6, generator=g), torch.randint(0, 40, (3, 5), generator=g))
+        assert logits.shape[:2] == (3, 5)
+        assert torch.allclose(dec.full_log_probs(logits).exp().sum(-1), torch.ones(3, 5), atol=1e-4)
+    elif kind == "readout":
+        ids = torch.randint(0, 30, (40, 6), generator=g)
+        ids[::3, 4:] = -1  # padded chunks
+        z = torch.nn.functional.one_hot(ids.clamp(min=0), 30).float().sum(1)  # (40, 30)
+        out = part.impl(z[:30], ids[:30], z[30:], ids[30:], seed=0)
+        assert 0 <= out["recovered"] <= 1 and 0 <= out["prior"] <= 1
+        assert out["gain"] == pytest.approx(out["recovered"] - out["prior"])
+        assert len(out["_per_chunk"]["recovered"]) == len(out["_per_chunk"]["prior"]) == 10
+    elif kind == "scorer":
+        true = torch.randint(0, 30, (6, 5), generator=g)
+        text = [" ".join(map(str, r)) for r in true.tolist()]
+        assert part.impl(true, true, text, text) == pytest.approx(1.0)  # a whole reconstruction scores 1
+        worse = part.impl(torch.full_like(true, 31), true, ["x"] * 6, text)
+        assert 0.0 <= worse < 1.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_registered_part_meets_its_contract(kind, plugin):
+    names = PARTS[kind].names()
+    assert names
+    for name in names:
+        check_part_contract(kind, name)
+
+
+def test_parts_from_outside_the_tree_plug_in(plugin, tiny_llama, tokenizer, small_corpus, tmp_path):
+    assert encoder_kind("onehot:x").name == "onehot" and encoder_kind("synthetic:bag").name == "synthetic"
+    tok_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tok_dir)
+    out = tmp_path / "run"
+    base = ["--corpus", str(small_corpus), "hidden_size=32", "num_heads=4", "num_layers=1", "n_train=96", "n_eval=16",
+            "seq_len=4", "epochs=3", "n_examples=1"]
+    assert main(["probe", "--model", f"onehot:{tok_dir}", "--out", str(out), *base,
+                 "scorers=[token_set_f1,first_token_match]", "readouts=[bow,prior]"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    p, c = rep["probe"], rep["control"]
+    assert "first_token_match" in p and "sentence_bleu" not in p  # the chosen scorers, and only those
+    assert p["accuracy_by_position"][0] > c["accuracy_by_position"][0]  # the oracle's first token is read
+    assert set(rep["readouts"]) == {"bow", "prior"} and rep["readouts"]["prior"]["gain"] == 0.0
+    assert rep["encoder"]["name"] == f"onehot:{tok_dir}"
+    pooled = tmp_path / "pooled"
+    assert main(["probe", "--model", str(tiny_llama), "--pool", "max", "--out", str(pooled), *base, "--no-control"]) == 0
+    assert json.loads((pooled / "report.json").read_text())["encoder"]["pool"] == "max"
