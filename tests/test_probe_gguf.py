@@ -17,7 +17,7 @@ from memlab.probes.loading import load_encoder
 gguf = pytest.importorskip("gguf")
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64", "n_eval=16",
-        "epochs=1", "n_examples=2", "select_decoder=false", "bow=false"]
+        "epochs=1", "n_examples=2", "select_decoder=false", "--no-bow"]
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
