@@ -79,7 +79,9 @@ def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
     return tok
 
 
-def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str, dtype=torch.float32):
+def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str, dtype=torch.float32,
+                device: str = "cpu"):
+    """The model of ``folder`` built in ``dtype`` straight on ``device`` (no full float32 copy in host memory)."""
     from transformers import AutoConfig, AutoModel
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
@@ -97,12 +99,15 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
             f"and {where}not in the Hugging Face cache") from None
     if random_init:
         torch.manual_seed(0)
-        model = AutoModel.from_config(config, dtype=dtype)
+        with torch.device(device):  # the random weights are made where they are read
+            model = AutoModel.from_config(config, dtype=dtype)
     else:
         from memlab.loading import strict_from_pretrained
 
         # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
         try:
+            if torch.device(device).type != "cpu":
+                kw["device_map"] = str(device)  # weights go from the file to the device, shard by shard
             model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config,
                                            dtype=dtype, trust_remote_code=False, **kw)
         except ModelError:
@@ -128,7 +133,9 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     """``float32``, ``bfloat16``, ``float16`` or ``auto`` (bf16 on CUDA and on CPUs with native bf16 matmuls)."""
     if name == "auto":
         if device.startswith("cuda"):
-            return torch.bfloat16
+            from memlab.train.devices import native_bf16
+
+            return torch.bfloat16 if native_bf16(torch.device(device)) else torch.float32
         try:
             flags = Path("/proc/cpuinfo").read_text()
         except OSError:
@@ -180,7 +187,8 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
             raise ModelError(f"model path '{spec}' does not exist")
         else:
             folder = spec
-    model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device))
+    model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device),
+                        device=device)
     tok = _load_tokenizer(folder, gguf_file, f"model '{spec}'")
     if len(tok) > getattr(model.config, "vocab_size", len(tok)) + 1024:
         raise ModelError(f"model '{spec}': its tokenizer has {len(tok)} tokens, more than the model's vocabulary")

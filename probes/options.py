@@ -137,10 +137,12 @@ class ProbeOptions:
     """Reconstructions shown beside their inputs."""
     seed: int = 0
     """Seed of data sampling and decoder initialisation."""
-    device: str = "cpu"
-    """Device of the encoder and decoder (cpu, cuda)."""
-    encoder_dtype: str = "float32"
-    """Weights of the frozen encoder: float32, bfloat16, float16 or auto (bf16 where native); embeddings are float32."""
+    device: str = "auto"
+    """Device of the encoder, the decoders and the read-outs: auto (the best one present: a CUDA GPU, else MPS,
+    else the CPU), cpu, cuda, cuda:N or mps; a device this machine lacks is refused before anything loads."""
+    encoder_dtype: str = "auto"
+    """Weights of the frozen encoder: auto (bf16 where the device multiplies it natively, else float32), float32,
+    bfloat16 or float16; embeddings are float32."""
     progress: bool | None = None
     """Progress bars (default: on a TTY)."""
     threads: int | None = None
@@ -155,7 +157,10 @@ def _sizes(opts: ProbeOptions) -> list[int]:
 def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptions:
     """Check every option (one ConfigError naming it); ``explicit``: the options the user set (their parts must
     be chosen)."""
+    from memlab.devices import resolve_device
     from memlab.probes.parts import check_parts
+
+    opts.device = str(resolve_device(opts.device))  # auto -> the best device present; a missing one is refused
 
     if opts.pool is not None:
         from memlab.probes.parts import get_part

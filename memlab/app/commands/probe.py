@@ -22,9 +22,9 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
     "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),
     "--cache-dir": ("cache_dir", str, "cache embeddings on disk here (safetensors) and reuse them"),
-    "--device": ("device", str, "cpu or cuda (default cpu)"),
+    "--device": ("device", str, "auto (default: the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed (default 0)"),
-    "--dtype": ("encoder_dtype", str, "encoder weights: float32 (default), bfloat16, float16 or auto"),
+    "--dtype": ("encoder_dtype", str, "encoder weights: auto (default: bf16 where the device multiplies it natively, else float32), float32, bfloat16 or float16"),
     "--threads": ("threads", int, "torch CPU threads (default: torch's)"),
 }
 
