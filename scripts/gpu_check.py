@@ -31,7 +31,7 @@ LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, 
                 num_key_value_heads=16, max_position_embeddings=2048)
 """About 0.97B parameters with a 4096-token vocabulary (Llama-2's layout at TinyLlama's width)."""
 LLAMA_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, max_position_embeddings=64)
+                  num_key_value_heads=4, max_position_embeddings=128)  # 32-word chunks fit
 
 
 def toy_configs() -> list[Path]:
@@ -127,7 +127,8 @@ def run_probe(argv: list[str], run_dir: Path, params: int, peak_flops: float | N
         raise RuntimeError("memlab probe failed (its error is printed above)")
     report = json.loads((run_dir / "report.json").read_text())
     timing = report.get("timing", {})
-    tokens = (report.get("n_train", 0) + report.get("n_eval", 0)) * report.get("seq_len", 0)
+    per_chunk = (report.get("text") or {}).get("mean_tokens") or report.get("seq_len", 0)  # word chunks: tokens read
+    tokens = (report.get("n_train", 0) + report.get("n_eval", 0)) * per_chunk
     secs = timing.get("encode_s")
     if not tokens or not secs or timing.get("encode_cached"):
         return None, None
