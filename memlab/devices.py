@@ -28,6 +28,14 @@ def best_device() -> torch.device:
     return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
 
 
+def native_bf16(device: torch.device | None = None) -> bool:
+    """The device multiplies bf16 natively: on CUDA compute capability >= 8.0 (Ampere on), never emulation
+    (``torch.cuda.is_bf16_supported()`` also says yes where bf16 is emulated)."""
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def resolve_device(name: str | None = "auto") -> torch.device:
     """``auto`` (or None): :func:`best_device`; else ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, refused with a
     :class:`~memlab.errors.MemlabError` when this machine does not have it."""

@@ -44,7 +44,7 @@ from memlab.probes import train as T
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
 from memlab.probes.result import ProbeReport
 from memlab.probes.space import FittedProbe
-from memlab.probes.options import ProbeOptions, load_options, validate  # noqa: F401  (the probe's options)
+from memlab.probes.options import ProbeOptions, load_options, train_sizes, validate  # noqa: F401  (re-exported)
 
 
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
@@ -88,7 +88,7 @@ def _load(opts: ProbeOptions, encoder):
 def _words_data(opts: ProbeOptions, encoder):
     from memlab.probes.chunks import PAD, tokenize_chunks
 
-    texts_tr = T.probe_texts(opts.seq_len, _n(opts), "train", opts.corpus, opts.seed)
+    texts_tr = T.probe_texts(opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
     texts_ev = T.probe_texts(opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed, at_most=True)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
@@ -101,10 +101,6 @@ def _words_data(opts: ProbeOptions, encoder):
     return pad(tr), pad(ev), texts_ev, cut_tr + cut_ev
 
 
-def _n(opts: ProbeOptions) -> int:
-    return max(opts.n_train) if isinstance(opts.n_train, (list, tuple)) else opts.n_train
-
-
 def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), and
     how the text was cut (``report.text``; ``chars``: characters of each held-out chunk)."""
@@ -115,7 +111,7 @@ def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor,
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
             raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
                               "tokens besides its special tokens)")
-        train_ids = T.probe_chunks(tok, opts.seq_len, _n(opts), "train", opts.corpus, opts.seed)
+        train_ids = T.probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
         eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
                                   at_most=True)
         texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
@@ -228,8 +224,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     if note := eval_note(opts, eval_ids):
         report.eval_note = note  # and report.n_eval is the number scored
     default_n = ProbeOptions.n_train
-    if _n(opts) < default_n:
-        report.budget_note = (f"n_train={_n(opts)} is below the default {default_n}: on the measured learning curves "
+    if (n := max(train_sizes(opts))) < default_n:
+        report.budget_note = (f"n_train={n} is below the default {default_n}: on the measured learning curves "
                               "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
     fitted = FittedProbe(encoder, fit["_decoder"])
     if run_dir is not None:

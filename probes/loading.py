@@ -133,7 +133,7 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     """``float32``, ``bfloat16``, ``float16`` or ``auto`` (bf16 on CUDA and on CPUs with native bf16 matmuls)."""
     if name == "auto":
         if device.startswith("cuda"):
-            from memlab.train.devices import native_bf16
+            from memlab.devices import native_bf16
 
             return torch.bfloat16 if native_bf16(torch.device(device)) else torch.float32
         try:

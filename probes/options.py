@@ -149,7 +149,8 @@ class ProbeOptions:
     """torch CPU threads (default: torch's own); 1 is fastest for small decoders on a busy machine."""
 
 
-def _sizes(opts: ProbeOptions) -> list[int]:
+def train_sizes(opts: ProbeOptions) -> list[int]:
+    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
     n = opts.n_train
     return list(n) if isinstance(n, (list, tuple)) else [n]
 
@@ -195,13 +196,13 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
               "patience", "ci_resamples", "encode_batch_size"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
-    if not _sizes(opts) or min(_sizes(opts)) < 1:
+    if not train_sizes(opts) or min(train_sizes(opts)) < 1:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
     if opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
     if opts.seq_len < 2:
         raise ConfigError("'seq_len' must be >= 2")
-    if opts.layers is not None and len(_sizes(opts)) > 1:
+    if opts.layers is not None and len(train_sizes(opts)) > 1:
         raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
     return opts
 

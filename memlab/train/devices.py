@@ -16,21 +16,14 @@ from typing import Any, Callable
 
 import torch
 
+from memlab.devices import best_device, native_bf16  # noqa: F401  (native_bf16: re-exported)
 from memlab.errors import MemlabError
 
 
 def use_cpu(cfg) -> bool:
     """CPU when asked, or when no accelerator is present (so that `accelerate launch --multi_gpu
     --num_processes N` on a CPU machine runs N gloo processes)."""
-    return bool(cfg.cpu) or not (torch.cuda.is_available() or torch.backends.mps.is_available())
-
-
-def native_bf16(device: torch.device | None = None) -> bool:
-    """The device multiplies bf16 natively: on CUDA compute capability >= 8.0 (Ampere on), never emulation
-    (``torch.cuda.is_bf16_supported()`` also says yes where bf16 is emulated)."""
-    if device is not None and torch.device(device).type != "cuda":
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    return bool(cfg.cpu) or best_device().type == "cpu"
 
 
 def mixed_precision(choice: str, cpu: bool) -> str:
