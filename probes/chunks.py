@@ -67,6 +67,27 @@ def word_chunks(texts: list[str], words: int, n: int, seed: int, what: str, at_m
     return [chunks[i] for i in pick]
 
 
+def cap_tokens(texts: list[str], tokenizer, max_tokens: int) -> list[str]:
+    """Each chunk text with its trailing words dropped until ``tokenizer`` reads it in at most ``max_tokens`` tokens
+    (no special tokens); a chunk whose first word alone is longer is an error."""
+    out = []
+    for text, ids in zip(texts, tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+        words = text.split()
+        lo, hi = 0, len(words)  # the longest prefix of words that fits (token counts grow with the prefix)
+        if len(ids) <= max_tokens:
+            lo = hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(tokenizer(" ".join(words[:mid]), add_special_tokens=False)["input_ids"]) <= max_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            raise DataError(f"the word {words[0][:40]!r} alone is longer than max_chunk_tokens={max_tokens} tokens")
+        out.append(" ".join(words[:lo]))
+    return out
+
+
 def tokenize_chunks(texts: list[str], tokenizer, max_tokens: int | None = None) -> tuple[torch.Tensor, int]:
     """Chunk texts -> ``(N, T)`` ids in ``tokenizer`` (no special tokens), right-padded with :data:`PAD` to the
     longest chunk (at most ``max_tokens``), and how many chunks were cut at ``max_tokens``."""

@@ -90,6 +90,12 @@ def _words_data(opts: ProbeOptions, encoder):
 
     texts_tr = T.probe_texts(opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
     texts_ev = T.probe_texts(opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed, at_most=True)
+    if opts.max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
+        from memlab.probes.chunks import cap_tokens
+        from memlab.probes.loading import load_tokenizer
+
+        counter = load_tokenizer(opts.chunk_tokenizer) if opts.chunk_tokenizer else encoder.tokenizer
+        texts_tr, texts_ev = (cap_tokens(x, counter, opts.max_chunk_tokens) for x in (texts_tr, texts_ev))
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
@@ -124,7 +130,11 @@ def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor,
     if note:
         print(f"memlab: warning: {note}", file=sys.stderr)
     n_tok = mask_of(eval_ids).sum(1).float()  # (M,)
-    text = {"chunk_by": opts.chunk_by, "per_chunk": f"{opts.seq_len} {opts.chunk_by}",
+    per_chunk = f"{opts.seq_len} {opts.chunk_by}"
+    if opts.max_chunk_tokens is not None:
+        per_chunk += (f", trailing words dropped to fit {opts.max_chunk_tokens} tokens of "
+                      f"{opts.chunk_tokenizer or 'its own tokenizer'}")
+    text = {"chunk_by": opts.chunk_by, "per_chunk": per_chunk,
             "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
             "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars}
     return train_ids, eval_ids, text  # (N, T), (M, T)

@@ -147,6 +147,31 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     return table[name]
 
 
+def resolve_source(spec: str) -> tuple[str, str | None, str]:
+    """A shortcut, GGUF file, folder, run directory or hub name -> (folder or hub name, GGUF file name or None,
+    the shortcut's default pooling or ``last``)."""
+    if spec in assets.ASSETS:
+        folder, gguf_file, asset = assets.resolve(spec)
+        return str(folder), gguf_file, asset.pool
+    p = Path(os.path.expanduser(spec))
+    if p.is_file() and (p.suffix.lower() == ".gguf" or assets.is_gguf(p)):
+        folder, gguf_file = assets.gguf_source(p)
+        return str(folder), gguf_file, "last"
+    if p.exists():
+        from memlab.loading import resolve_model_dir
+
+        return str(resolve_model_dir(p)), None, "last"
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelError(f"model path '{spec}' does not exist")
+    return spec, None, "last"
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer of a model ``spec`` (a shortcut, GGUF file, folder, run directory or hub name), alone."""
+    folder, gguf_file, _ = resolve_source(spec)
+    return _load_tokenizer(folder, gguf_file, f"model '{spec}'")
+
+
 def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
                  random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
                  dtype: str = "float32", max_len: int | None = None):
@@ -168,25 +193,7 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
         if random_init:
             raise ModelError("random_init applies to transformers models, not to memlab spaces")
         return _space_encoder(spec)
-    gguf_file = None
-    default_pool = "last"
-    if spec in assets.ASSETS:
-        folder, gguf_file, asset = assets.resolve(spec)
-        folder = str(folder)
-        default_pool = asset.pool
-    else:
-        p = Path(os.path.expanduser(spec))
-        if p.is_file() and (p.suffix.lower() == ".gguf" or assets.is_gguf(p)):
-            folder, gguf_file = assets.gguf_source(p)
-            folder = str(folder)
-        elif p.exists():
-            from memlab.loading import resolve_model_dir
-
-            folder = str(resolve_model_dir(p))
-        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-            raise ModelError(f"model path '{spec}' does not exist")
-        else:
-            folder = spec
+    folder, gguf_file, default_pool = resolve_source(spec)
     model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device),
                         device=device)
     tok = _load_tokenizer(folder, gguf_file, f"model '{spec}'")

@@ -41,6 +41,12 @@ class ProbeOptions:
     its own tokens, padded to its longest chunk) or tokens (seq_len tokens of the model's own tokenizer)."""
     seq_len: int = 32
     """Words per chunk (chunk_by=words) or tokens per chunk in the probed model's tokenizer (chunk_by=tokens)."""
+    max_chunk_tokens: int | None = None
+    """chunk_by=words: a chunk's trailing words are dropped until it holds at most this many tokens of
+    ``chunk_tokenizer`` (every model still reads the same text; an encoder of fixed length reads it whole)."""
+    chunk_tokenizer: str | None = None
+    """The tokenizer that counts max_chunk_tokens: a shortcut, folder, run directory or GGUF file (default: the probed
+    model's own, which makes the text differ between models)."""
     n_train: int | list[int] = 8000
     """Training chunks (from the corpus's train split); a list (e.g. [1000, 4000, 16000]) fits each size on one
     encoder pass and writes the learning curve. 8,000 from the learning curve (docs/probes.md); fewer is marked
@@ -202,6 +208,10 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
     if opts.seq_len < 2:
         raise ConfigError("'seq_len' must be >= 2")
+    if opts.max_chunk_tokens is not None and (opts.chunk_by != "words" or opts.max_chunk_tokens < 1):
+        raise ConfigError("'max_chunk_tokens' must be >= 1 and applies to chunk_by=words")
+    if opts.chunk_tokenizer is not None and opts.max_chunk_tokens is None:
+        raise ConfigError("'chunk_tokenizer' counts max_chunk_tokens; set max_chunk_tokens too")
     if opts.layers is not None and len(train_sizes(opts)) > 1:
         raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
     return opts

@@ -43,12 +43,15 @@ from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
 
-FULL = dict(seq_len=24, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
+CHUNK_TOKENIZER = str(CHECKPOINTS / "token_lm-toy")
+"""The memory autoencoder's (and token_lm's) tokenizer: every chunk fits its 32 positions, so all entries read the
+same text whole."""
+FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
-"""Chunks of 24 words (about 32 tokens of the toy BPE), 2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
+"""Chunks of 24 words (at most 32 tokens of the toy BPE: the memory autoencoder's length), 2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
 nine entries within 10 minutes on 2 cores; the probe is not saturated there (docs/probes.md: learning curve): the
 calibration rows say how far it sees."""
-FAST = dict(seq_len=16, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
+FAST = dict(seq_len=16, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
 
 
