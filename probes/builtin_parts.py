@@ -91,10 +91,10 @@ def _llama(config):
 register_part("decoder", Part("llama", _llama, description="a small Llama-style causal LM (memlab.probes.decoder)"))
 
 
-def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0) -> dict:
+def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu") -> dict:
     from memlab.probes.bow import fit_bow
 
-    return fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed)
+    return fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device)
 
 
 register_part("readout", Part("bow", _bow, description="bag-of-words read-out: a linear multi-label head"))

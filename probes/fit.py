@@ -96,12 +96,12 @@ def fit_control(opts, tok, train_ids, eval_ids, z_train, z_eval, cache: dict | N
     return metrics, hist, secs, None
 
 
-def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow") -> dict:
-    """The registered read-out ``name`` (default the bag of words) fitted and scored, with its seconds."""
+def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow", device: str = "cpu") -> dict:
+    """The registered read-out ``name`` (default the bag of words) fitted on ``device`` and scored, with its seconds."""
     from memlab.probes.parts import get_part
 
     with T.Timer() as t:
-        out = get_part("readout", name).impl(z_train, train_ids, z_eval, eval_ids, seed=seed)
+        out = get_part("readout", name).impl(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device)
     out["seconds"] = t.seconds
     return out
 
@@ -152,7 +152,7 @@ def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
     _, m, _, secs = fit_selected(opts, tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
                                  _codes("concat", tok, eval_ids), desc="calibration decoder")
     b = fit_bow_readout(train_ids, eval_ids, _codes("bag", tok, train_ids), _codes("bag", tok, eval_ids),
-                        seed=opts.seed)
+                        seed=opts.seed, device=opts.device)
     (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
     return _verdict([
         _check("synthetic:concat", m_concat, m[m_concat], m[m_concat] >= t_concat, f"{m_concat} >= {t_concat}",
@@ -213,7 +213,8 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
         out["limited_by"] = limit_line(out["probe"], out["control"])
     out["readouts"] = {}
     for name in opts.readouts if bow else []:
-        out["readouts"][name] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name)
+        out["readouts"][name] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
+                                                   device=opts.device)
         out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
     out["bow"] = out["readouts"].get("bow")
     out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars)

@@ -23,8 +23,8 @@ Contracts (``impl``):
 * ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs);
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
 * ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface);
-* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed) -> dict`` with ``recovered``, ``prior``, ``gain``
-  and ``_per_chunk``;
+* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` with ``recovered``, ``prior``,
+  ``gain`` and ``_per_chunk``, fitted on ``device`` (the probe's);
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
 """
 

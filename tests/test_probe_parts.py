@@ -62,7 +62,7 @@ def check_part_contract(kind: str, name: str) -> None:
         ids = torch.randint(0, 30, (40, 6), generator=g)
         ids[::3, 4:] = -1  # padded chunks
         z = torch.nn.functional.one_hot(ids.clamp(min=0), 30).float().sum(1)  # (40, 30)
-        out = part.impl(z[:30], ids[:30], z[30:], ids[30:], seed=0)
+        out = part.impl(z[:30], ids[:30], z[30:], ids[30:], seed=0, device="cpu")
         assert 0 <= out["recovered"] <= 1 and 0 <= out["prior"] <= 1
         assert out["gain"] == pytest.approx(out["recovered"] - out["prior"])
         assert len(out["_per_chunk"]["recovered"]) == len(out["_per_chunk"]["prior"]) == 10
