@@ -225,7 +225,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
     ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
     fit = fit_readings(opts, encoder.tokenizer, train_ids, eval_ids, z_train, z_eval, control_cache, ckey,
-                       bow=bool(opts.readouts), chars=text["chars"])
+                       sequence=opts.sequence, bow=bool(opts.readouts), chars=text["chars"])
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text)
     if not opts.model.startswith("synthetic:"):
         report.data_split = T.split_description(opts.corpus)
@@ -237,11 +237,12 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     if (n := max(train_sizes(opts))) < default_n:
         report.budget_note = (f"n_train={n} is below the default {default_n}: on the measured learning curves "
                               "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
-    fitted = FittedProbe(encoder, fit["_decoder"])
+    fitted = FittedProbe(encoder, fit["_decoder"]) if fit["_decoder"] is not None else None  # read-outs alone: none
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        fitted.save(out, encoder_spec(opts, encoder))
+        if fitted is not None:
+            fitted.save(out, encoder_spec(opts, encoder))
         report.run_dir = str(out)
         write_report(report, out)
     if verbose:

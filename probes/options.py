@@ -115,6 +115,8 @@ class ProbeOptions:
     read synthetic concat whole instead of over-fitting their own language model (docs/probes.md)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    sequence: bool = True
+    """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
     readouts: list[str] = field(default_factory=lambda: ["bow"])
@@ -212,6 +214,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         raise ConfigError("'max_chunk_tokens' must be >= 1 and applies to chunk_by=words")
     if opts.chunk_tokenizer is not None and opts.max_chunk_tokens is None:
         raise ConfigError("'chunk_tokenizer' counts max_chunk_tokens; set max_chunk_tokens too")
+    if not opts.sequence and not opts.readouts:
+        raise ConfigError("'sequence=false' leaves only the read-outs, and 'readouts' is empty: nothing to fit")
     if opts.layers is not None and len(train_sizes(opts)) > 1:
         raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
     return opts
