@@ -1,7 +1,8 @@
 """The probe's options: every default in one place (ProbeOptions), their checks, and how configs are read.
 
 Options that belong to one part (``prefix_len`` to ``conditioning=prefix``, ``input_dropout`` and
-``repeat_penalty`` to ``inputs=teacher``) are refused by name when given with another part
+``repeat_penalty`` to ``inputs=teacher``, ``lora_r`` and ``lora_alpha`` to ``decoder=pretrained:NAME``) are refused
+by name when given with another part
 (:func:`memlab.probes.parts.check_parts`). A ``recipe: probe`` experiment file holds its probe in ``options:``;
 any other section is refused by name.
 """
@@ -73,7 +74,13 @@ class ProbeOptions:
     (0: plain greedy). A weak decoder otherwise loops on one phrase, which hides the tokens it does read (TF1, BLEU
     and exact match score the reconstruction; token accuracy and CE are teacher forced and do not use it)."""
     decoder: str = "llama"
-    """The decoder (a registered probe part: memlab.probes.parts)."""
+    """The decoder (a registered probe part: memlab.probes.parts): llama (a small Llama trained from scratch, in
+    the encoder's tokenizer) or pretrained:NAME (a pretrained causal LM: shortcut, folder, run, GGUF file or hub
+    name, reading the embedding through a trained map; targets in its own tokenizer; memlab.probes.pretrained)."""
+    lora_r: int = 0
+    """decoder=pretrained: rank of the LoRA adapters trained in the LM (peft); 0 keeps the LM frozen."""
+    lora_alpha: float = 16.0
+    """decoder=pretrained with lora_r > 0: LoRA scale (the adapters' output is multiplied by lora_alpha / lora_r)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
