@@ -88,7 +88,8 @@ def _llama(config):
     return ProbeDecoder(config)
 
 
-register_part("decoder", Part("llama", _llama, description="a small Llama-style causal LM (memlab.probes.decoder)"))
+register_part("decoder", Part("llama", _llama, options=("target_tokenizer",),
+                               description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
 def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu") -> dict:

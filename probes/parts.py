@@ -14,7 +14,9 @@ the tree.
 A part lists the ProbeOptions fields that apply to it alone (``options``):
 setting one of them while another part of its kind is chosen is refused by
 name (``input_dropout`` with ``inputs=blank``, ``prefix_len`` with
-``conditioning=unrolled``).
+``conditioning=unrolled``). A part may check the options further (``check``),
+and may take an argument after a colon (``argument``: ``decoder=pretrained:NAME``
+chooses the part ``pretrained`` with argument ``NAME``).
 
 Contracts (``impl``):
 
@@ -22,7 +24,9 @@ Contracts (``impl``):
 * ``pool``: ``f(states (B, T, D), mask (B, T)) -> (B, D)``;
 * ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs);
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
-* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface);
+* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface,
+  :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
+  tokenizer, options and save format, e.g. ``pretrained:NAME``);
 * ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` with ``recovered``, ``prior``,
   ``gain`` and ``_per_chunk``, fitted on ``device`` (the probe's);
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
@@ -53,6 +57,10 @@ class Part:
     options: tuple[str, ...] = ()
     """ProbeOptions fields that apply to this part alone."""
     description: str = ""
+    argument: str = ""
+    """What the ``:ARG`` after the part's name names (empty: the part takes none)."""
+    check: Callable[[Any, Any, set], None] | None = None
+    """``check(opts, arg, explicit)``: more checks of the options when this part is chosen (a ConfigError)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,19 @@ class Conditioning:
     offset: Callable[[Any], int] = field(default=lambda c: 0)
 
 
+@dataclass(frozen=True)
+class DecoderKind:
+    """A decoder with its own tokenizer: ``build(config, arg, options) -> nn.Module`` (``options``: the values of
+    the part's own ProbeOptions fields), ``tokenizer(arg)``: the tokenizer its targets are in, ``load(folder)``: a
+    saved decoder back (strict). Calling it as ``f(config)`` is refused: it needs its argument."""
+
+    build: Callable[..., Any]
+    tokenizer: Callable[[str], Any]
+    load: Callable[[Any], Any]
+    config_type: str = ""
+    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.space.load_probe` finds it)."""
+
+
 _ENCODER_ORDER: list[str] = []
 
 
@@ -87,11 +108,25 @@ def register_part(kind: str, part: Part) -> Part:
     return part
 
 
+def split_name(name: str) -> tuple[str, str | None]:
+    """``"pretrained:smollm2"`` -> ``("pretrained", "smollm2")``; ``"llama"`` -> ``("llama", None)``."""
+    base, sep, arg = str(name).partition(":")
+    return base, (arg if sep else None)
+
+
 def get_part(kind: str, name: str) -> Part:
-    """The part ``name`` of ``kind``, or a ConfigError naming the registered ones."""
-    if name not in PARTS[kind]:
+    """The part ``name`` of ``kind`` (``NAME:ARG`` for a part that takes an argument), or a ConfigError naming the
+    registered ones."""
+    base, arg = split_name(name)
+    if base not in PARTS[kind]:
         raise ConfigError(f"unknown probe {kind} '{name}'; registered: {', '.join(PARTS[kind].names())}")
-    return PARTS[kind].get(name)
+    part = PARTS[kind].get(base)
+    if part.argument and not arg:
+        raise ConfigError(f"probe {kind} '{base}' needs an argument: {SELECTED_BY.get(kind, kind)}={base}:"
+                          f"{part.argument.split(':')[0]} ({part.argument})")
+    if arg is not None and not part.argument:
+        raise ConfigError(f"probe {kind} '{base}' takes no argument, got '{name}'")
+    return part
 
 
 def chosen(opts, kind: str) -> list[str]:
@@ -103,7 +138,8 @@ def chosen(opts, kind: str) -> list[str]:
 def check_parts(opts, explicit: set[str] = frozenset()) -> None:
     """Every chosen part is registered; no option in ``explicit`` belongs only to a part that is not chosen."""
     for kind in SELECTED_BY:
-        picked = [get_part(kind, n) for n in chosen(opts, kind)]
+        names = chosen(opts, kind)
+        picked = [get_part(kind, n) for n in names]
         mine = {o for p in picked for o in p.options}
         for name in PARTS[kind].names():
             other = PARTS[kind].get(name)
@@ -112,6 +148,9 @@ def check_parts(opts, explicit: set[str] = frozenset()) -> None:
                     now = ", ".join(p.name for p in picked) or "none"
                     raise ConfigError(f"'{o}' applies to {SELECTED_BY[kind]}={other.name}, not to "
                                       f"{SELECTED_BY[kind]}={now}; drop it or choose {other.name}")
+        for n, p in zip(names, picked):
+            if p.check is not None:
+                p.check(opts, split_name(n)[1], set(explicit))
 
 
 def encoder_kind(spec: str) -> Part | None:

@@ -128,6 +128,11 @@ def format_summary(report) -> str:
              f"text: chunks of {text['per_chunk']} ({text['mean_chars']:.0f} characters, {text['mean_tokens']:.1f} "
              f"tokens on average, at most {text['max_tokens']}); bits counted over {text['rendering']}",
              f"retention: {report.retention}"]
+    tg = text.get("targets") or {}
+    if tg and tg.get("tokenizer") != "the encoder's":
+        lines.insert(2, f"targets: the chunk texts in the tokens of {tg['tokenizer']} (V {tg['vocab_size']}, "
+                        f"{tg['mean_tokens']:.1f} tokens on average, {tg['n_tokens']} held out); bits counted over "
+                        f"{tg['rendering']}")
     lines += reading_lines(report.readings, report.options.get("ci_level", 0.95))
     if p:
         lines.append(_metrics_line("probe:", p))

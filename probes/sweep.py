@@ -100,7 +100,7 @@ def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int
 def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
     """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
     t0 = time.perf_counter()
-    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
+    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
@@ -111,10 +111,10 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache = [], {}
-    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
+    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
-        fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
+        fit = fit_readings(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
                            sequence=sequence, bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"layer": layer, **_row(fit)})
         log(f"layer {layer}: {fit['retention']}")
@@ -148,14 +148,15 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
-    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
+    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     with T.Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
     rows = []
     for n in sizes:
         o = replace(opts, n_train=n, calibrate=False)
-        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
-        fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key,
+        t = tg.first(n)
+        key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
+        fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
                            bow=bool(opts.readouts), chars=text["chars"])
         rows.append({"n_train": n, **_row(fit)})
         r = rows[-1]
