@@ -23,9 +23,13 @@ and how to get its frozen encoder (with its tokenizer). The default entries:
   means the probe's budget, not the models, limits the other readings.
 
 All are probed with the same options on the same chunks of text (24 words of
-Austen test chapters, cut once, each model reading them in its own tokens), so
-the table's bits per chunk (what the embedding adds over the control, with a
-95 % paired bootstrap interval) compare across models. ``--retrain``
+Austen test chapters, cut once and capped at 32 tokens of the toy BPE, each model
+reading them in its own tokens); every decoder rebuilds them in the toy BPE's
+tokens, so all rows share one control and the table's bits per chunk (what the
+embedding adds over the control, with a 95 % paired bootstrap interval) are
+counted over the same target tokens. A row may carry its own budget
+(:attr:`Entry.options`: the bag row fits its read-out alone at 8,000 chunks);
+the table's notes list them. ``--retrain``
 trains the memory autoencoder and the causal LM from scratch first.
 """
 
@@ -45,13 +49,16 @@ CHECKPOINTS = resource("checkpoints")
 
 CHUNK_TOKENIZER = str(CHECKPOINTS / "token_lm-toy")
 """The memory autoencoder's (and token_lm's) tokenizer: every chunk fits its 32 positions, so all entries read the
-same text whole."""
-FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
+same text whole; and every decoder rebuilds the chunks in its tokens (``target_tokenizer``), so all entries are
+scored over the same target tokens and share one control decoder."""
+FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, target_tokenizer=CHUNK_TOKENIZER,
+            n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
 """Chunks of 24 words (at most 32 tokens of the toy BPE: the memory autoencoder's length), 2000 training chunks, 12 epochs and the bag-head decoder alone (no second, plain decoder to select from) keep
 nine entries within 10 minutes on 2 cores; the probe is not saturated there (docs/probes.md: learning curve): the
 calibration rows say how far it sees."""
-FAST = dict(seq_len=16, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
+FAST = dict(seq_len=16, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, target_tokenizer=CHUNK_TOKENIZER,
+            n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
 
 
@@ -74,8 +81,9 @@ class Entry:
     load: Callable[[Context], object]
     available: Callable[[], str | None] = lambda: None
     """None when the entry can run, else the reason it is skipped."""
-    options: dict | None = None
-    """The entry's own budget: probe options over the quickstart's (``--fast`` and user overrides still apply)."""
+    options: dict | Callable[[dict], dict] | None = None
+    """The entry's own budget: probe options over the quickstart's (or a function of the quickstart's options that
+    gives them); user overrides still apply on top."""
 
 
 def _train(config: str, out: Path, overrides: list[str]) -> Path:
@@ -150,10 +158,12 @@ def _synthetic(kind: str):
 
 
 CALIBRATION = ("synthetic:concat", "synthetic:bag", "synthetic:constant")
-BAG_OPTIONS = dict(sequence=False, n_train=8000)
-"""The bag row's own budget: its test is the bag-of-words read-out, which reads a set only from more chunks than
-the decoders get (0.926 at 8,000, 0.788 at 2,000, where a read-out that knew the codes gets 0.787: docs/probes.md),
-and fits in seconds; no sequence decoder (the set is its test, not the order)."""
+def BAG_OPTIONS(base: dict) -> dict:
+    """The bag row's own budget: its test is the bag-of-words read-out, which reads a set only from more chunks than
+    the decoders get (0.926 at 8,000, 0.788 at 2,000, where a read-out that knew the codes gets 0.787:
+    docs/probes.md) and fits in seconds: the read-out alone (the set is its test, not the order) on four times the
+    quickstart's chunks."""
+    return dict(sequence=False, n_train=4 * int(base["n_train"]))
 
 
 def default_entries() -> list[Entry]:
@@ -256,8 +266,10 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     run_dir.mkdir(parents=True, exist_ok=True)
     defaults = dict(FAST if fast else FULL)
     base = apply_overrides(dict(defaults), list(overrides or []))
-    budget = lambda e: apply_overrides({**defaults, **(e.options or {})} if not fast else dict(defaults),  # noqa: E731
-                                       list(overrides or []))
+    def budget(e: Entry) -> dict:
+        own = e.options(base) if callable(e.options) else (e.options or {})
+        return apply_overrides({**defaults, **own}, list(overrides or []))
+
     ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[],
                   seq_len=int(base.get("seq_len", 32)))
     load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
@@ -298,7 +310,9 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         opts_line += f". Rows with their own budget: {own}"
     renders = "; ".join(sorted({f"{r['name']}: {r['rendering']}" for r in rows if "rendering" in r}))
     (run_dir / "table.md").write_text(f"{table}\n\nEvery model reads the same held-out chunks of text ({base.get('seq_len', 32)} "
-                                      f"words of Austen test chapters) in its own tokens; bits per chunk: what the "
+                                      f"words of Austen test chapters, at most 32 tokens of the toy BPE) in its own tokens, and every "
+                                      f"decoder rebuilds them in the toy BPE's tokens (one control for all rows); "
+                                      f"bits per chunk: what the "
                                       f"embedding adds over the control, summed over a chunk's tokens; intervals: 95 % "
                                       f"paired bootstrap over held-out chunks. Text as each tokenizer renders it: "
                                       f"{renders}.\nProbe options: {opts_line}.\n" + (f"\n{notes}\n" if notes else ""))
