@@ -24,7 +24,12 @@ Contracts (``impl``):
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
 * ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface);
 * ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed) -> dict`` with ``recovered``, ``prior``, ``gain``
-  and ``_per_chunk``;
+  and ``_per_chunk`` (per held-out chunk: ``recovered`` and ``prior``; with ``nll`` and ``prior_nll``, nats over
+  the same tokens, the intervals also give ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``,
+  ``NAME_token_set_f1_gain``). A read-out whose ``f`` takes a ``context`` keyword is also given a
+  :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer and width, the options); a part's optional
+  ``check(context)`` runs once the chunks are cut, before anything is encoded or fitted, and refuses what
+  cannot be read in one line;
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
 """
 
@@ -53,6 +58,44 @@ class Part:
     options: tuple[str, ...] = ()
     """ProbeOptions fields that apply to this part alone."""
     description: str = ""
+    check: Callable[..., None] | None = None
+    """Read-outs: ``check(context: ReadoutContext)``, run before any fitting (one clear error, or nothing)."""
+
+
+@dataclass(frozen=True)
+class ReadoutContext:
+    """What a read-out may know besides the embeddings and the token ids: the texts of the training and held-out
+    chunks (in the order of their ids; a learning curve's sizes take a prefix), the encoder's tokenizer and width,
+    and the probe's options (None outside a probe: :meth:`option` then gives the defaults)."""
+
+    texts_train: list[str] | None = None
+    texts_eval: list[str] | None = None
+    tokenizer: Any = None
+    dim: int | None = None
+    opts: Any = None
+
+    def option(self, name: str, default=None):
+        """The probe option ``name``, or ``default`` without options."""
+        return getattr(self.opts, name, default) if self.opts is not None else default
+
+
+def takes_context(impl) -> bool:
+    """Whether a read-out's ``f`` accepts the ``context`` keyword."""
+    import inspect
+
+    try:
+        params = inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return False
+    return "context" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_readouts(opts, context: ReadoutContext) -> None:
+    """Each chosen read-out's ``check`` (see :class:`Part`)."""
+    for name in chosen(opts, "readout"):
+        part = get_part("readout", name)
+        if part.check is not None:
+            part.check(context)
 
 
 @dataclass(frozen=True)
