@@ -29,7 +29,8 @@ mean target), decoded by the same decoder; ``gain = recovered - prior``.
 same target tokens) and their TF1 (``tf1``, ``prior_tf1``), so
 :mod:`memlab.probes.intervals` reports ``align_bits_per_chunk`` with a paired
 bootstrap interval. ``own`` is the target's decoder reading the target's own
-memories of the held-out chunks: the ceiling the map can reach.
+memories of the held-out chunks (the ceiling the map can reach) and ``own.r2`` the
+share of their variance the map predicts (what limits a low reading).
 """
 
 from __future__ import annotations
@@ -257,6 +258,9 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
            "_per_chunk": {"recovered": acc, "prior": prior_acc, "nll": got["nll"], "prior_nll": base["nll"],
                           "tf1": tf1, "prior_tf1": prior_tf1}}
     if mine is not None:
+        resid, spread = ((y_own - y_hat) ** 2).sum(), ((y_own - ridge.bias.float()) ** 2).sum()
         out["own"] = {"recovered": _mean(_accuracy(mine)), "ce": float(mine["nll"].sum() / mine["tokens"].sum()),
-                      "definition": "the target decoder reading the target's own memories of the same chunks"}
+                      "r2": float(1.0 - resid / spread.clamp(min=1e-12)),
+                      "definition": "the target decoder reading the target's own memories of the same chunks; r2: "
+                                    "the share of their variance (around the training mean) that the map predicts"}
     return out

@@ -150,7 +150,8 @@ def format_summary(report) -> str:
                      f"(frequency prior {b['prior']:.3f})")
     a = (report.readouts or {}).get("align")
     if a:
-        own = f"; the target's decoder on its own memories {a['own']['recovered']:.3f}" if a.get("own") else ""
+        own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
+               f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
         lines.append(f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior "
                      f"{a['prior']:.3f}{own}), TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), "
                      f"{a['bits_per_chunk']:.1f} bits per chunk; ridge alpha {a['alpha']:g} by leave-one-out")
