@@ -132,7 +132,11 @@ class ProbeOptions:
     """Also train the control decoder on a constant embedding."""
     readouts: list[str] = field(default_factory=lambda: ["bow"])
     """Read-outs fitted beside the decoder (registered parts; bow: the bag-of-words read-out, a linear multi-label
-    head, and its frequency prior); [] for none."""
+    head, and its frequency prior; align: a ridge map into the space of align_target, read by its decoder); [] for
+    none."""
+    align_target: str = "space:memory_ae"
+    """readouts=[..., align]: the space the embedding is mapped into and read by its own decoder (space:NAME[:PATH];
+    space:memory_ae alone is the shipped memory autoencoder). memlab.probes.align."""
     scorers: list[str] = field(default_factory=lambda: ["token_set_f1", "sentence_bleu", "exact_match"])
     """Scores of the greedy reconstruction (registered parts)."""
     ci_level: float = 0.95
