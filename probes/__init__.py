@@ -4,6 +4,7 @@ A probe is a composition of registered parts (:mod:`memlab.probes.parts`); the b
 """
 
 from memlab.probes import builtin_parts  # noqa: F401  (registers the probe's own parts)
+from memlab.probes import pretrained  # noqa: F401  (registers decoder=pretrained:NAME)
 from memlab.registry import SPACES
 
 

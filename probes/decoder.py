@@ -39,6 +39,7 @@ cross-entropy and H_r stay defined on the full vocabulary V.
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -74,105 +75,51 @@ class ProbeDecoderConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
 
-class ProbeDecoder(PreTrainedModel):
-    config_class = ProbeDecoderConfig
-    base_model_prefix = "body"
-    _supports_sdpa = True
+@runtime_checkable
+class ProbeDecoderAPI(Protocol):
+    """What training (:mod:`memlab.probes.train`), scoring (:mod:`memlab.probes.scores`) and the fitted probe
+    (:mod:`memlab.probes.space`) use of a probe decoder: an ``nn.Module`` with
 
-    def __init__(self, config: ProbeDecoderConfig):
-        super().__init__(config)
-        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu"))  # from the global seed (post_init)
-        c = config
-        kept = torch.tensor(sorted(set(c.kept_ids) | {c.start_id}), dtype=torch.long)  # (K,)
+    * ``forward(z (B, D), decoder_input_ids (B, T)) -> logits (B, T, C)`` over its C output classes;
+    * the output vocabulary of :class:`CompactVocab` (``num_kept``, ``has_other``, ``to_compact``, ``to_full``,
+      ``compact_targets``, ``other_penalty``, ``full_log_probs``, ``predict_full``);
+    * ``set_normalization(z_train)`` (:class:`EmbeddingNorm`);
+    * ``config`` with ``embed_dim``, ``vocab_size``, ``start_id``, ``max_len``, ``inputs``, ``bag_head``,
+      ``input_dropout``, ``repeat_penalty``; and ``save_pretrained(folder)``.
+    """
+
+    num_kept: int
+    has_other: bool
+    config: Any
+
+    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def set_normalization(self, z: torch.Tensor) -> None: ...
+
+    def compact_targets(self, labels: torch.Tensor) -> torch.Tensor: ...
+
+    def full_log_probs(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def predict_full(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def save_pretrained(self, folder) -> None: ...
+
+
+class CompactVocab:
+    """The output vocabulary of a probe decoder: the ``K`` kept token ids (seen in training, and the start id) and,
+    when ``K < V``, one *other* class whose probability is spread evenly over the ``V - K`` unseen ids (see the
+    module doc). ``_init_vocab`` registers the buffers ``to_compact`` (V+1,) and ``to_full`` (K,)."""
+
+    def _init_vocab(self, kept_ids, start_id: int, vocab_size: int) -> int:
+        """Set up the kept ids; returns the number of output classes ``C = K [+ 1]``."""
+        kept = torch.tensor(sorted(set(kept_ids) | {start_id}), dtype=torch.long)  # (K,)
         self.num_kept = int(kept.numel())
-        self.has_other = self.num_kept < c.vocab_size
-        to_compact = torch.full((c.vocab_size + 1,), self.num_kept, dtype=torch.long)  # unseen -> other
+        self.has_other = self.num_kept < vocab_size
+        to_compact = torch.full((vocab_size + 1,), self.num_kept, dtype=torch.long)  # unseen -> other
         to_compact[kept] = torch.arange(self.num_kept)
         self.register_buffer("to_compact", to_compact)  # (V+1,)
         self.register_buffer("to_full", kept)  # (K,)
-        n_classes = self.num_kept + int(self.has_other)
-        self._cond = get_part("conditioning", c.conditioning).impl
-        self._inputs = get_part("inputs", c.inputs).impl
-        n_cond = self._cond.vectors(c)
-        body_cfg = LlamaConfig(vocab_size=self.num_kept + 1, hidden_size=c.hidden_size,
-                               intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-                               num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
-                               max_position_embeddings=c.max_len + n_cond, use_cache=False)
-        body_cfg._attn_implementation = "sdpa"
-        self.body = LlamaModel(body_cfg)
-        # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
-        # control (the same decoder on a constant embedding) start from the same weights whatever the width
-        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
-        self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
-        # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
-        # Adam then cannot blow the conditioning up into noise that swamps the tokens
-        self.cond_norm = nn.LayerNorm(c.hidden_size)
-        with torch.no_grad():
-            self.cond_norm.weight.fill_(0.02)
-        # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
-        # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
-        self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
-        self.register_buffer("z_mean", torch.zeros(c.embed_dim))
-        self.register_buffer("z_std", torch.ones(c.embed_dim))
-        self.post_init()
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-
-    def post_init(self):
-        super().post_init()
-        # every weight drawn from one private generator, the embedding-shaped ones (cond, bag) last: a probe and its
-        # control start from the same weights whatever the embedding's width
-        if any(p.is_meta for p in self.parameters()):  # built to be loaded (from_pretrained): weights come later
-            return
-        gen = torch.Generator().manual_seed(self._init_seed)
-        late = {"cond", "bag"}
-        mods = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-        with torch.no_grad():
-            for n, m in sorted(mods, key=lambda nm: nm[0].split(".")[0] in late):  # stable: order kept otherwise
-                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.02)
-                if getattr(m, "bias", None) is not None:
-                    m.bias.zero_()
-        if self.bag is not None:  # starts silent: the decoder begins as without it
-            nn.init.zeros_(self.bag.weight)
-
-    def set_normalization(self, z: torch.Tensor) -> None:
-        """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
-        same = (z == z[:1]).all(0)  # (D,) dimensions constant in training: their mean is that value, exactly
-        self.z_mean.copy_(torch.where(same, z[0], z.mean(0)))  # so a constant embedding standardises to exact zeros
-        std = z.std(0) if z.shape[0] > 1 else torch.ones_like(self.z_std)  # (D,)
-        std = std.masked_fill(same, 0.0)
-        live = std[std > 0]
-        # dimensions that hardly vary in training must not blow up when they do vary later
-        floor = 0.1 * float(live.median()) if live.numel() else 1.0
-        self.z_std.copy_(std.clamp(min=max(floor, 1e-6)))
-
-    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
-
-        With ``inputs="blank"`` only the shape of ``decoder_input_ids`` is used: every input is the start token.
-        """
-        c = self.config
-        b, t = decoder_input_ids.shape
-        if t > c.max_len:
-            raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
-        decoder_input_ids = self._inputs(decoder_input_ids, c, self.training)  # (B, T)
-        ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
-        x = self.body.embed_tokens(ids)  # (B, T, d)
-        zn = (z.to(x.dtype) - self.z_mean) / self.z_std  # (B, D)
-        if self.training and getattr(c, "cond_dropout", 0.0):
-            zn = nn.functional.dropout(zn, c.cond_dropout)
-        cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
-        x = self._cond.join(x, cond)  # (B, P' + T, d): the registered conditioning
-        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
-        h = h[:, self._cond.offset(c) :]  # (B, T, d)
-        logits = self.lm_head(h)  # (B, T, C)
-        if self.bag is not None:
-            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
-        return logits
+        return self.num_kept + int(self.has_other)
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary labels (B, T) -> compact class ids; negative labels (-100, a probe chunk's PAD) -> -100."""
@@ -204,3 +151,109 @@ class ProbeDecoder(PreTrainedModel):
             fallback = int(torch.nonzero(self.to_compact[: self.config.vocab_size] == self.num_kept)[0])
             pred = torch.where(other_wins, torch.full_like(pred, fallback), pred)
         return pred
+
+
+class EmbeddingNorm:
+    """Embeddings standardised per dimension with statistics of the training cache (buffers ``z_mean``, ``z_std``;
+    each std floored at a tenth of the median; see the module doc)."""
+
+    def _init_norm(self, embed_dim: int) -> None:
+        self.register_buffer("z_mean", torch.zeros(embed_dim))
+        self.register_buffer("z_std", torch.ones(embed_dim))
+
+    def standardise(self, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(B, D) embeddings -> (B, D) standardised, in ``dtype``."""
+        return (z.to(dtype) - self.z_mean) / self.z_std  # (B, D)
+
+    def set_normalization(self, z: torch.Tensor) -> None:
+        """Standardise inputs with the mean and std of training embeddings ``z`` (N, D)."""
+        same = (z == z[:1]).all(0)  # (D,) dimensions constant in training: their mean is that value, exactly
+        self.z_mean.copy_(torch.where(same, z[0], z.mean(0)))  # so a constant embedding standardises to exact zeros
+        std = z.std(0) if z.shape[0] > 1 else torch.ones_like(self.z_std)  # (D,)
+        std = std.masked_fill(same, 0.0)
+        live = std[std > 0]
+        # dimensions that hardly vary in training must not blow up when they do vary later
+        floor = 0.1 * float(live.median()) if live.numel() else 1.0
+        self.z_std.copy_(std.clamp(min=max(floor, 1e-6)))
+
+
+class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
+    config_class = ProbeDecoderConfig
+    base_model_prefix = "body"
+    _supports_sdpa = True
+
+    def __init__(self, config: ProbeDecoderConfig):
+        super().__init__(config)
+        self._init_seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu"))  # from the global seed (post_init)
+        c = config
+        n_classes = self._init_vocab(c.kept_ids, c.start_id, c.vocab_size)
+        self._cond = get_part("conditioning", c.conditioning).impl
+        self._inputs = get_part("inputs", c.inputs).impl
+        n_cond = self._cond.vectors(c)
+        body_cfg = LlamaConfig(vocab_size=self.num_kept + 1, hidden_size=c.hidden_size,
+                               intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
+                               num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
+                               max_position_embeddings=c.max_len + n_cond, use_cache=False)
+        body_cfg._attn_implementation = "sdpa"
+        self.body = LlamaModel(body_cfg)
+        # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
+        # control (the same decoder on a constant embedding) start from the same weights whatever the width
+        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
+        self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
+        # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
+        # Adam then cannot blow the conditioning up into noise that swamps the tokens
+        self.cond_norm = nn.LayerNorm(c.hidden_size)
+        with torch.no_grad():
+            self.cond_norm.weight.fill_(0.02)
+        # the same linear map of the embedding is added to the logits of every position: a bag-of-words read-out
+        # inside the decoder, trained by all T positions at once (data-efficient where order is not kept)
+        self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if getattr(c, "bag_head", False) else None
+        self._init_norm(c.embed_dim)
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def post_init(self):
+        super().post_init()
+        # every weight drawn from one private generator, the embedding-shaped ones (cond, bag) last: a probe and its
+        # control start from the same weights whatever the embedding's width
+        if any(p.is_meta for p in self.parameters()):  # built to be loaded (from_pretrained): weights come later
+            return
+        gen = torch.Generator().manual_seed(self._init_seed)
+        late = {"cond", "bag"}
+        mods = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        with torch.no_grad():
+            for n, m in sorted(mods, key=lambda nm: nm[0].split(".")[0] in late):  # stable: order kept otherwise
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.02)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+        if self.bag is not None:  # starts silent: the decoder begins as without it
+            nn.init.zeros_(self.bag.weight)
+
+    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
+
+        With ``inputs="blank"`` only the shape of ``decoder_input_ids`` is used: every input is the start token.
+        """
+        c = self.config
+        b, t = decoder_input_ids.shape
+        if t > c.max_len:
+            raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
+        decoder_input_ids = self._inputs(decoder_input_ids, c, self.training)  # (B, T)
+        ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
+        x = self.body.embed_tokens(ids)  # (B, T, d)
+        zn = self.standardise(z, x.dtype)  # (B, D)
+        if self.training and getattr(c, "cond_dropout", 0.0):
+            zn = nn.functional.dropout(zn, c.cond_dropout)
+        cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
+        x = self._cond.join(x, cond)  # (B, P' + T, d): the registered conditioning
+        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
+        h = h[:, self._cond.offset(c) :]  # (B, T, d)
+        logits = self.lm_head(h)  # (B, T, C)
+        if self.bag is not None:
+            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
+        return logits

@@ -56,7 +56,7 @@ def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
 
 
 ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
-                "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
+                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
                 "ci_level", "ci_resamples", "layers", "layers_sequence"}
 """Options a control run does not depend on."""
 
@@ -104,12 +104,15 @@ def _words_data(opts: ProbeOptions, encoder):
                           f"({encoder.max_length} tokens besides its special tokens); lower seq_len")
     t = max(tr.shape[1], ev.shape[1])
     pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
-    return pad(tr), pad(ev), texts_ev, cut_tr + cut_ev
+    return pad(tr), pad(ev), texts_tr, texts_ev, cut_tr + cut_ev
 
 
-def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), and
-    how the text was cut (``report.text``; ``chars``: characters of each held-out chunk)."""
+def probe_data(opts: ProbeOptions, encoder):
+    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), how
+    the text was cut (``report.text``; ``chars``: characters of each held-out chunk) and the decoder's targets
+    (:class:`memlab.probes.targets.Targets`: the same chunks, or their texts in the decoder's own tokenizer)."""
+    from memlab.probes.targets import make_targets
+
     from memlab.probes.chunks import chunk_chars, mask_of, rendering, rows
 
     tok = encoder.tokenizer
@@ -121,10 +124,11 @@ def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor,
         eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
                                   at_most=True)
         texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
+        texts_tr = tok.batch_decode(rows(train_ids), skip_special_tokens=True)
         chars = chunk_chars(eval_ids, tok)
         render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
     else:
-        train_ids, eval_ids, texts, cut = _words_data(opts, encoder)
+        train_ids, eval_ids, texts_tr, texts, cut = _words_data(opts, encoder)
         chars, render = [len(x) for x in texts], rendering(texts, eval_ids, tok)
     note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
     if note:
@@ -136,8 +140,20 @@ def probe_data(opts: ProbeOptions, encoder) -> tuple[torch.Tensor, torch.Tensor,
                       f"{opts.chunk_tokenizer or 'its own tokenizer'}")
     text = {"chunk_by": opts.chunk_by, "per_chunk": per_chunk,
             "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
-            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars}
-    return train_ids, eval_ids, text  # (N, T), (M, T)
+            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars,
+            "_texts": (texts_tr, texts)}
+    targets = make_targets(opts, encoder, train_ids, eval_ids, texts_tr, texts)
+    text["targets"] = targets.describe(texts)
+    return train_ids, eval_ids, text, targets  # (N, T), (M, T)
+
+
+PRIVATE_TEXT = ("chars", "_texts")
+"""Keys of probe_data's ``text`` that the report leaves out (per-chunk characters, the chunk texts)."""
+
+
+def public_text(text: dict) -> dict:
+    """``text`` as the report holds it (without :data:`PRIVATE_TEXT`)."""
+    return {k: v for k, v in text.items() if k not in PRIVATE_TEXT}
 
 
 def eval_note(opts: ProbeOptions, eval_ids: torch.Tensor) -> str | None:
@@ -165,8 +181,8 @@ def fit_length(encoder, ids: torch.Tensor):
     return encoder
 
 
-def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, text: dict) -> ProbeReport:
-    """The typed report from the fitted read-outs ``fit`` (:func:`memlab.probes.fit.fit_readings`)."""
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, text: dict, targets) -> ProbeReport:
+    """The typed report from the fitted read-outs ``fit`` (:func:`memlab.probes.fit.fit_readings`) of ``targets``."""
     from memlab.probes.chunks import rows
 
     tok, dec = encoder.tokenizer, fit["_decoder"]
@@ -175,10 +191,13 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, te
     inputs = tok.batch_decode(rows(eval_ids[:k]), skip_special_tokens=True)
     return ProbeReport(
         model=opts.model if not opts.random_init else f"{opts.model} (random init)",
-        encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(tok), seq_len=opts.seq_len,
+        encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(targets.tokenizer), seq_len=opts.seq_len,
         n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
-        text={k_: v for k_, v in text.items() if k_ != "chars"},
-        decoder=None if dec is None else {"parameters": sum(p.numel() for p in dec.parameters()),
+        text=public_text(text),
+        decoder=None if dec is None else {"kind": opts.decoder, "targets_in": targets.name,
+                                          "parameters": sum(p.numel() for p in dec.parameters()),
+                                          "trained_parameters": sum(p.numel() for p in dec.parameters()
+                                                                    if p.requires_grad),
                                           "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
                                           "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
                                           "input_dropout": float(dec.config.input_dropout),
@@ -205,9 +224,14 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
         torch.set_num_threads(opts.threads)
     with T.Timer() as t_load:
         encoder = _load(opts, encoder)
-    train_ids, eval_ids, text = probe_data(opts, encoder)
+    train_ids, eval_ids, text, targets = probe_data(opts, encoder)
     encoder = fit_length(encoder, train_ids)
-    return encoder, train_ids, eval_ids, text, t_load.seconds
+    if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
+        from memlab.probes.fit import readout_context
+        from memlab.probes.parts import check_readouts
+
+        check_readouts(opts, readout_context(opts, encoder.tokenizer, text["_texts"], encoder.dim))
+    return encoder, train_ids, eval_ids, text, t_load.seconds, targets
 
 
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
@@ -220,13 +244,13 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     from memlab.probes.fit import fit_readings
 
     t_start = time.perf_counter()
-    encoder, train_ids, eval_ids, text, load_s = setup(opts, run_dir, encoder)
+    encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
     with T.Timer() as t_enc:
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
-    ckey = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
-    fit = fit_readings(opts, encoder.tokenizer, train_ids, eval_ids, z_train, z_eval, control_cache, ckey,
-                       bow=bool(opts.readouts), chars=text["chars"])
-    report = build_report(opts, encoder, train_ids, eval_ids, fit, text)
+    ckey = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
+    fit = fit_readings(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache, ckey,
+                       sequence=opts.sequence, bow=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
+    report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
     if not opts.model.startswith("synthetic:"):
         report.data_split = T.split_description(opts.corpus)
     report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
@@ -237,11 +261,12 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     if (n := max(train_sizes(opts))) < default_n:
         report.budget_note = (f"n_train={n} is below the default {default_n}: on the measured learning curves "
                               "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
-    fitted = FittedProbe(encoder, fit["_decoder"])
+    fitted = FittedProbe(encoder, fit["_decoder"], tg.tokenizer) if fit["_decoder"] is not None else None
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        fitted.save(out, encoder_spec(opts, encoder))
+        if fitted is not None:
+            fitted.save(out, encoder_spec(opts, encoder))
         report.run_dir = str(out)
         write_report(report, out)
     if verbose:

@@ -1,7 +1,8 @@
 """The probe's options: every default in one place (ProbeOptions), their checks, and how configs are read.
 
 Options that belong to one part (``prefix_len`` to ``conditioning=prefix``, ``input_dropout`` and
-``repeat_penalty`` to ``inputs=teacher``) are refused by name when given with another part
+``repeat_penalty`` to ``inputs=teacher``, ``lora_r`` and ``lora_alpha`` to ``decoder=pretrained:NAME``) are refused
+by name when given with another part
 (:func:`memlab.probes.parts.check_parts`). A ``recipe: probe`` experiment file holds its probe in ``options:``;
 any other section is refused by name.
 """
@@ -73,7 +74,17 @@ class ProbeOptions:
     (0: plain greedy). A weak decoder otherwise loops on one phrase, which hides the tokens it does read (TF1, BLEU
     and exact match score the reconstruction; token accuracy and CE are teacher forced and do not use it)."""
     decoder: str = "llama"
-    """The decoder (a registered probe part: memlab.probes.parts)."""
+    """The decoder (a registered probe part: memlab.probes.parts): llama (a small Llama trained from scratch, in
+    the encoder's tokenizer) or pretrained:NAME (a pretrained causal LM: shortcut, folder, run, GGUF file or hub
+    name, reading the embedding through a trained map; targets in its own tokenizer; memlab.probes.pretrained)."""
+    target_tokenizer: str | None = None
+    """decoder=llama: rebuild the chunk texts in this tokenizer (a shortcut, folder, run directory or GGUF file)
+    instead of the encoder's own (chunk_by=words): every model of a comparison is then scored over the same target
+    tokens, and probes of the same chunks share one control."""
+    lora_r: int = 0
+    """decoder=pretrained: rank of the LoRA adapters trained in the LM (peft); 0 keeps the LM frozen."""
+    lora_alpha: float = 16.0
+    """decoder=pretrained with lora_r > 0: LoRA scale (the adapters' output is multiplied by lora_alpha / lora_r)."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2
@@ -115,11 +126,17 @@ class ProbeOptions:
     read synthetic concat whole instead of over-fitting their own language model (docs/probes.md)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    sequence: bool = True
+    """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
     readouts: list[str] = field(default_factory=lambda: ["bow"])
     """Read-outs fitted beside the decoder (registered parts; bow: the bag-of-words read-out, a linear multi-label
-    head, and its frequency prior); [] for none."""
+    head, and its frequency prior; align: a ridge map into the space of align_target, read by its decoder); [] for
+    none."""
+    align_target: str = "space:memory_ae"
+    """readouts=[..., align]: the space the embedding is mapped into and read by its own decoder (space:NAME[:PATH];
+    space:memory_ae alone is the shipped memory autoencoder). memlab.probes.align."""
     scorers: list[str] = field(default_factory=lambda: ["token_set_f1", "sentence_bleu", "exact_match"])
     """Scores of the greedy reconstruction (registered parts)."""
     ci_level: float = 0.95
@@ -212,6 +229,10 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         raise ConfigError("'max_chunk_tokens' must be >= 1 and applies to chunk_by=words")
     if opts.chunk_tokenizer is not None and opts.max_chunk_tokens is None:
         raise ConfigError("'chunk_tokenizer' counts max_chunk_tokens; set max_chunk_tokens too")
+    if opts.target_tokenizer is not None and opts.chunk_by != "words":
+        raise ConfigError("'target_tokenizer' rebuilds the chunk texts: it needs chunk_by=words")
+    if not opts.sequence and not opts.readouts:
+        raise ConfigError("'sequence=false' leaves only the read-outs, and 'readouts' is empty: nothing to fit")
     if opts.layers is not None and len(train_sizes(opts)) > 1:
         raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
     return opts

@@ -14,7 +14,9 @@ the tree.
 A part lists the ProbeOptions fields that apply to it alone (``options``):
 setting one of them while another part of its kind is chosen is refused by
 name (``input_dropout`` with ``inputs=blank``, ``prefix_len`` with
-``conditioning=unrolled``).
+``conditioning=unrolled``). A part may check the options further (``check``),
+and may take an argument after a colon (``argument``: ``decoder=pretrained:NAME``
+chooses the part ``pretrained`` with argument ``NAME``).
 
 Contracts (``impl``):
 
@@ -22,9 +24,16 @@ Contracts (``impl``):
 * ``pool``: ``f(states (B, T, D), mask (B, T)) -> (B, D)``;
 * ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs);
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
-* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface);
-* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` with ``recovered``, ``prior``,
-  ``gain`` and ``_per_chunk``, fitted on ``device`` (the probe's);
+* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface,
+  :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
+  tokenizer, options and save format, e.g. ``pretrained:NAME``);
+* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` (fitted on ``device``, the probe's) with ``recovered``, ``prior``, ``gain``
+  and ``_per_chunk`` (per held-out chunk: ``recovered`` and ``prior``; with ``nll`` and ``prior_nll``, nats over
+  the same tokens, the intervals also give ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``,
+  ``NAME_token_set_f1_gain``). A read-out whose ``f`` takes a ``context`` keyword is also given a
+  :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer and width, the options); a part's optional
+  ``check_context(context)`` runs once the chunks are cut, before anything is encoded or fitted, and refuses what
+  cannot be read in one line;
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
 """
 
@@ -53,6 +62,49 @@ class Part:
     options: tuple[str, ...] = ()
     """ProbeOptions fields that apply to this part alone."""
     description: str = ""
+    argument: str = ""
+    """What the ``:ARG`` after the part's name names (empty: the part takes none)."""
+    check: Callable[[Any, Any, set], None] | None = None
+    """``check(opts, arg, explicit)``: more checks of the options when this part is chosen (a ConfigError)."""
+    check_context: Callable[..., None] | None = None
+    """Read-outs: ``check_context(context: ReadoutContext)``, run once the chunks are cut, before any fitting (one
+    clear error, or nothing)."""
+
+
+@dataclass(frozen=True)
+class ReadoutContext:
+    """What a read-out may know besides the embeddings and the token ids: the texts of the training and held-out
+    chunks (in the order of their ids; a learning curve's sizes take a prefix), the encoder's tokenizer and width,
+    and the probe's options (None outside a probe: :meth:`option` then gives the defaults)."""
+
+    texts_train: list[str] | None = None
+    texts_eval: list[str] | None = None
+    tokenizer: Any = None
+    dim: int | None = None
+    opts: Any = None
+
+    def option(self, name: str, default=None):
+        """The probe option ``name``, or ``default`` without options."""
+        return getattr(self.opts, name, default) if self.opts is not None else default
+
+
+def takes_context(impl) -> bool:
+    """Whether a read-out's ``f`` accepts the ``context`` keyword."""
+    import inspect
+
+    try:
+        params = inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return False
+    return "context" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_readouts(opts, context: ReadoutContext) -> None:
+    """Each chosen read-out's ``check_context`` (see :class:`Part`)."""
+    for name in chosen(opts, "readout"):
+        part = get_part("readout", name)
+        if part.check_context is not None:
+            part.check_context(context)
 
 
 @dataclass(frozen=True)
@@ -74,6 +126,19 @@ class Conditioning:
     offset: Callable[[Any], int] = field(default=lambda c: 0)
 
 
+@dataclass(frozen=True)
+class DecoderKind:
+    """A decoder with its own tokenizer: ``build(config, arg, options) -> nn.Module`` (``options``: the values of
+    the part's own ProbeOptions fields), ``tokenizer(arg)``: the tokenizer its targets are in, ``load(folder)``: a
+    saved decoder back (strict). Calling it as ``f(config)`` is refused: it needs its argument."""
+
+    build: Callable[..., Any]
+    tokenizer: Callable[[str], Any]
+    load: Callable[[Any], Any]
+    config_type: str = ""
+    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.space.load_probe` finds it)."""
+
+
 _ENCODER_ORDER: list[str] = []
 
 
@@ -87,11 +152,25 @@ def register_part(kind: str, part: Part) -> Part:
     return part
 
 
+def split_name(name: str) -> tuple[str, str | None]:
+    """``"pretrained:smollm2"`` -> ``("pretrained", "smollm2")``; ``"llama"`` -> ``("llama", None)``."""
+    base, sep, arg = str(name).partition(":")
+    return base, (arg if sep else None)
+
+
 def get_part(kind: str, name: str) -> Part:
-    """The part ``name`` of ``kind``, or a ConfigError naming the registered ones."""
-    if name not in PARTS[kind]:
+    """The part ``name`` of ``kind`` (``NAME:ARG`` for a part that takes an argument), or a ConfigError naming the
+    registered ones."""
+    base, arg = split_name(name)
+    if base not in PARTS[kind]:
         raise ConfigError(f"unknown probe {kind} '{name}'; registered: {', '.join(PARTS[kind].names())}")
-    return PARTS[kind].get(name)
+    part = PARTS[kind].get(base)
+    if part.argument and not arg:
+        raise ConfigError(f"probe {kind} '{base}' needs an argument: {SELECTED_BY.get(kind, kind)}={base}:"
+                          f"{part.argument.split(':')[0]} ({part.argument})")
+    if arg is not None and not part.argument:
+        raise ConfigError(f"probe {kind} '{base}' takes no argument, got '{name}'")
+    return part
 
 
 def chosen(opts, kind: str) -> list[str]:
@@ -103,7 +182,8 @@ def chosen(opts, kind: str) -> list[str]:
 def check_parts(opts, explicit: set[str] = frozenset()) -> None:
     """Every chosen part is registered; no option in ``explicit`` belongs only to a part that is not chosen."""
     for kind in SELECTED_BY:
-        picked = [get_part(kind, n) for n in chosen(opts, kind)]
+        names = chosen(opts, kind)
+        picked = [get_part(kind, n) for n in names]
         mine = {o for p in picked for o in p.options}
         for name in PARTS[kind].names():
             other = PARTS[kind].get(name)
@@ -112,6 +192,9 @@ def check_parts(opts, explicit: set[str] = frozenset()) -> None:
                     now = ", ".join(p.name for p in picked) or "none"
                     raise ConfigError(f"'{o}' applies to {SELECTED_BY[kind]}={other.name}, not to "
                                       f"{SELECTED_BY[kind]}={now}; drop it or choose {other.name}")
+        for n, p in zip(names, picked):
+            if p.check is not None:
+                p.check(opts, split_name(n)[1], set(explicit))
 
 
 def encoder_kind(spec: str) -> Part | None:

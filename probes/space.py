@@ -5,6 +5,10 @@ token (BOS, else CLS, EOS or pad) before the text and drops its last token;
 labels are the text, ``-100`` on padding. A decoder trained with blank inputs
 (``inputs="blank"``) ignores the input ids and generates all positions at once. ``decode_logits`` returns exact
 log-probabilities over the tokenizer's full vocabulary.
+
+A decoder with its own tokenizer (``decoder=pretrained:NAME``) rebuilds text in that tokenizer
+(``target_tokenizer``): ``generate`` decodes with it, and ``decode_logits`` and ``decoder_inputs`` are over its
+vocabulary; ``encode`` and ``encode_text`` stay in the encoder's.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from memlab.probes.train import shift_right
 class FittedProbe:
     """Frozen encoder + trained probe decoder, usable wherever an EmbeddingSpace is."""
 
-    def __init__(self, encoder, decoder: ProbeDecoder):
+    def __init__(self, encoder, decoder: ProbeDecoder, target_tokenizer=None):
         if decoder.config.embed_dim != encoder.dim:
             raise ModelError(f"the decoder reads embeddings of width {decoder.config.embed_dim}, "
                              f"the encoder gives {encoder.dim}")
         self.encoder = encoder
         self.decoder = decoder.eval()
         self.tokenizer = encoder.tokenizer
+        self.target_tokenizer = target_tokenizer if target_tokenizer is not None else encoder.tokenizer
         self.dim = int(encoder.dim)
         self.max_length = int(decoder.config.max_len)
 
@@ -68,7 +73,7 @@ class FittedProbe:
             from memlab.probes.scores import reconstruct_ids
 
             seq = reconstruct_ids(self.decoder, z, steps)  # (B, T): the greedy reconstruction the report scores
-            return self.tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
+            return self.target_tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         b = z.shape[0]
         start = int(self.decoder.config.start_id)
         if self.decoder.config.inputs == "blank":  # every position is sampled at once from z alone
@@ -76,7 +81,7 @@ class FittedProbe:
             logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
             probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
             seq = torch.multinomial(probs, 1, generator=gen).view(b, steps)  # (B, T)
-            return self.tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
+            return self.target_tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         if num_beams > 1:
             return self._beam(z, steps, num_beams)
         seq = torch.full((b, 1), start, dtype=torch.long)  # (B, 1)
@@ -84,7 +89,7 @@ class FittedProbe:
             logp = self.decoder.full_log_probs(self.decoder(z, seq)[:, -1:])[:, 0] / max(temperature, 1e-6)  # (B, V)
             nxt = torch.multinomial(_top_p(torch.softmax(logp, -1), top_p), 1, generator=gen)  # (B, 1)
             seq = torch.cat([seq, nxt], dim=1)
-        return self.tokenizer.batch_decode(seq[:, 1:].tolist(), skip_special_tokens=True)
+        return self.target_tokenizer.batch_decode(seq[:, 1:].tolist(), skip_special_tokens=True)
 
     def _beam(self, z: torch.Tensor, steps: int, k: int) -> list[str]:
         b = z.shape[0]
@@ -102,7 +107,7 @@ class FittedProbe:
             rows = (torch.arange(b)[:, None] * k + beam).view(-1)  # (B*k,)
             seq = torch.cat([seq[rows], tok.view(-1, 1)], dim=1)
         best = seq.view(b, k, -1)[:, 0, 1:]  # (B, T)
-        return self.tokenizer.batch_decode(best.tolist(), skip_special_tokens=True)
+        return self.target_tokenizer.batch_decode(best.tolist(), skip_special_tokens=True)
 
     def save(self, out_dir: str | Path, encoder_spec: dict) -> None:
         """Write ``decoder/`` (save_pretrained) and ``probe.json`` (how to rebuild the encoder)."""
@@ -134,6 +139,23 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
                            final_norm=spec.get("final_norm", False), random_init=spec.get("random_init", False),
                            special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"),
                            max_len=spec.get("max_len"))
-    from memlab.loading import strict_from_pretrained
+    decoder, target_tokenizer = load_decoder(p / "decoder")
+    return FittedProbe(encoder, decoder, target_tokenizer)
 
-    return FittedProbe(encoder, strict_from_pretrained(ProbeDecoder, p / "decoder"))
+
+def load_decoder(folder: Path):
+    """A saved probe decoder (strict) and its targets' tokenizer (None: the encoder's): the built-in decoder, or
+    the registered :class:`~memlab.probes.parts.DecoderKind` whose ``config_type`` its config.json names."""
+    from memlab.loading import strict_from_pretrained
+    from memlab.probes.parts import PARTS, DecoderKind
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{folder}: the saved decoder's config.json cannot be read ({e})") from None
+    for name in PARTS["decoder"].names():
+        kind = PARTS["decoder"].get(name).impl
+        if isinstance(kind, DecoderKind) and kind.config_type == model_type:
+            dec = kind.load(folder)
+            return dec, kind.tokenizer(dec.config.source)
+    return strict_from_pretrained(ProbeDecoder, folder), None

@@ -24,13 +24,17 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes import train as T
 from memlab.probes.fit import fit_readings
-from memlab.probes.inversion import control_key, encode_data, setup
+from memlab.probes.inversion import control_key, encode_data, public_text, setup
 
 
 def _row(fit: dict) -> dict:
     """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
     row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]} if fit["bow"] else {}
     r = fit["readings"]
+    a = (fit.get("readouts") or {}).get("align")
+    if a:
+        row.update(align_recovered=a["recovered"], align_prior=a["prior"], align_token_set_f1=a["token_set_f1"],
+                   align_bits_per_chunk=a["bits_per_chunk"])
     if "bits_per_chunk" in r:
         row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
                    bits_high=r["bits_per_chunk"]["high"])
@@ -46,7 +50,8 @@ def _row(fit: dict) -> dict:
 
 
 def _table(rows: list[dict], first: str) -> str:
-    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "token_accuracy",
+    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "align_recovered",
+            "align_prior", "align_token_set_f1", "align_bits_per_chunk", "token_accuracy",
             "control_accuracy", "token_set_f1",
             "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
@@ -100,7 +105,7 @@ def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int
 def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
     """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
     t0 = time.perf_counter()
-    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
+    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
@@ -111,15 +116,15 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache = [], {}
-    key = control_key(opts, encoder.tokenizer, train_ids, eval_ids)
+    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
-        fit = fit_readings(o, encoder.tokenizer, train_ids, eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"])
+        fit = fit_readings(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
+                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
         rows.append({"layer": layer, **_row(fit)})
         log(f"layer {layer}: {fit['retention']}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
-               "text": {k: v for k, v in text.items() if k != "chars"},
+               "text": public_text(text),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
     table = _table(rows, "layer")
@@ -148,21 +153,23 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
-    encoder, train_ids, eval_ids, text, _ = setup(opts, run_dir)
+    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     with T.Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
     rows = []
     for n in sizes:
         o = replace(opts, n_train=n, calibrate=False)
-        key = control_key(o, encoder.tokenizer, train_ids[:n], eval_ids)
-        fit = fit_readings(o, encoder.tokenizer, train_ids[:n], eval_ids, z_tr[:n], z_ev, None, key,
-                           bow=bool(opts.readouts), chars=text["chars"])
+        t = tg.first(n)
+        key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
+        fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
+                           bow=bool(opts.readouts), chars=text["chars"],
+                           texts=(text["_texts"][0][:n], text["_texts"][1]))
         rows.append({"n_train": n, **_row(fit)})
         r = rows[-1]
         log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
             f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
-               "text": {k: v for k, v in text.items() if k != "chars"},
+               "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     table = _table(rows, "n_train")
     _write(run_dir, "curve", payload, table, lambda d: _plot(rows, "n_train", d / "learning_curve.png",

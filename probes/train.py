@@ -157,7 +157,8 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
 
 
 def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for :class:`~memlab.probes.inversion.ProbeOptions` ``opts`` (its decoder fields and seed)."""
+    """A fresh decoder for :class:`~memlab.probes.inversion.ProbeOptions` ``opts`` (its decoder fields and seed);
+    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
     torch.manual_seed(opts.seed)
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
@@ -168,9 +169,12 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
                              max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
                              inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
                              input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
-    from memlab.probes.parts import get_part
+    from memlab.probes.parts import DecoderKind, get_part, split_name
 
-    return get_part("decoder", opts.decoder).impl(cfg)
+    part = get_part("decoder", opts.decoder)
+    if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
+        return part.impl.build(cfg, split_name(opts.decoder)[1], {o: getattr(opts, o) for o in part.options})
+    return part.impl(cfg)
 
 
 def _split_held_back(z: torch.Tensor, ids: torch.Tensor, fraction: float, gen: torch.Generator):

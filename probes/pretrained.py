@@ -1,0 +1,305 @@
+"""A pretrained causal LM as the probe's decoder: ``decoder=pretrained:NAME``.
+
+``NAME`` is anything :func:`memlab.probes.loading.resolve_source` takes: a
+shortcut (``smollm2``), a ``save_pretrained`` folder, a memlab run directory,
+a GGUF file or a hub name (read from the local cache; ``trust_remote_code``
+stays off). The LM (``AutoModelForCausalLM``) reads the probed embedding
+through a trained map: the standardised embedding (as the scratch decoder's,
+:class:`memlab.probes.decoder.EmbeddingNorm`) -> Linear -> vectors of the LM's
+width, layer-normed with a gain at the scale of the LM's token embeddings,
+joined to the token embeddings by the registered conditioning
+(``conditioning=prefix``: ``prefix_len`` soft-prompt vectors before the tokens,
+fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
+
+* ``lora_r=0`` (default): the LM is frozen (``requires_grad`` off); only the
+  map (and the *other* class, and the bag head when on) trains.
+* ``lora_r>0``: LoRA adapters of rank ``lora_r`` (scale ``lora_alpha / r``)
+  through ``peft`` on the LM's attention projections (the peft default of its
+  architecture, else every linear layer of its body) train with the map.
+
+Targets are the chunk texts in the decoder's own tokenizer (see
+:mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
+is scored over the same target tokens. The output layer is the LM's, over the
+same compact vocabulary as the scratch decoder (:class:`CompactVocab`: the
+rows of the LM's output matrix for the token ids seen in training, plus a
+trained *other* class spread evenly over the unseen ids; exact over the full
+vocabulary; ``compact_vocab=false``: the LM's whole output layer).
+
+Saved (``save_pretrained``): ``config.json`` (with the LM's name and a
+fingerprint of its weights) and ``decoder.safetensors`` holding only what
+trained (the map, the other class, the bag head, the LoRA weights, the
+standardisation); :func:`load_decoder` rebuilds the LM from its name and
+refuses weights that do not fit or an LM that is not the one trained on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from memlab.errors import ConfigError, ModelError
+from memlab.probes.decoder import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
+from memlab.probes.parts import DecoderKind, Part, get_part, register_part
+
+WEIGHTS = "decoder.safetensors"
+LM_PREFIX = "lm."
+
+
+class PretrainedDecoderConfig(ProbeDecoderConfig):
+    """:class:`ProbeDecoderConfig` of a pretrained decoder: ``hidden_size`` is the LM's width; ``source`` names
+    the LM; ``lora_r``/``lora_alpha`` its adapters; ``lm_fingerprint`` identifies its weights."""
+
+    model_type = "memlab_pretrained_probe_decoder"
+
+    def __init__(self, source: str = "", lora_r: int = 0, lora_alpha: float = 16.0, lm_fingerprint: str = "",
+                 **kwargs):
+        self.source = source
+        self.lora_r = lora_r
+        self.lora_alpha = lora_alpha
+        self.lm_fingerprint = lm_fingerprint
+        super().__init__(**kwargs)
+
+
+def _is_causal_lm(config) -> bool:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    archs = getattr(config, "architectures", None) or []
+    if archs:
+        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
+
+
+@lru_cache(maxsize=2)
+def _base_lm(folder: str, gguf_file: str | None, what: str):
+    """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from memlab.loading import strict_from_pretrained
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
+    except Exception as e:  # noqa: BLE001  (an unreadable config: one line)
+        raise ModelError(f"{what}: not a model transformers can read ({str(e).strip().splitlines()[0][:160]})") from None
+    if not _is_causal_lm(config):
+        archs = ", ".join(getattr(config, "architectures", None) or [type(config).__name__])
+        raise ModelError(f"{what} is not a causal LM ({archs}); a pretrained decoder is an AutoModelForCausalLM")
+    try:
+        lm = strict_from_pretrained(AutoModelForCausalLM, folder, what=what, config=config, dtype=torch.float32,
+                                    trust_remote_code=False, **kw)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001  (a GGUF file fails in many ways)
+        raise ModelError(f"{what}: its weights cannot be read as a causal LM "
+                         f"({str(e).strip().splitlines()[0][:160]})") from None
+    lm.config.use_cache = False
+    return lm.eval()
+
+
+def _source(name: str) -> tuple[str, str | None, str]:
+    from memlab.probes.loading import resolve_source
+
+    folder, gguf_file, _ = resolve_source(name)
+    return folder, gguf_file, f"decoder 'pretrained:{name}'"
+
+
+def load_lm(name: str):
+    """A fresh copy of the causal LM ``name`` (see the module doc)."""
+    return copy.deepcopy(_base_lm(*_source(name)))
+
+
+def load_decoder_tokenizer(name: str):
+    """The tokenizer of the causal LM ``name``: the one its targets are in."""
+    from memlab.probes.loading import _load_tokenizer
+
+    folder, gguf_file, what = _source(name)
+    return _load_tokenizer(folder, gguf_file, what)
+
+
+def fingerprint(lm) -> str:
+    """A short hash of the LM's input embedding matrix (its first rows) and shape: which LM a probe read with."""
+    w = lm.get_input_embeddings().weight.detach()
+    h = hashlib.sha256(json.dumps(list(w.shape)).encode())
+    h.update(w[:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _lora(body: nn.Module, model_type: str, r: int, alpha: float) -> None:
+    """LoRA adapters of rank ``r`` injected into ``body`` in place (peft); only they train there."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
+    except ImportError:
+        raise ConfigError(f"lora_r={r} needs peft: pip install peft (or pip install 'memlab[lora]')") from None
+    targets = TARGETS.get(model_type) or "all-linear"
+    inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets), body)
+    for n, p in body.named_parameters():
+        p.requires_grad_("lora_" in n)
+
+
+class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
+    """A causal LM reading one embedding through a trained map (see the module doc); the probe decoder's interface
+    (:class:`memlab.probes.decoder.ProbeDecoderAPI`)."""
+
+    def __init__(self, config: PretrainedDecoderConfig, lm):
+        super().__init__()
+        c = self.config = config
+        self.lm = lm
+        for p in lm.parameters():
+            p.requires_grad_(False)
+        head = lm.get_output_embeddings()
+        emb = lm.get_input_embeddings()
+        if head is None or emb is None:
+            raise ModelError(f"decoder '{c.source}' has no input embeddings or output layer to read")
+        d = int(emb.weight.shape[1])
+        c.hidden_size = d
+        n_cond = get_part("conditioning", c.conditioning).impl.vectors(c)
+        room = getattr(lm.config, "max_position_embeddings", None)
+        if room is not None and c.max_len + n_cond > room:
+            raise ModelError(f"decoder '{c.source}' reads at most {room} positions; its {n_cond} conditioning "
+                             f"vectors and chunks of {c.max_len} tokens need {c.max_len + n_cond} (lower seq_len)")
+        if int(head.weight.shape[0]) < c.vocab_size:
+            raise ModelError(f"decoder '{c.source}': its output layer has {head.weight.shape[0]} rows, its tokenizer "
+                             f"{c.vocab_size} tokens")
+        if c.lora_r:
+            _lora(self.body, lm.config.model_type, c.lora_r, c.lora_alpha)
+        n_classes = self._init_vocab(c.kept_ids, c.start_id, c.vocab_size)
+        self._cond = get_part("conditioning", c.conditioning).impl
+        self._inputs = get_part("inputs", c.inputs).impl
+        # drawn from the global seed (build_decoder sets it), the embedding-shaped map last and its bias zero: a probe
+        # and its control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
+        self.other = nn.Linear(d, 1) if self.has_other else None
+        if self.other is not None:
+            nn.init.zeros_(self.other.weight)
+            nn.init.zeros_(self.other.bias)
+        self.cond_norm = nn.LayerNorm(d)
+        with torch.no_grad():  # soft prompts at the scale of the LM's own token embeddings
+            self.cond_norm.weight.fill_(float(emb.weight.float().pow(2).mean().sqrt()))
+        self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if c.bag_head else None
+        if self.bag is not None:
+            nn.init.zeros_(self.bag.weight)  # starts silent
+        self.cond = nn.Linear(c.embed_dim, n_cond * d)
+        nn.init.normal_(self.cond.weight, std=0.02)
+        nn.init.zeros_(self.cond.bias)
+        self._init_norm(c.embed_dim)
+
+    @property
+    def body(self) -> nn.Module:
+        """The LM without its output layer (its hidden states are after the final norm)."""
+        return getattr(self.lm, self.lm.base_model_prefix)
+
+    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T)."""
+        c = self.config
+        b, t = decoder_input_ids.shape
+        if t > c.max_len:
+            raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
+        ids = self._inputs(decoder_input_ids, c, self.training).clamp(0, c.vocab_size - 1)  # (B, T)
+        x = self.lm.get_input_embeddings()(ids)  # (B, T, d)
+        zn = self.standardise(z, x.dtype)  # (B, D)
+        if self.training and c.cond_dropout:
+            zn = nn.functional.dropout(zn, c.cond_dropout)
+        cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
+        x = self._cond.join(x, cond)  # (B, P' + T, d)
+        h = self.body(inputs_embeds=x).last_hidden_state[:, self._cond.offset(c):]  # (B, T, d)
+        head = self.lm.get_output_embeddings()
+        bias = None if head.bias is None else head.bias[self.to_full]
+        logits = nn.functional.linear(h, head.weight[self.to_full], bias)  # (B, T, K): the LM's rows of the kept ids
+        if self.other is not None:
+            logits = torch.cat([logits, self.other(h)], dim=-1)  # (B, T, K + 1)
+        if self.bag is not None:
+            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
+        return logits
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What :meth:`save_pretrained` writes: everything outside the LM, and the LM's LoRA weights."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(LM_PREFIX) or "lora_" in k}
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(str(out))
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.trained_state().items()}, str(out / WEIGHTS))
+
+
+def build(config: ProbeDecoderConfig, arg: str, options: dict) -> PretrainedDecoder:
+    """The ``pretrained:ARG`` decoder for a built config (vocabulary in the LM's tokenizer) and the part's options."""
+    seed = int(torch.initial_seed())
+    lm = load_lm(arg)
+    torch.manual_seed(seed)  # the map's draws do not depend on whether the LM was read from disk or the cache
+    names = set(inspect.signature(ProbeDecoderConfig.__init__).parameters) - {"self", "kwargs"}
+    fields = {k: getattr(config, k) for k in names}
+    cfg = PretrainedDecoderConfig(source=_stored_name(arg), lora_r=int(options.get("lora_r", 0)),
+                                  lora_alpha=float(options.get("lora_alpha", 16.0)), lm_fingerprint=fingerprint(lm),
+                                  **fields)
+    return PretrainedDecoder(cfg, lm)
+
+
+def _stored_name(arg: str) -> str:
+    """A path as an absolute path (the saved probe loads from anywhere); a shortcut or hub name as given."""
+    p = Path(arg).expanduser()
+    return str(p.resolve()) if p.exists() else arg
+
+
+def load_decoder(folder: str | Path) -> PretrainedDecoder:
+    """A saved pretrained decoder back: its LM rebuilt by name, the trained weights loaded strictly."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        cfg = PretrainedDecoderConfig.from_pretrained(str(folder))
+        saved = load_file(str(folder / WEIGHTS))
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ModelError(f"{folder}: the saved pretrained decoder cannot be read ({str(e).splitlines()[0][:160]})") \
+            from None
+    lm = load_lm(cfg.source)
+    if cfg.lm_fingerprint and fingerprint(lm) != cfg.lm_fingerprint:
+        raise ModelError(f"{folder}: the LM '{cfg.source}' is not the one this probe decoder was trained on "
+                         "(its weights differ)")
+    dec = PretrainedDecoder(cfg, lm)
+    want = dec.trained_state()
+    missing, extra = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+    bad = [k for k in set(want) & set(saved) if want[k].shape != saved[k].shape]
+    if missing or extra or bad:
+        what = (f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}" if extra
+                else f"reshaped {', '.join(sorted(bad)[:3])}")
+        raise ModelError(f"{folder}: the saved weights do not fit the pretrained decoder ({what})")
+    dec.load_state_dict(saved, strict=False)
+    return dec.eval()
+
+
+def check(opts, arg: str, explicit: set) -> None:
+    """The pretrained decoder's own option checks (one ConfigError each)."""
+    if opts.chunk_by != "words":
+        raise ConfigError("decoder=pretrained reads the chunk texts in its own tokenizer: use chunk_by=words")
+    if opts.lora_r < 0:
+        raise ConfigError(f"'lora_r' must be >= 0 (0: the LM frozen), got {opts.lora_r}")
+    if opts.lora_r == 0 and "lora_alpha" in explicit:
+        raise ConfigError("'lora_alpha' scales LoRA adapters, and lora_r=0 keeps the LM frozen; set lora_r > 0 or "
+                          "drop lora_alpha")
+    if opts.lora_r:
+        if not opts.lora_alpha > 0:
+            raise ConfigError(f"'lora_alpha' must be > 0, got {opts.lora_alpha}")
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"lora_r={opts.lora_r} needs peft, which is not installed: pip install peft "
+                              "(or pip install 'memlab[lora]')") from None
+
+
+register_part("decoder", Part(
+    "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
+    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM (shortcut, folder, run, GGUF file, hub name)",
+    check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, or LoRA)"))
