@@ -101,7 +101,7 @@ def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu
 register_part("readout", Part("bow", _bow, description="bag-of-words read-out: a linear multi-label head"))
 
 
-def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, context=None) -> dict:
+def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
     from memlab.probes.align import fit_align
 
     return fit_align(z_train, z_eval, context)

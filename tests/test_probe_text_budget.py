@@ -74,3 +74,21 @@ def test_bad_text_budget_is_one_line(tiny_llama, small_corpus, tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("memlab: error:") and needle in err[0], err
     assert not out.exists()
+
+
+def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, tokenizer):
+    """encode_all reads chunks of like length together, each batch cut to its longest: the embeddings, in the chunks'
+    order, are each chunk's own (as encoded alone)."""
+    import torch
+
+    from memlab.probes.loading import load_encoder
+    from memlab.probes.train import encode_all
+
+    enc = load_encoder(str(tiny_llama), pool="mean")
+    texts = ["Emma", "It is a truth universally acknowledged", "short one", "a single man in possession of a good",
+             "fortune", "must be in want of a wife, however little known"]
+    ids, _ = tokenize_chunks(texts, tokenizer)
+    z = encode_all(enc, ids, batch_size=2)  # (6, D)
+    for i in range(len(texts)):
+        alone = encode_all(enc, ids[i : i + 1, : int(mask_of(ids[i : i + 1]).sum())])  # (1, D)
+        assert torch.allclose(z[i], alone[0], atol=1e-5)
