@@ -140,3 +140,14 @@ def test_bad_alignment_targets_are_refused_in_one_line(tmp_path, capsys, extra, 
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("memlab: error: ") and says in err[0], err
     assert not out.exists()  # refused before anything was written
+
+
+def test_a_learning_curve_reads_the_alignment_at_each_size(tmp_path):
+    out = tmp_path / "curve"
+    rc = main(["probe", "--model", "synthetic:bag", "--out", str(out), "--n-train", "40,80", "--n-eval", "24",
+               "--epochs", "0.2", "--no-control", "readouts=[align]", "ci_resamples=200", *FIT])
+    assert rc == 0
+    rows = json.loads((out / "curve.json").read_text())["rows"]
+    assert [r["n_train"] for r in rows] == [40, 80]
+    for r in rows:
+        assert 0 <= r["align_recovered"] <= 1 and "align_bits_per_chunk" in r["readings"]
