@@ -248,7 +248,8 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
     ln2 = math.log(2)
     out = {"recovered": _mean(acc), "prior": _mean(prior_acc), "gain": _mean(acc) - _mean(prior_acc),
            "token_set_f1": _mean(tf1), "prior_token_set_f1": _mean(prior_tf1),
-           "ce": float(got["nll"].sum() / got["tokens"].sum()), "prior_ce": float(base["nll"].sum() / base["tokens"].sum()),
+           "ce": float(got["nll"].sum() / got["tokens"].sum()),
+           "prior_ce": float(base["nll"].sum() / base["tokens"].sum()),
            "bits_per_chunk": float((base["nll"] - got["nll"]).mean() / ln2),
            "target": target.name, "target_dim": int(target.dim), "alpha": ridge.alpha, "n_pairs": n,
            "seconds_by_step": {"target_encode": t_enc.seconds, "fit": t_fit.seconds, "decode": t_dec.seconds},

@@ -30,7 +30,7 @@ def _is_shortcut(spec: str) -> bool:
 for _name, _match, _doc in [
     ("hub", lambda s: True, "a Hugging Face hub name, read from the local cache"),
     ("folder", _is_path, "a save_pretrained folder, a memlab run directory or a GGUF file"),
-    ("shortcut", _is_shortcut, "a packaged model (memlab.assets: minilm, smollm2)"),
+    ("shortcut", _is_shortcut, "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)"),
     ("space", lambda s: s.startswith("space:"), "space:NAME[:PATH]: any registered EmbeddingSpace"),
     ("synthetic", lambda s: s.startswith("synthetic:"), "synthetic:concat|bag|constant: a calibration encoder"),
 ]:

@@ -125,6 +125,12 @@ def check_synthetic(kind: str, readings: dict) -> dict:
     if metric == "bow_token_set_f1" and bow:
         value = bow["recovered"]
         return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])
+    missing = ("the bag-of-words read-out (readouts=[bow, ...])" if metric == "bow_token_set_f1" and not bow else
+               "the control (control=true)" if metric == "information_gain" and readings.get("probe") is not None
+               and readings.get("information_gain") is None else None)
+    if missing or (readings.get("probe") is None and not bow):
+        return {"status": "unchecked", "checks": [],
+                "note": f"{name} is checked by {missing or 'the bag-of-words read-out'}, which this probe did not fit"}
     if readings.get("probe") is None:  # no sequence probe (a BoW-only sweep): the read-out's share or gain
         if kind == "constant":
             value = bow["gain"]

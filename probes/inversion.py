@@ -56,7 +56,8 @@ def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
 
 
 ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
-                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
+                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device",
+                "encode_batch_size",
                 "ci_level", "ci_resamples", "layers", "layers_sequence"}
 """Options a control run does not depend on."""
 

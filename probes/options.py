@@ -25,8 +25,8 @@ class ProbeOptions:
     """One probe run (YAML: configs/probes/*.yaml; CLI flags of ``memlab probe``)."""
 
     model: str = "minilm"
-    """Model to probe: a shortcut (minilm, smollm2), ``space:NAME[:PATH]``, a local folder or run, a GGUF file, or a
-    hub name."""
+    """Model to probe: a shortcut (minilm, smollm2, memlab-lm), ``space:NAME[:PATH]``, a local folder or run, a GGUF
+    file, or a hub name."""
     layer: int = -1
     """Hidden state to read: 0 = embeddings, k = output of block k-1; negative counts from the end."""
     pool: str | None = None

@@ -24,7 +24,8 @@ FIT = ["seq_len=32", "max_chunk_tokens=32", f"chunk_tokenizer={COUNTER}"]  # chu
 def _probe(tmp_path, model: str, *extra: str, control: bool = False) -> tuple[int, dict | None]:
     out = tmp_path / "run"
     rc = main(["probe", "--model", model, "--out", str(out), "--n-train", "160", "--n-eval", "40", "--epochs", "0.2",
-               *([] if control else ["--no-control"]), "--threads", "1", "readouts=[align]", "select_decoder=false", "ci_resamples=300",
+               *([] if control else ["--no-control"]), "--threads", "1", "readouts=[align]", "select_decoder=false",
+               "ci_resamples=300",
                *extra])
     report = out / "report.json"
     return rc, json.loads(report.read_text()) if report.is_file() else None
@@ -58,7 +59,8 @@ def test_leave_one_out_error_is_the_refit_one():
         keep = torch.arange(z.shape[0]) != i
         xk, yk = x[keep], y[keep]
         xm, ym = xk.mean(0), yk.mean(0)  # the intercept refits on the fold; the penalty stays lam
-        w = torch.linalg.solve((xk - xm).T @ (xk - xm) + lam * torch.eye(5, dtype=torch.float64), (xk - xm).T @ (yk - ym))
+        gram = (xk - xm).T @ (xk - xm) + lam * torch.eye(5, dtype=torch.float64)  # (D, D)
+        w = torch.linalg.solve(gram, (xk - xm).T @ (yk - ym))  # (D, D')
         errs.append(((y[i] - ((x[i] - xm) @ w + ym)) ** 2).mean())
     assert m.loo_mse[alpha] == pytest.approx(float(torch.stack(errs).mean()), rel=1e-6)
 
@@ -102,6 +104,18 @@ def test_random_embeddings_add_no_bits():
     assert abs(out["gain"]) < 0.02
 
 
+@pytest.fixture
+def bad_spaces():
+    """Two test spaces, registered for the test and removed after it."""
+    from memlab.registry import SPACES
+
+    names = _register_bad_spaces()
+    yield names
+    for n in names:
+        SPACES._items.pop(n, None)
+        SPACES._docs.pop(n, None)
+
+
 def _register_bad_spaces():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -117,11 +131,11 @@ def _register_bad_spaces():
                                       unk_token="<unk>")
         return ToySentenceAE(tok, dim=8, width=16, layers=1).eval()
 
-    if "align_words_only" not in SPACES:
-        SPACES.register("align_words_only", words_only, description="test: a five-word tokenizer")
-        SPACES.register("align_short", lambda spec=None, **kw: ToySentenceAE(byte_tokenizer(), dim=8, width=16,
-                                                                             layers=1, max_len=8).eval(),
-                        description="test: reads 8 bytes")
+    SPACES.register("align_words_only", words_only, description="test: a five-word tokenizer")
+    SPACES.register("align_short", lambda spec=None, **kw: ToySentenceAE(byte_tokenizer(), dim=8, width=16,
+                                                                         layers=1, max_len=8).eval(),
+                    description="test: reads 8 bytes")
+    return ["align_words_only", "align_short"]
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -132,11 +146,21 @@ def _register_bad_spaces():
     (["readouts=[align]", "align_target=space:align_short"], "more than the space reads (8)"),
     (["readouts=[align]", "--n-train", "5"], "5 is fewer than 10; raise n_train"),
 ])
-def test_bad_alignment_targets_are_refused_in_one_line(tmp_path, capsys, extra, says):
-    _register_bad_spaces()
+def test_bad_alignment_targets_are_refused_in_one_line(tmp_path, capsys, bad_spaces, extra, says):
     out = tmp_path / "bad"
     rc = main(["probe", "--model", "synthetic:constant", "--out", str(out), "--n-train", "40", "--n-eval", "16",
                "--epochs", "0.2", "--no-control", *FIT, *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("memlab: error: ") and says in err[0], err
     assert not out.exists()  # refused before anything was written
+
+
+def test_a_learning_curve_reads_the_alignment_at_each_size(tmp_path):
+    out = tmp_path / "curve"
+    rc = main(["probe", "--model", "synthetic:bag", "--out", str(out), "--n-train", "40,80", "--n-eval", "24",
+               "--epochs", "0.2", "--no-control", "readouts=[align]", "ci_resamples=200", *FIT])
+    assert rc == 0
+    rows = json.loads((out / "curve.json").read_text())["rows"]
+    assert [r["n_train"] for r in rows] == [40, 80]
+    for r in rows:
+        assert 0 <= r["align_recovered"] <= 1 and "align_bits_per_chunk" in r["readings"]

@@ -10,7 +10,7 @@ from memlab.errors import MemlabError
 
 
 def test_unknown_shortcut():
-    with pytest.raises(MemlabError, match="shortcuts: minilm, smollm2"):
+    with pytest.raises(MemlabError, match="shortcuts: memlab-lm, minilm, smollm2"):
         assets.resolve("bigmodel")
 
 

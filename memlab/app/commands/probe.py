@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
                        description="Freeze a model, embed held-out chunks once, train a decoder to rebuild the tokens "
                                    "from each embedding (and a control decoder on a constant embedding); write "
                                    "report.json, plots/*.png and the decoder into the run directory.")
-    p.add_argument("--model", help="shortcut (minilm, smollm2), space:NAME[:PATH], local folder/run, "
+    p.add_argument("--model", help="shortcut (minilm, smollm2, memlab-lm), space:NAME[:PATH], local folder/run, "
                                     "FILE.gguf, or hub name")
     p.add_argument("--config", help="YAML of probe options (configs/probes/*.yaml)")
     for flag, (_, tp, hlp) in FLAGS.items():
