@@ -130,3 +130,36 @@ def quickstart_budget(out_dir, only: list[str] | None = None, fast: bool = False
     log(f"quickstart {secs:.0f}s (budget {QUICKSTART_BUDGET_S}s) at {before / 1e9:.0f}-{after / 1e9:.0f} GFLOP/s "
         f"float32 matmul, {res['threads']} threads")
     return res
+
+
+PROBE_BUDGET_S = 300
+"""``memlab probe --model minilm`` at its defaults on a 2-core machine: the issue's target (docs/probes.md)."""
+
+
+def probe_budget(out_dir, model: str = "minilm", overrides: list[str] | None = None, log=print) -> dict[str, Any]:
+    """Time ``memlab probe --model MODEL`` (at its defaults, or ``key=value`` ``overrides``) end to end, with the
+    machine's float32 matmul rate measured before and after it in the same run, and the report's own timers."""
+    import json
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from memlab.app.cli import main
+    from memlab.train.loop import measure_matmul_flops
+
+    cpu = torch.device("cpu")
+    run = Path(out_dir) / "probe"
+    before = measure_matmul_flops(cpu)
+    t0 = time.perf_counter()
+    rc = main(["probe", "--model", model, "--out", str(run), *(overrides or [])])
+    secs = time.perf_counter() - t0
+    after = measure_matmul_flops(cpu)
+    rep = json.loads((run / "report.json").read_text()) if rc == 0 else {}
+    res = {"model": model, "overrides": list(overrides or []), "exit": rc, "probe_s": secs, "budget_s": PROBE_BUDGET_S,
+           "within_budget": rc == 0 and secs <= PROBE_BUDGET_S, "timing": rep.get("timing"),
+           "n_train": rep.get("n_train"), "kept_vocab": (rep.get("decoder") or {}).get("kept_vocab"),
+           "matmul_gflops_before": before / 1e9, "matmul_gflops_after": after / 1e9, "threads": torch.get_num_threads()}
+    log(f"memlab probe --model {model}: {secs:.0f}s (target {PROBE_BUDGET_S}s) at {before / 1e9:.0f}-"
+        f"{after / 1e9:.0f} GFLOP/s float32 matmul, {res['threads']} threads")
+    return res
