@@ -109,7 +109,8 @@ class DecoderGroup:
         self.decs, self.opts = [d.to(device) for d in decs], opts
         self.batched = device.type != "cpu" if batched is None else batched  # see BATCHED
         self.base = next((d for d in self.decs if d.bag is not None), self.decs[0])  # the widest member runs them all
-        self.names = [n for n, _ in self.base.named_parameters()]
+        # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
+        self.names = [n for n, q in self.base.named_parameters() if q.requires_grad]
         for d in self.decs:
             if not torch.equal(d.to_full, self.base.to_full):
                 raise MemlabError("decoders of one group must share their kept vocabulary")
@@ -121,7 +122,7 @@ class DecoderGroup:
         self.amp = autocast_context(device)
         self.active = list(range(len(self.decs)))  # members still training, in group order
         self.streams = [RandomStream(opts.seed, device) for _ in self.decs]
-        own = [dict(d.named_parameters()) for d in self.decs]
+        own = [{n: q for n, q in d.named_parameters() if q.requires_grad} for d in self.decs]
         self.lacks = {n: [n not in o for o in own] for n in self.names}  # on the host: members without the weight
         stacked = [torch.stack([o[n].detach() if n in o else torch.zeros_like(self.base.get_parameter(n))
                                 for o in own]) for n in self.names]  # each (G, ...)
