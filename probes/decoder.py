@@ -78,6 +78,8 @@ class ProbeDecoder(PreTrainedModel):
     config_class = ProbeDecoderConfig
     base_model_prefix = "body"
     _supports_sdpa = True
+    group_modes = True
+    """``forward(..., mode="prepare" | "read")``: trains in a batched group (:mod:`memlab.probes.group`)."""
     incremental_decoding = True
     """``forward(..., mode="next", state=...)`` decodes one position at a time on cached keys and values."""
 

@@ -16,6 +16,10 @@ step update them. What each member would have on its own, it keeps:
 * its early stopping: the held-back CE of every member is computed on the device and read once per epoch; a
   member that stops leaves the group with the weights of its best epoch, the others train on.
 
+A decoder kind without the ``prepare``/``read`` modes (``group_modes`` false: e.g. another registered decoder)
+still trains in a group, member by member, each through its own whole ``forward`` (its noise drawn there, from
+its own stream); only trained weights are stacked (frozen ones stay the base decoder's own).
+
 ``batched=False`` runs the members' forward one after another within each step (the same arithmetic, member by
 member; the default on a CPU, :data:`BATCHED`): ``tests/test_probe_group.py`` checks that a batched group trains
 as its members trained alone. The host reads the
@@ -76,10 +80,11 @@ class RandomStream:
         self._set(self._outer)
 
 
-def member_nll(base: nn.Module, params: dict, zn: torch.Tensor, ids: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+def member_nll(base: nn.Module, params: dict, zn: torch.Tensor, ids: torch.Tensor, tc: torch.Tensor,
+               mode: str | None = "read") -> torch.Tensor:
     """Summed CE (nats, compact classes) of one member with weights ``params``: prepared embeddings (b, D) and ids
     (b, T) (``mode="prepare"``), compact targets (b, T) (-100 at pads) -> a scalar."""
-    logits = torch.func.functional_call(base, params, (zn, ids), {"mode": "read"})  # (b, T, C)
+    logits = torch.func.functional_call(base, params, (zn, ids), {"mode": mode} if mode else {})  # (b, T, C)
     return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="sum")
 
 
@@ -107,7 +112,9 @@ class DecoderGroup:
                                   f"{d.config.embed_dim}")
         self.device = device = torch.device(opts.device)
         self.decs, self.opts = [d.to(device) for d in decs], opts
-        self.batched = device.type != "cpu" if batched is None else batched  # see BATCHED
+        # a decoder without the prepare/read modes (another registered kind) is run whole, member by member
+        self.modes = all(getattr(d, "group_modes", False) for d in self.decs)
+        self.batched = self.modes and (device.type != "cpu" if batched is None else batched)  # see BATCHED
         self.base = next((d for d in self.decs if d.bag is not None), self.decs[0])  # the widest member runs them all
         # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
         self.names = [n for n, q in self.base.named_parameters() if q.requires_grad]
@@ -146,10 +153,14 @@ class DecoderGroup:
         t_b = max(int(self.lens[rows].max()), 1)  # a host tensor: no sync
         r = rows.to(self.device, non_blocking=True)
         inputs, tc = self.inputs[r, :t_b], self.targets[r, :t_b]  # (b, T_b)
-        zn, ids = [], []
+        zn, ids, self._noise = [], [], noise
         for m in self.active:
             dec = self.decs[m]
             dec.train(noise)
+            if not self.modes:  # the embeddings and full ids as they are: forward draws the noise itself
+                zn.append(self.zs[m][r])
+                ids.append(inputs)
+                continue
             with self.streams[m]:
                 a, b = dec(self.zs[m][r], inputs, mode="prepare")  # (b, D), (b, T_b): its own noise
             zn.append(a)
@@ -163,8 +174,15 @@ class DecoderGroup:
             if self.batched and len(self.active) > 1:
                 p = dict(zip(self.names, self.params))
                 return torch.func.vmap(lambda q, a, b: member_nll(self.base, q, a, b, tc))(p, zn, ids)  # (G,)
-            return torch.stack([member_nll(self.base, self.member_params(g), zn[g], ids[g], tc)
-                                for g in range(len(self.active))])  # (G,)
+            if self.modes:
+                return torch.stack([member_nll(self.base, self.member_params(g), zn[g], ids[g], tc)
+                                    for g in range(len(self.active))])  # (G,)
+            out = []
+            for g, m in enumerate(self.active):  # each member's own module, its noise from its own stream
+                own = {n: p for n, p in self.member_params(g).items() if not self.lacks[n][m]}
+                with self.streams[m]:
+                    out.append(member_nll(self.decs[m], own, zn[g], ids[g], tc, mode=None))
+            return torch.stack(out)  # (G,)
 
     def train_step(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
         """One optimiser step of every active member on chunks ``rows`` (b,); their losses (G,) stay on the device

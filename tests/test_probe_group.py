@@ -117,3 +117,21 @@ def test_incremental_greedy_decoding_matches_the_full_pass():
         fast = reconstruct_ids(dec, z[:9], 7)
         dec.incremental_decoding = False
         assert torch.equal(fast, reconstruct_ids(dec, z[:9], 7))
+
+
+def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
+    from memlab.probes.decoder import ProbeDecoder
+
+    class Whole(ProbeDecoder):  # another decoder kind: forward(z, ids) only
+        group_modes = False
+
+    z, ids = _data()
+    opts = _opts(epochs=2, patience=3)
+    want, _ = train_decoders([d for d, _ in _members(opts, z, ids)], [zz for _, zz in _members(opts, z, ids)], ids,
+                             opts, batched=False)
+    members = _members(opts, z, ids)
+    for d, _ in members:
+        d.__class__ = Whole
+    got, _ = train_decoders([d for d, _ in members], [zz for _, zz in members], ids, opts)
+    for a, b in zip(want, got):  # the same noise draws (its own stream, inside forward) and the same numbers
+        assert _curve(a, "val_ce") == pytest.approx(_curve(b, "val_ce"), rel=1e-6) and _curve(a, "val_ce")
