@@ -115,7 +115,8 @@ class DecoderGroup:
         # a decoder without the prepare/read modes (another registered kind) is run whole, member by member
         self.modes = all(getattr(d, "group_modes", False) for d in self.decs)
         self.batched = self.modes and (device.type != "cpu" if batched is None else batched)  # see BATCHED
-        self.base = next((d for d in self.decs if d.bag is not None), self.decs[0])  # the widest member runs them all
+        # the widest member (one with a bag head) runs them all
+        self.base = next((d for d in self.decs if getattr(d, "bag", None) is not None), self.decs[0])
         # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
         self.names = [n for n, q in self.base.named_parameters() if q.requires_grad]
         for d in self.decs:
