@@ -119,6 +119,9 @@ class CompactVocab:
         to_compact[kept] = torch.arange(self.num_kept)
         self.register_buffer("to_compact", to_compact)  # (V+1,)
         self.register_buffer("to_full", kept)  # (K,)
+        seen = set(kept.tolist())
+        # the id an *other* prediction names: the first unseen one (a host int, found once: no sync per call)
+        self._fallback = next((i for i in range(vocab_size) if i not in seen), 0)
         return self.num_kept + int(self.has_other)
 
     def compact_targets(self, labels: torch.Tensor) -> torch.Tensor:
@@ -148,8 +151,7 @@ class CompactVocab:
         pred = self.to_full[idx]  # (B, T)
         if self.has_other:
             other_wins = logp[..., -1] - self.other_penalty() > best  # (B, T)
-            fallback = int(torch.nonzero(self.to_compact[: self.config.vocab_size] == self.num_kept)[0])
-            pred = torch.where(other_wins, torch.full_like(pred, fallback), pred)
+            pred = torch.where(other_wins, torch.full_like(pred, self._fallback), pred)
         return pred
 
 
@@ -181,6 +183,10 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
     config_class = ProbeDecoderConfig
     base_model_prefix = "body"
     _supports_sdpa = True
+    group_modes = True
+    """``forward(..., mode="prepare" | "read")``: trains in a batched group (:mod:`memlab.probes.group`)."""
+    incremental_decoding = True
+    """``forward(..., mode="next", state=...)`` decodes one position at a time on cached keys and values."""
 
     def __init__(self, config: ProbeDecoderConfig):
         super().__init__(config)
@@ -234,26 +240,73 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
         if self.bag is not None:  # starts silent: the decoder begins as without it
             nn.init.zeros_(self.bag.weight)
 
-    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor, mode: str = "logits", state: dict | None = None):
         """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
 
         With ``inputs="blank"`` only the shape of ``decoder_input_ids`` is used: every input is the start token.
+        ``mode`` splits the pass where a group of decoders trained together (:mod:`memlab.probes.group`) needs it:
+
+        * ``"prepare"``: ``(zn (B, D), compact ids (B, T))``: the standardised embedding and the ids the body reads,
+          with the training noise (input and conditioning dropout) drawn here, from the global generator;
+        * ``"read"``: logits from what ``"prepare"`` gave (no randomness: a pure function of the weights);
+        * ``"next"``: incremental greedy decoding: the logits ``(B, 1, C)`` of the last position of
+          ``decoder_input_ids``, reusing the keys and values of the earlier positions kept in ``state`` (a dict, empty
+          on the first call, that the caller passes back unchanged with one more token each time).
         """
+        if mode == "prepare":
+            return self._prepare(z, decoder_input_ids)
+        if mode == "read":
+            return self._read(z, decoder_input_ids)
+        if mode == "next":
+            return self._next(z, decoder_input_ids, state)
+        if mode != "logits":
+            raise ValueError(f"unknown decoder mode '{mode}'; use logits, prepare, read or next")
+        return self._read(*self._prepare(z, decoder_input_ids))
+
+    def _prepare(self, z: torch.Tensor, decoder_input_ids: torch.Tensor):
         c = self.config
-        b, t = decoder_input_ids.shape
-        if t > c.max_len:
-            raise ValueError(f"decoder inputs of {t} tokens exceed max_len={c.max_len}")
+        if decoder_input_ids.shape[1] > c.max_len:
+            raise ValueError(f"decoder inputs of {decoder_input_ids.shape[1]} tokens exceed max_len={c.max_len}")
         decoder_input_ids = self._inputs(decoder_input_ids, c, self.training)  # (B, T)
         ids = self.to_compact[decoder_input_ids.clamp(0, c.vocab_size)]  # (B, T)
-        x = self.body.embed_tokens(ids)  # (B, T, d)
-        zn = self.standardise(z, x.dtype)  # (B, D)
+        zn = self.standardise(z, self.z_mean.dtype)  # (B, D)
         if self.training and getattr(c, "cond_dropout", 0.0):
             zn = nn.functional.dropout(zn, c.cond_dropout)
-        cond = self.cond_norm(self.cond(zn).view(b, -1, c.hidden_size))  # (B, P or max_len, d)
-        x = self._cond.join(x, cond)  # (B, P' + T, d): the registered conditioning
-        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
-        h = h[:, self._cond.offset(c) :]  # (B, T, d)
+        return zn, ids
+
+    def _conditioned(self, zn: torch.Tensor, ids: torch.Tensor, cond: torch.Tensor | None = None):
+        """Body inputs (B, P' + T, d) of compact ``ids`` (B, T) joined with the conditioning (computed when None)."""
+        c = self.config
+        x = self.body.embed_tokens(ids)  # (B, T, d)
+        if cond is None:
+            cond = self.cond_norm(self.cond(zn.to(x.dtype)).view(ids.shape[0], -1, c.hidden_size))  # (B, P or max_len, d)
+        return self._cond.join(x, cond), cond  # (B, P' + T, d): the registered conditioning
+
+    def _head(self, h: torch.Tensor, zn: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(h)  # (B, T, C)
         if self.bag is not None:
-            logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
+            logits = logits + self.bag(zn.to(logits.dtype)).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
+
+    def _read(self, zn: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        x, _ = self._conditioned(zn, ids)
+        h = self.body(inputs_embeds=x).last_hidden_state  # (B, P' + T, d)
+        return self._head(h[:, self._cond.offset(self.config) :], zn)  # (B, T, C)
+
+    def _next(self, z: torch.Tensor, decoder_input_ids: torch.Tensor, state: dict) -> torch.Tensor:
+        """Conditionings join causally (appending a token changes no earlier row), so only the rows after those
+        already in the cache go through the body."""
+        from transformers import DynamicCache
+
+        if not state:
+            state["zn"], _ = self._prepare(z, decoder_input_ids[:, :1])  # (B, D)
+            state["cache"], state["cond"] = DynamicCache(config=self.body.config), None
+        zn, cache = state["zn"], state["cache"]
+        if decoder_input_ids.shape[1] > self.config.max_len:
+            raise ValueError(f"decoder inputs of {decoder_input_ids.shape[1]} tokens exceed max_len={self.config.max_len}")
+        ids = self._inputs(decoder_input_ids, self.config, False)  # (B, t): evaluation sees every true token
+        ids = self.to_compact[ids.clamp(0, self.config.vocab_size)]  # (B, t)
+        x, state["cond"] = self._conditioned(zn, ids, state["cond"])  # (B, P' + t, d)
+        seen = cache.get_seq_length()
+        h = self.body(inputs_embeds=x[:, seen:], cache=cache, use_cache=True).last_hidden_state  # (B, new, d)
+        return self._head(h[:, -1:], zn)  # (B, 1, C)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 
 from memlab.probes import train as T
+from memlab.probes.group import train_decoders
+from memlab.probes.options import ProbeOptions
 from memlab.probes.scores import limit_line, reconstruction_scores
 
 EXPECT = {"concat": ("token_accuracy", 0.99), "bag": ("bow_token_set_f1", 0.9), "constant": ("information_gain", 0.01)}
@@ -29,21 +31,10 @@ that emits every position at once cannot spread an order-free set over positions
 token), so its TF1 is reported but not the test."""
 
 
-def fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
-    """Train a fresh decoder on (z_train, train_ids); returns (decoder, held-out metrics, history, seconds)."""
-    dec = T.build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
-    dec.set_normalization(z_train)
-    with T.Timer() as t:
-        hist = T.train_decoder(dec, z_train, train_ids, opts, progress=opts.progress, desc=desc)
-    metrics = T.evaluate(dec, z_eval, eval_ids)
-    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers))
-    return dec, metrics, hist, t.seconds
-
-
-PLAIN_INPUT_DROPOUT = 0.3
-"""Input dropout of the plain decoder that :func:`fit_selected` fits beside the bag-head decoder: with it, teacher
-inputs read synthetic concat whole (0.991 at 8,000 chunks, docs/probes.md) instead of over-fitting their own
-language model (0.961 without)."""
+PLAIN_INPUT_DROPOUT = ProbeOptions.plain_input_dropout
+"""Input dropout of the plain decoder that :func:`fit_decoders` fits beside the bag-head decoder (the default of
+``plain_input_dropout``): with it, teacher inputs read synthetic concat whole (0.991 at 8,000 chunks,
+docs/probes.md) instead of over-fitting their own language model (0.961 without)."""
 
 
 def _held_back_ce(history: list[dict]) -> float:
@@ -51,49 +42,77 @@ def _held_back_ce(history: list[dict]) -> float:
     return best[-1] if best else float("inf")
 
 
-def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
-    """:func:`fit_sequence`, and with ``select_decoder`` (and a bag head, and a held-back share) also the plain
-    decoder (no bag head, input dropout :data:`PLAIN_INPUT_DROPOUT`): the one with the lower held-back CE is kept.
+def _new_decoder(opts, tok, train_ids, z_train):
+    dec = T.build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
+    dec.set_normalization(z_train)
+    return dec
 
-    The bag head reads content a positional read-out cannot learn from few chunks (MiniLM: information gain 0.135
-    with it, 0.003 without); it slows the positional read-out of an embedding that keeps every position
-    (concat: 0.888 with it, 0.991 without). Choosing on held-back chunks keeps the held-out reading honest.
-    Returns (decoder, metrics, history, seconds); ``metrics["decoder_choice"]`` says which was kept and why.
+
+def _scored(dec, opts, tok, z_eval, eval_ids) -> dict:
+    metrics = T.evaluate(dec, z_eval, eval_ids)
+    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers))
+    return metrics
+
+
+def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool = False, cache: dict | None = None,
+                 key: str | None = None, owner: str | None = None, desc: str = "probe decoder",
+                 batched: bool | None = None) -> dict:
+    """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.group`: one batched
+    pass, the same batches, each its own optimiser state and early stopping):
+
+    * the probe decoder on (z_train, train_ids);
+    * with ``select_decoder`` (and a bag head, and a held-back share) the plain decoder (no bag head, input dropout
+      ``plain_input_dropout``): the one with the lower held-back CE is kept. The bag head reads content a
+      positional read-out cannot learn from few chunks (MiniLM: information gain 0.135 with it, 0.003 without); it
+      slows the positional read-out of an embedding that keeps every position (concat: 0.888 with it, 0.991
+      without). Choosing on held-back chunks keeps the held-out reading honest; only the kept one is scored;
+    * with ``control`` the control: the same decoder on the mean training embedding for every chunk. It depends on
+      the token data and decoder options only (the decoder's standardisation turns the mean into exact zeros), so
+      probes of the same chunks share one through ``cache`` (keyed by ``key``); when cached it is not trained.
+
+    Returns ``{"probe": (decoder, held-out metrics, history, seconds), "control": (metrics, history, seconds, name
+    of the probe that trained it or None) or None}``; ``metrics["decoder_choice"]`` says which decoder was kept
+    and why. Seconds: the group's, split over its members by the steps each ran.
     """
     from dataclasses import replace
 
-    dec, m, hist, secs = fit_sequence(opts, tok, train_ids, eval_ids, z_train, z_eval, desc=desc)
-    if not (opts.select_decoder and opts.bag_head and opts.val_fraction > 0):
-        return dec, m, hist, secs
-    plain_opts = replace(opts, bag_head=False, input_dropout=PLAIN_INPUT_DROPOUT)
-    dec2, m2, hist2, secs2 = fit_sequence(plain_opts, tok, train_ids, eval_ids, z_train, z_eval,
-                                          desc=f"{desc} (plain)")
-    ce, ce2 = _held_back_ce(hist), _held_back_ce(hist2)
-    choice = {"bag_head": ce, "plain": ce2, "kept": "plain" if ce2 < ce else "bag_head",
-              "definition": "held-back CE (nats) of the decoder with the bag head and of the plain decoder (no bag "
-                            f"head, input dropout {PLAIN_INPUT_DROPOUT}); the lower is kept"}
-    if ce2 < ce:
-        dec, m, hist = dec2, m2, hist2
-    m = {**m, "decoder_choice": choice}
-    return dec, m, hist, secs + secs2
+    members = {"probe": (opts, z_train, z_eval)}
+    if opts.select_decoder and opts.bag_head and opts.val_fraction > 0:
+        members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
+    cached = control and cache is not None and key in cache
+    if control and not cached:
+        const = z_train.mean(0, keepdim=True)  # (1, D)
+        members["control"] = (opts, const.expand_as(z_train), const.expand_as(z_eval))
+    decs = {k: _new_decoder(o, tok, train_ids, zt) for k, (o, zt, _) in members.items()}
+    what = " and ".join(members) + (" decoders" if len(members) > 1 else " decoder")
+    hists, secs = train_decoders(list(decs.values()), [zt for _, zt, _ in members.values()], train_ids, opts,
+                                 progress=opts.progress, desc=desc if len(members) == 1 else what, batched=batched)
+    hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
+    kept = "probe"
+    if "plain" in members:
+        ce, ce2 = _held_back_ce(hist["probe"]), _held_back_ce(hist["plain"])
+        kept = "plain" if ce2 < ce else "probe"
+        choice = {"bag_head": ce, "plain": ce2, "kept": "plain" if kept == "plain" else "bag_head",
+                  "definition": "held-back CE (nats) of the decoder with the bag head and of the plain decoder (no "
+                                f"bag head, input dropout {opts.plain_input_dropout}); the lower is kept"}
+    m = _scored(decs[kept], members[kept][0], tok, z_eval, eval_ids)
+    if "plain" in members:
+        m["decoder_choice"] = choice
+    out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
+    if cached:
+        metrics, hist_c, owner_ = cache[key]
+        out["control"] = (metrics, hist_c, 0.0, owner_)
+    elif control:
+        mc = _scored(decs["control"], opts, tok, members["control"][2], eval_ids)
+        if cache is not None:
+            cache[key] = (mc, hist["control"], owner)
+        out["control"] = (mc, hist["control"], secs["control"], None)
+    return out
 
 
-def fit_control(opts, tok, train_ids, eval_ids, z_train, z_eval, cache: dict | None, key: str | None, owner: str):
-    """The control: the same decoder on the mean training embedding for every chunk.
-
-    It depends on the token data and decoder options only (the decoder's standardisation turns the mean into
-    exact zeros), so probes of the same chunks share one through ``cache`` (keyed by ``key``).
-    Returns (metrics, history, seconds, name of the probe that trained it or None).
-    """
-    if cache is not None and key in cache:
-        metrics, hist, owner_ = cache[key]
-        return metrics, hist, 0.0, owner_
-    const = z_train.mean(0, keepdim=True)  # (1, D)
-    _, metrics, hist, secs = fit_sequence(opts, tok, train_ids, eval_ids, const.expand_as(z_train),
-                                          const.expand_as(z_eval), desc="control decoder")
-    if cache is not None:
-        cache[key] = (metrics, hist, owner)
-    return metrics, hist, secs, None
+def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
+    """:func:`fit_decoders` without a control: (decoder, metrics, history, seconds)."""
+    return fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, desc=desc)["probe"]
 
 
 def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow", context=None,
@@ -235,12 +254,12 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
            "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
            "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
     if sequence:
-        dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = fit_selected(
-            opts, tok, train_ids, eval_ids, z_train, z_eval)
+        got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
+                           cache=control_cache, key=control_key, owner=opts.model)
+        dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = got["probe"]
         out["_decoder"] = dec
         if opts.control:
-            c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = fit_control(
-                opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache, control_key, opts.model)
+            c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = got["control"]
             out["control"] = c
             out["information_gain"] = T.information_gain(out["probe"]["ce"], c["ce"])
         out["limited_by"] = limit_line(out["probe"], out["control"])

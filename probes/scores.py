@@ -33,6 +33,7 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
     device = next(dec.parameters()).device
     start = int(dec.config.start_id)
     penalty = float(getattr(dec.config, "repeat_penalty", 0.0) if repeat_penalty is None else repeat_penalty)
+    incremental = getattr(dec, "incremental_decoding", False)  # else every step reruns the whole prefix
     out = []
     for i in range(0, z.shape[0], batch_size):
         zb = z[i : i + batch_size].to(device)  # (b, D)
@@ -40,16 +41,19 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
             seq = dec.predict_full(dec(zb, torch.full((zb.shape[0], seq_len), start, device=device)))  # (b, T)
         else:
             seq = torch.full((zb.shape[0], 1), start, dtype=torch.long, device=device)  # (b, 1)
-            for t in range(seq_len):
-                logits = dec(zb, seq)[:, -1:].float()  # (b, 1, C)
-                if penalty and t:  # the same shift of a class's logit shifts its log-probability alike
-                    used = dec.to_compact[seq[:, 1:]]  # (b, t) compact ids already written
-                    pen = torch.zeros(logits.shape[0], logits.shape[-1], device=device)  # (b, C)
-                    logits = logits - pen.scatter_(1, used, penalty).unsqueeze(1)  # (b, 1, C)
-                seq = torch.cat([seq, dec.predict_full(logits)], dim=1)  # (b, t + 2)
+            state, pen = {}, None
+            for _ in range(seq_len):
+                logits = (dec(zb, seq, mode="next", state=state) if incremental else dec(zb, seq)[:, -1:]).float()
+                if pen is not None:  # the same shift of a class's logit shifts its log-probability alike
+                    logits = logits - pen.unsqueeze(1)  # (b, 1, C)
+                nxt = dec.predict_full(logits)  # (b, 1)
+                if penalty:  # each class already written loses ``penalty`` nats from now on
+                    pen = torch.zeros(logits.shape[0], logits.shape[-1], device=device) if pen is None else pen
+                    pen.scatter_(1, dec.to_compact[nxt], penalty)  # (b, C)
+                seq = torch.cat([seq, nxt], dim=1)  # (b, t + 2)
             seq = seq[:, 1:]  # (b, T)
-        out.append(seq.cpu())
-    return torch.cat(out)  # (N, T)
+        out.append(seq)
+    return torch.cat(out).cpu()  # (N, T)
 
 
 def _cut(pred: torch.Tensor, true: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:

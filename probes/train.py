@@ -183,15 +183,6 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
     return part.impl(cfg)
 
 
-def _split_held_back(z: torch.Tensor, ids: torch.Tensor, fraction: float, gen: torch.Generator):
-    """Hold back ``fraction`` of the chunks for early stopping: (z, ids, z_val, ids_val); val None when none."""
-    n_val = int(round(fraction * ids.shape[0]))
-    if not n_val or ids.shape[0] - n_val < 1:
-        return z, ids, None, None
-    order = torch.randperm(ids.shape[0], generator=gen)
-    return z[order[n_val:]], ids[order[n_val:]], z[order[:n_val]], ids[order[:n_val]]
-
-
 def autocast_context(device: torch.device):
     """bf16 autocast on CUDA and on CPUs that multiply bf16 natively; otherwise no autocast."""
     import contextlib
@@ -209,105 +200,13 @@ def trim(ids: torch.Tensor) -> torch.Tensor:
     return ids[:, : max(n, 1)]
 
 
-def full_vocab_loss(dec: ProbeDecoder, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean CE (nats) over the full vocabulary of (b, T, C) compact logits for (b, T) labels (PAD ignored): the
-    compact CE plus ``ln(V - K)`` for each target in the *other* class (a constant: the gradient is the compact
-    CE's), so training loss and evaluation CE are in the same units."""
-    tc = dec.compact_targets(labels)  # (b, T), -100 at pads
-    ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tc.reshape(-1))
-    if dec.has_other:
-        real = tc != -100  # (b, T)
-        ce = ce + dec.other_penalty() * (tc == dec.num_kept).sum() / real.sum().clamp(min=1)
-    return ce
-
-
-def _step(dec: ProbeDecoder, opt, sched, zb: torch.Tensor, tb: torch.Tensor, amp, clip: float) -> torch.Tensor:
-    """One optimiser step on a batch: embeddings (b, D), chunks (b, T); returns the loss (on the device: the host
-    reads it only at log points)."""
-    with amp:
-        logits = dec(zb, shift_right(fill_pad(tb), int(dec.config.start_id)))  # (b, T, C)
-    loss = full_vocab_loss(dec, logits, tb)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if clip:
-        torch.nn.utils.clip_grad_norm_(dec.parameters(), clip)
-    opt.step()
-    sched.step()
-    return loss.detach()
-
-
-class _EarlyStop:
-    """Keeps the best held-back CE and its weights; ``done`` after ``patience`` epochs without a better one."""
-
-    def __init__(self, patience: int):
-        self.patience, self.best, self.state, self.bad = patience, float("inf"), None, 0
-
-    def update(self, dec: ProbeDecoder, ce: float) -> bool:
-        if ce < self.best:
-            self.best, self.bad = ce, 0
-            self.state = {k: v.detach().clone() for k, v in dec.state_dict().items()}
-        else:
-            self.bad += 1
-        return self.bad >= self.patience
-
-
 def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
                   desc: str = "train") -> list[dict]:
-    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D) for up to ``opts.epochs`` epochs; returns the curve.
+    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D): a group of one
+    (:func:`memlab.probes.group.train_decoders`, which says how); returns the curve."""
+    from memlab.probes.group import train_decoders
 
-    Early stopping (``opts.val_fraction > 0``): that share of the training chunks is held back, its CE is
-    measured after every epoch, training stops after ``opts.patience`` epochs without a new best and the
-    decoder ends with the weights of its best epoch. memlab's optimiser
-    (:func:`memlab.train.loop.make_optimizer`: AdamW, ``opts.beta1``/``beta2``, weight decay on matrices) and
-    schedule (:func:`memlab.train.schedule.warmup_cosine`: ``opts.warmup_fraction`` warmup, cosine to
-    ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``; bf16 autocast where the hardware has it.
-    The loss is the full-vocabulary CE of :func:`evaluate` (same units); the host reads it only at log points.
-    """
-    from memlab.train.loop import make_optimizer
-    from memlab.train.schedule import warmup_cosine
-
-    if z.shape[1] != dec.config.embed_dim:
-        raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width {dec.config.embed_dim}")
-    device = torch.device(opts.device)
-    dec.to(device).train()
-    gen = torch.Generator().manual_seed(opts.seed)
-    torch.manual_seed(opts.seed)  # dropout draws: the same for a probe and its control
-    z, ids, z_val, ids_val = _split_held_back(z, ids, opts.val_fraction, gen)
-    n, bs = ids.shape[0], min(opts.batch_size, ids.shape[0])
-    total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
-    warm = max(1, int(opts.warmup_fraction * total))
-    opt = make_optimizer(dec, opts, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warm, total, min_ratio=opts.min_lr_ratio))
-    amp, stop = autocast_context(device), _EarlyStop(opts.patience)
-    history, step, bar = [], 0, _bar(total, desc, progress)
-    while step < total:
-        perm = torch.randperm(n, generator=gen)
-        for i in range(0, n, bs):
-            if step >= total:
-                break
-            idx = perm[i : i + bs]
-            tb = trim(ids[idx])  # (b, T_b): the batch's trailing all-pad columns cost nothing
-            loss = _step(dec, opt, sched, z[idx].to(device), tb.to(device), amp, opts.clip_grad)  # (b, D), (b, T_b)
-            step += 1
-            if step % 10 == 0 or step == total:  # the only host sync of the loop
-                value = float(loss)
-                if not math.isfinite(value):
-                    raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning rate")
-                history.append({"step": step, "loss": value})
-                bar.set_postfix(loss=f"{value:.3f}")
-            bar.update(1)
-        if z_val is not None:  # end of an epoch (or of training)
-            ce = evaluate(dec, z_val, ids_val)["ce"]
-            dec.train()
-            history.append({"step": step, "val_ce": ce})
-            if stop.update(dec, ce):
-                break
-    bar.close()
-    if stop.state is not None:
-        dec.load_state_dict(stop.state)
-        history.append({"step": step, "best_val_ce": stop.best})
-    dec.eval()
-    return history
+    return train_decoders([dec], [z], ids, opts, progress=progress, desc=desc)[0][0]
 
 
 def start_token_id_from(dec: ProbeDecoder) -> int:
@@ -315,36 +214,34 @@ def start_token_id_from(dec: ProbeDecoder) -> int:
 
 
 @torch.no_grad()
-def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 64) -> dict:
+def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 128) -> dict:
     """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T), over
     real tokens (PAD skipped); ``_per_chunk`` holds each chunk's summed NLL (nats), hits and tokens (for the
-    intervals, :mod:`memlab.probes.intervals`)."""
+    intervals, :mod:`memlab.probes.intervals`). Sums stay on the device; the host reads them once."""
     dec.eval()
     device = next(dec.parameters()).device
-    v = dec.config.vocab_size
-    nll_c, hit_c = [], []
-    correct = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
-    counts = torch.zeros(ids.shape[1], dtype=torch.long)  # (T,)
+    v, t_all = dec.config.vocab_size, ids.shape[1]
+    nll_c, hit_c, hit_pos = [], [], []
     start = start_token_id_from(dec)
     for i in range(0, ids.shape[0], batch_size):
         zb, tb = z[i : i + batch_size].to(device), trim(ids[i : i + batch_size]).to(device)  # (b, D), (b, T_b)
-        t_b = tb.shape[1]
         logits = dec(zb, shift_right(fill_pad(tb), start)).float()  # (b, T_b, C)
-        real = mask_of(tb)  # (b, T)
-        tc = dec.compact_targets(tb)  # (b, T), -100 at pads
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T), 0 at pads
+        real = mask_of(tb)  # (b, T_b)
+        tc = dec.compact_targets(tb)  # (b, T_b), -100 at pads
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="none").view(tc.shape)  # (b, T_b), 0 at pads
         if dec.has_other:
             nll = nll + (tc == dec.num_kept).float() * dec.other_penalty()
-        hit = ((dec.predict_full(logits) == tb) & real).long().cpu()  # (b, T)
-        nll_c.append(nll.sum(1).cpu())  # (b,)
+        hit = (dec.predict_full(logits) == tb) & real  # (b, T_b)
+        nll_c.append(nll.sum(1))  # (b,)
         hit_c.append(hit.sum(1))  # (b,)
-        correct[:t_b] += hit.sum(0)
-        counts[:t_b] += real.long().sum(0).cpu()
+        hit_pos.append(torch.nn.functional.pad(hit.sum(0), (0, t_all - tb.shape[1])))  # (T,)
+    nll_chunk, hits = torch.cat(nll_c).double().cpu(), torch.cat(hit_c).cpu()  # (N,), (N,)
+    correct = torch.stack(hit_pos).sum(0).cpu()  # (T,)
+    counts = mask_of(ids).sum(0)  # (T,) real tokens at each position (host ids)
     n_tok = int(counts.sum())
-    nll_chunk = torch.cat(nll_c).double()  # (N,)
     ce = float(nll_chunk.sum()) / max(n_tok, 1)
     by_pos = (correct.float() / counts.clamp(min=1).float()).tolist()
-    per_chunk = {"nll": nll_chunk.numpy(), "hits": torch.cat(hit_c).numpy(), "tokens": mask_of(ids).sum(1).numpy()}
+    per_chunk = {"nll": nll_chunk.numpy(), "hits": hits.numpy(), "tokens": mask_of(ids).sum(1).numpy()}
     return {"ce": ce, "token_accuracy": float(correct.sum()) / max(n_tok, 1), "entropy_ratio": 1.0 - ce / math.log(v),
             "accuracy_by_position": by_pos, "n_tokens": n_tok, "_per_chunk": per_chunk}
 

@@ -32,12 +32,16 @@ from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
 
-def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters)."""
+def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None,
+                   batch_dims: int = 0) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters).
+
+    ``batch_dims``: leading dimensions that stack several models' copies of a parameter (a group trained at once,
+    :mod:`memlab.probes.group`); a parameter is a matrix by its other dimensions."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            (decay if p.ndim - batch_dims >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # the fused kernel on CUDA (parameters move there in accelerate's prepare) and on CPU, where the default
     # per-parameter loop costs a quarter of a small model's step (7 ms vs 2.5 ms for 3.3M parameters, one thread)

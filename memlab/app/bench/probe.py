@@ -38,53 +38,64 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
 
 
 def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: int = 32, embed_dim: int = 384,
-                vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, log=print) -> dict[str, Any]:
-    """Training MFU of the probe decoder (the quickstart's shape by default): FLOPs of one training step (counted
-    by torch's FlopCounterMode, forward and backward) times the steps per second, over the FLOP/s of a float32
-    matrix multiply timed in the same run, just before."""
+                vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, members: int = 2,
+                batched: bool | None = None, log=print) -> dict[str, Any]:
+    """Training MFU of the probe's decoders (the quickstart's shape by default: a probe and its control trained as
+    one group, :mod:`memlab.probes.group`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
+    one training step of the group (counted by torch's FlopCounterMode, forward and backward) times the steps per
+    second, over the FLOP/s of a float32 matrix multiply timed in the same run, just before."""
     import time
+    from dataclasses import replace
 
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from memlab.probes.group import DecoderGroup
     from memlab.probes.options import ProbeOptions
-    from memlab.probes.train import _step, autocast_context
-    from memlab.train.loop import make_optimizer, measure_matmul_flops
+    from memlab.probes.train import build_decoder
+    from memlab.train.loop import measure_matmul_flops
 
     dev = torch.device(device)
     matmul = measure_matmul_flops(dev)
-    torch.manual_seed(0)
-    ids = torch.randint(0, vocab, (batch_size, seq_len))  # (B, T)
-    z = torch.randn(batch_size, embed_dim)  # (B, D)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (max(batch_size, vocab), seq_len), generator=g)  # (N, T)
+    ids[:vocab, 0] = torch.arange(vocab)  # every one of the kept ids occurs
+    z = torch.randn(ids.shape[0], embed_dim, generator=g)  # (N, D)
 
     class _Tok:
         bos_token_id = 0
 
         def __len__(self):
-            return vocab
-
-    from memlab.probes.train import build_decoder
+            return 8 * vocab  # a compact vocabulary with an *other* class, as a real tokenizer gives
 
     opts = ProbeOptions(hidden_size=hidden_size, num_layers=num_layers, seq_len=seq_len, device=str(dev))
-    dec = build_decoder(embed_dim, _Tok(), ids, opts).to(dev).train()
-    opt = make_optimizer(dec, opts, dev)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    amp, zb, tb = autocast_context(dev), z.to(dev), ids.to(dev)
+    plain = replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
+    const = z.mean(0, keepdim=True).expand_as(z)  # (N, D): the control's embedding
+    chosen = {1: [(opts, z)], 2: [(opts, z), (opts, const)], 3: [(opts, z), (plain, z), (opts, const)]}[members]
+    decs, zs = [], [zz for _, zz in chosen]
+    for o, zz in chosen:
+        decs.append(build_decoder(embed_dim, _Tok(), ids, o))
+        decs[-1].set_normalization(zz)
+    group = DecoderGroup(decs, zs, ids, opts, batched=batched)
+    rows = torch.arange(batch_size)
     with FlopCounterMode(display=False) as fc:
-        _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
+        group.train_step(rows, opts.lr)
     flops = fc.get_total_flops()
     for _ in range(2):  # warm-up
-        _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
+        group.train_step(rows, opts.lr)
     t0 = time.perf_counter()
     for _ in range(steps):
-        loss = _step(dec, opt, sched, zb, tb, amp, opts.clip_grad)
-    float(loss)  # the one sync
+        loss = group.train_step(rows, opts.lr)
+    loss.tolist()  # the one sync
     secs = time.perf_counter() - t0
     res = {"flops_per_step": flops, "steps": steps, "seconds": secs, "decoder_flops_per_s": flops * steps / secs,
            "matmul_flops_per_s": matmul, "mfu": flops * steps / secs / matmul, "threads": torch.get_num_threads(),
+           "seconds_per_step": secs / steps, "members": members,
            "shape": {"batch_size": batch_size, "seq_len": seq_len, "embed_dim": embed_dim, "kept_vocab": vocab,
                      "hidden_size": hidden_size, "num_layers": num_layers}}
-    log(f"probe decoder: {res['decoder_flops_per_s'] / 1e9:.1f} GFLOP/s, matmul {matmul / 1e9:.1f} GFLOP/s, "
+    res["batched"] = group.batched
+    log(f"probe decoders ({members} in a {'batched' if group.batched else 'sequential'} group): "
+        f"{res['decoder_flops_per_s'] / 1e9:.1f} GFLOP/s, matmul {matmul / 1e9:.1f} GFLOP/s, "
         f"MFU {res['mfu']:.2f} ({res['threads']} threads)")
     return res
 
@@ -118,4 +129,37 @@ def quickstart_budget(out_dir, only: list[str] | None = None, fast: bool = False
            "decoder": decoder_mfu(cpu, steps=5 if fast else 20, log=log)}
     log(f"quickstart {secs:.0f}s (budget {QUICKSTART_BUDGET_S}s) at {before / 1e9:.0f}-{after / 1e9:.0f} GFLOP/s "
         f"float32 matmul, {res['threads']} threads")
+    return res
+
+
+PROBE_BUDGET_S = 300
+"""``memlab probe --model minilm`` at its defaults on a 2-core machine: the issue's target (docs/probes.md)."""
+
+
+def probe_budget(out_dir, model: str = "minilm", overrides: list[str] | None = None, log=print) -> dict[str, Any]:
+    """Time ``memlab probe --model MODEL`` (at its defaults, or ``key=value`` ``overrides``) end to end, with the
+    machine's float32 matmul rate measured before and after it in the same run, and the report's own timers."""
+    import json
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from memlab.app.cli import main
+    from memlab.train.loop import measure_matmul_flops
+
+    cpu = torch.device("cpu")
+    run = Path(out_dir) / "probe"
+    before = measure_matmul_flops(cpu)
+    t0 = time.perf_counter()
+    rc = main(["probe", "--model", model, "--out", str(run), *(overrides or [])])
+    secs = time.perf_counter() - t0
+    after = measure_matmul_flops(cpu)
+    rep = json.loads((run / "report.json").read_text()) if rc == 0 else {}
+    res = {"model": model, "overrides": list(overrides or []), "exit": rc, "probe_s": secs, "budget_s": PROBE_BUDGET_S,
+           "within_budget": rc == 0 and secs <= PROBE_BUDGET_S, "timing": rep.get("timing"),
+           "n_train": rep.get("n_train"), "kept_vocab": (rep.get("decoder") or {}).get("kept_vocab"),
+           "matmul_gflops_before": before / 1e9, "matmul_gflops_after": after / 1e9, "threads": torch.get_num_threads()}
+    log(f"memlab probe --model {model}: {secs:.0f}s (target {PROBE_BUDGET_S}s) at {before / 1e9:.0f}-"
+        f"{after / 1e9:.0f} GFLOP/s float32 matmul, {res['threads']} threads")
     return res

@@ -1,0 +1,315 @@
+"""Probe decoders of one architecture trained as one group: one forward, one backward, one optimiser step for all.
+
+A probe, its control (the same decoder on a constant embedding) and, with ``select_decoder``, the plain decoder
+(no bag head, its own input dropout) have the same architecture, start from the same weights and see the same
+batches in the same order. :func:`train_decoders` trains them together: their weights are stacked
+(member g at index g of every tensor), one forward runs all of them (``torch.func.functional_call`` under
+``torch.func.vmap``: batched matrix multiplies instead of one small pass per member), one backward and one AdamW
+step update them. What each member would have on its own, it keeps:
+
+* its optimiser state (AdamW's moments are element-wise, so a stacked tensor holds each member's own), its
+  gradient clipping (each member's own norm) and the one learning-rate schedule they share;
+* its training noise: each member draws from its own random stream, seeded as a decoder trained alone is, so the
+  draws are the ones it would make alone;
+* a member without a bag head (the plain decoder beside a bag-head probe) carries a zero bag head whose gradient
+  is zeroed before every step: it stays exactly zero and adds exactly nothing;
+* its early stopping: the held-back CE of every member is computed on the device and read once per epoch; a
+  member that stops leaves the group with the weights of its best epoch, the others train on.
+
+A decoder kind without the ``prepare``/``read`` modes (``group_modes`` false: e.g. another registered decoder)
+still trains in a group, member by member, each through its own whole ``forward`` (its noise drawn there, from
+its own stream); only trained weights are stacked (frozen ones stay the base decoder's own).
+
+``batched=False`` runs the members' forward one after another within each step (the same arithmetic, member by
+member; the default on a CPU, :data:`BATCHED`): ``tests/test_probe_group.py`` checks that a batched group trains
+as its members trained alone. The host reads the
+device only at log points (every 10 steps) and once per epoch (the held-back CE).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+
+BATCHED = "on accelerators"
+"""Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one
+pass instead of several small ones saves launches. On a CPU the members run one after another within each step
+(measured faster on 2 cores: docs/probes.md), and each member's arithmetic is then exactly what it would be
+alone, so a probe of a constant embedding equals its cached control to the last bit."""
+
+LOG_EVERY = 10
+"""Steps between the host's reads of the losses (the only syncs of the training loop besides the epoch's CE)."""
+
+
+def _device_rng(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device), lambda s: torch.cuda.set_rng_state(s, device)
+    if device.type == "mps":
+        return torch.mps.get_rng_state(), torch.mps.set_rng_state
+    return None, lambda s: None
+
+
+class RandomStream:
+    """A member's own random stream: the global generators' state as ``torch.manual_seed(seed)`` leaves it, swapped
+    in while the member draws its training noise (``with stream: ...``) and saved back after."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.device = device
+        saved = torch.get_rng_state(), _device_rng(device)[0]
+        torch.manual_seed(seed)
+        self.state = torch.get_rng_state(), _device_rng(device)[0]
+        self._set(saved)
+
+    def _set(self, state) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            _device_rng(self.device)[1](state[1])
+
+    def __enter__(self):
+        self._outer = torch.get_rng_state(), _device_rng(self.device)[0]
+        self._set(self.state)
+        return self
+
+    def __exit__(self, *exc):
+        self.state = torch.get_rng_state(), _device_rng(self.device)[0]
+        self._set(self._outer)
+
+
+def member_nll(base: nn.Module, params: dict, zn: torch.Tensor, ids: torch.Tensor, tc: torch.Tensor,
+               mode: str | None = "read") -> torch.Tensor:
+    """Summed CE (nats, compact classes) of one member with weights ``params``: prepared embeddings (b, D) and ids
+    (b, T) (``mode="prepare"``), compact targets (b, T) (-100 at pads) -> a scalar."""
+    logits = torch.func.functional_call(base, params, (zn, ids), {"mode": mode} if mode else {})  # (b, T, C)
+    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="sum")
+
+
+def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` for each member of stacked gradients (G, ...) on its own norm."""
+    # each member's norms on its own slices (as clip_grad_norm_ computes them): the same bits as training alone
+    total = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm([g[i] for g in grads])))
+                         for i in range(grads[0].shape[0])])  # (G,)
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)  # (G,)
+    torch._foreach_mul_(grads, [coef.view(-1, *[1] * (g.ndim - 1)) for g in grads])
+
+
+class DecoderGroup:
+    """The stacked weights, optimiser, noise streams and data of decoders ``decs`` (one architecture, the same kept
+    ids), member m reading embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T): everything a step needs lives on
+    the device, indexed by row."""
+
+    def __init__(self, decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, batched: bool | None = None):
+        from memlab.probes.chunks import fill_pad, mask_of
+        from memlab.probes.train import autocast_context, shift_right
+
+        for d, z in zip(decs, zs):
+            if z.shape[1] != d.config.embed_dim:
+                raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width "
+                                  f"{d.config.embed_dim}")
+        self.device = device = torch.device(opts.device)
+        self.decs, self.opts = [d.to(device) for d in decs], opts
+        # a decoder without the prepare/read modes (another registered kind) is run whole, member by member
+        self.modes = all(getattr(d, "group_modes", False) for d in self.decs)
+        self.batched = self.modes and (device.type != "cpu" if batched is None else batched)  # see BATCHED
+        # the widest member (one with a bag head) runs them all
+        self.base = next((d for d in self.decs if getattr(d, "bag", None) is not None), self.decs[0])
+        # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
+        self.names = [n for n, q in self.base.named_parameters() if q.requires_grad]
+        for d in self.decs:
+            if not torch.equal(d.to_full, self.base.to_full):
+                raise MemlabError("decoders of one group must share their kept vocabulary")
+        self.zs = [z.to(device) for z in zs]  # each (N, D)
+        self.lens = mask_of(ids).sum(1)  # (N,) on the host: each batch is cut to its longest chunk without a sync
+        self.inputs = shift_right(fill_pad(ids), int(self.base.config.start_id)).to(device)  # (N, T) teacher inputs
+        self.targets = self.base.compact_targets(ids.to(device))  # (N, T) compact classes, -100 at pads
+        self.penalty, self.other = self.base.other_penalty(), self.base.num_kept  # the *other* class and its nats
+        self.amp = autocast_context(device)
+        self.active = list(range(len(self.decs)))  # members still training, in group order
+        self.streams = [RandomStream(opts.seed, device) for _ in self.decs]
+        own = [{n: q for n, q in d.named_parameters() if q.requires_grad} for d in self.decs]
+        self.lacks = {n: [n not in o for o in own] for n in self.names}  # on the host: members without the weight
+        stacked = [torch.stack([o[n].detach() if n in o else torch.zeros_like(self.base.get_parameter(n))
+                                for o in own]) for n in self.names]  # each (G, ...)
+        self._build(stacked, None)
+
+    def _build(self, stacked: list[torch.Tensor], old_state: list[dict] | None) -> None:
+        from memlab.train.loop import make_optimizer
+
+        self.params = nn.ParameterList([nn.Parameter(t.clone()) for t in stacked])
+        self.opt = make_optimizer(self.params, self.opts, self.device, batch_dims=1)
+        if old_state is not None:  # each member keeps its own moments
+            for p, st in zip(self.params, old_state):
+                self.opt.state[p] = st
+
+    def member_params(self, g: int) -> dict[str, torch.Tensor]:
+        """Active member ``g``'s weights (views into the stack)."""
+        return {n: p[g] for n, p in zip(self.names, self.params)}
+
+    def _batch(self, rows: torch.Tensor, noise: bool):
+        """Rows (b,) -> prepared embeddings (G, b, D), ids (G, b, T_b), targets (b, T_b), the batch's CE terms."""
+        t_b = max(int(self.lens[rows].max()), 1)  # a host tensor: no sync
+        r = rows.to(self.device, non_blocking=True)
+        inputs, tc = self.inputs[r, :t_b], self.targets[r, :t_b]  # (b, T_b)
+        zn, ids, self._noise = [], [], noise
+        for m in self.active:
+            dec = self.decs[m]
+            dec.train(noise)
+            if not self.modes:  # the embeddings and full ids as they are: forward draws the noise itself
+                zn.append(self.zs[m][r])
+                ids.append(inputs)
+                continue
+            with self.streams[m]:
+                a, b = dec(self.zs[m][r], inputs, mode="prepare")  # (b, D), (b, T_b): its own noise
+            zn.append(a)
+            ids.append(b)
+        other = self.penalty * (tc == self.other).sum() if self.penalty else 0.0  # nats of *other* targets
+        return torch.stack(zn), torch.stack(ids), tc, other, (tc != -100).sum()
+
+    def nll(self, zn: torch.Tensor, ids: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+        """(G,) summed CE of every active member: prepared embeddings (G, b, D), ids (G, b, T), targets (b, T)."""
+        with self.amp:
+            if self.batched and len(self.active) > 1:
+                p = dict(zip(self.names, self.params))
+                return torch.func.vmap(lambda q, a, b: member_nll(self.base, q, a, b, tc))(p, zn, ids)  # (G,)
+            if self.modes:
+                return torch.stack([member_nll(self.base, self.member_params(g), zn[g], ids[g], tc)
+                                    for g in range(len(self.active))])  # (G,)
+            out = []
+            for g, m in enumerate(self.active):  # each member's own module, its noise from its own stream
+                own = {n: p for n, p in self.member_params(g).items() if not self.lacks[n][m]}
+                with self.streams[m]:
+                    out.append(member_nll(self.decs[m], own, zn[g], ids[g], tc, mode=None))
+            return torch.stack(out)  # (G,)
+
+    def train_step(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
+        """One optimiser step of every active member on chunks ``rows`` (b,); their losses (G,) stay on the device
+        (full-vocabulary CE per target token: the units of :func:`memlab.probes.train.evaluate`)."""
+        zn, ids, tc, other, n_real = self._batch(rows, noise=True)
+        loss = (self.nll(zn, ids, tc) + other) / n_real.clamp(min=1)  # (G,)
+        self.opt.zero_grad(set_to_none=True)
+        loss.sum().backward()  # the members share no weight: each gets its own loss's gradient
+        grads = [p.grad for p in self.params]
+        for n, g in zip(self.names, grads):
+            has = [not self.lacks[n][m] for m in self.active]
+            if not all(has):  # a member without this weight (the plain decoder's bag head) keeps it at zero
+                g.mul_(torch.tensor(has, dtype=g.dtype, device=g.device).view(-1, *[1] * (g.ndim - 1)))
+        if self.opts.clip_grad:
+            clip_per_member(grads, self.opts.clip_grad)
+        for grp in self.opt.param_groups:
+            grp["lr"] = lr
+        self.opt.step()
+        return loss.detach()
+
+    @torch.no_grad()
+    def held_back_ce(self, rows: torch.Tensor, batch_size: int = 128) -> torch.Tensor:
+        """(G,) full-vocabulary CE (nats per target token) of every active member on chunks ``rows``, on the
+        device (the caller reads it once)."""
+        nll, other, n_real = 0.0, 0.0, 0
+        for i in range(0, rows.shape[0], batch_size):
+            zn, ids, tc, o, n = self._batch(rows[i : i + batch_size], noise=False)
+            nll, other, n_real = nll + self.nll(zn, ids, tc), other + o, n_real + n
+        return (nll + other) / n_real.clamp(min=1)  # (G,)
+
+    def drop(self, gone: list[int]) -> None:
+        """Members ``gone`` (decoder indices) leave the group; the others keep their weights and moments."""
+        keep = [i for i, m in enumerate(self.active) if m not in gone]
+        self.active = [self.active[i] for i in keep]
+        if not self.active:
+            return
+        k = torch.tensor(keep, device=self.device)
+        old = [{key: v if key == "step" else v[k] for key, v in self.opt.state[p].items()} for p in self.params]
+        self._build([p.detach()[k] for p in self.params], old)
+
+    def weights(self, g: int) -> list[torch.Tensor]:
+        """A copy of active member ``g``'s weights (one tensor per stacked name)."""
+        return [p[g].detach().clone() for p in self.params]
+
+    def load_into(self, m: int, state: list[torch.Tensor]) -> None:
+        """Copy weights ``state`` (:meth:`weights`) into decoder ``m`` (a weight it lacks is skipped)."""
+        own = dict(self.decs[m].named_parameters())
+        with torch.no_grad():
+            for n, t in zip(self.names, state):
+                if n in own:
+                    own[n].copy_(t)
+
+
+def held_back_rows(n: int, fraction: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows to train on and rows held back (``fraction`` of ``n``; None when none) for early stopping."""
+    n_val = int(round(fraction * n))
+    if not n_val or n - n_val < 1:
+        return torch.arange(n), None
+    order = torch.randperm(n, generator=gen)
+    return order[n_val:], order[:n_val]
+
+
+def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
+                   desc: str = "train", batched: bool | None = None) -> tuple[list[list[dict]], list[float]]:
+    """Train decoders ``decs`` as one group, decoder m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T),
+    for up to ``opts.epochs`` epochs; returns each one's curve and its share of the seconds (by the steps it ran).
+
+    Early stopping (``opts.val_fraction > 0``): that share of the chunks is held back, every member's CE on them is
+    measured after every epoch, a member stops after ``opts.patience`` epochs without a new best and ends with the
+    weights of its best epoch. memlab's optimiser (:func:`memlab.train.loop.make_optimizer`: AdamW,
+    ``opts.beta1``/``beta2``, weight decay on matrices) and schedule (:func:`memlab.train.schedule.warmup_cosine`:
+    ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``
+    (each member on its own norm); bf16 autocast where the hardware has it.
+    """
+    from memlab.probes.train import _bar
+    from memlab.train.schedule import warmup_cosine
+
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(opts.seed)
+    rows_tr, rows_val = held_back_rows(ids.shape[0], opts.val_fraction, gen)
+    group = DecoderGroup(decs, zs, ids, opts, batched)
+    n, bs = rows_tr.shape[0], min(opts.batch_size, rows_tr.shape[0])
+    total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
+    warm = max(1, int(opts.warmup_fraction * total))
+    g_all = len(decs)
+    hist, best, bad, best_w = [[] for _ in decs], [float("inf")] * g_all, [0] * g_all, [None] * g_all
+    ran = [0] * g_all
+    step, bar = 0, _bar(total, desc, progress)
+    while step < total and group.active:
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, bs):
+            if step >= total:
+                break
+            loss = group.train_step(rows_tr[perm[i : i + bs]], opts.lr * warmup_cosine(step, warm, total,
+                                                                                   min_ratio=opts.min_lr_ratio))
+            step += 1
+            if step % LOG_EVERY == 0 or step == total:  # the host reads the losses here only
+                values = loss.tolist()
+                for m, value in zip(group.active, values):
+                    if not math.isfinite(value):
+                        raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning rate")
+                    hist[m].append({"step": step, "loss": value})
+                bar.set_postfix(loss=f"{values[0]:.3f}")
+            bar.update(1)
+        for m in group.active:
+            ran[m] = step
+        if rows_val is None:
+            continue
+        gone = []
+        for g, (m, ce) in enumerate(zip(group.active, group.held_back_ce(rows_val).tolist())):  # one read an epoch
+            hist[m].append({"step": step, "val_ce": ce})
+            if ce < best[m]:
+                best[m], bad[m], best_w[m] = ce, 0, group.weights(g)
+            else:
+                bad[m] += 1
+            if bad[m] >= opts.patience:
+                gone.append(m)
+        group.drop(gone)
+    bar.close()
+    for g, m in enumerate(group.active):  # still training when the steps ran out: the last weights
+        if best_w[m] is None:
+            best_w[m] = group.weights(g)
+    for m in range(g_all):
+        group.load_into(m, best_w[m])
+        if math.isfinite(best[m]):
+            hist[m].append({"step": ran[m], "best_val_ce": best[m]})
+        group.decs[m].eval()
+    secs = time.perf_counter() - t0
+    return hist, [secs * r / max(sum(ran), 1) for r in ran]
