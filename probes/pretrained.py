@@ -78,21 +78,31 @@ def _is_causal_lm(config) -> bool:
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
 
 
-@lru_cache(maxsize=2)
-def _base_lm(folder: str, gguf_file: str | None, what: str):
-    """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from memlab.loading import strict_from_pretrained
+@lru_cache(maxsize=8)
+def _lm_config(folder: str, gguf_file: str | None, what: str):
+    """The config of the causal LM of ``folder``; a ModelError when it cannot be read or is not a causal LM."""
+    from transformers import AutoConfig
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
-    except Exception as e:  # noqa: BLE001  (an unreadable config: one line)
+    except Exception as e:  # noqa: BLE001  (an unreadable config or GGUF header: one line)
         raise ModelError(f"{what}: not a model transformers can read ({str(e).strip().splitlines()[0][:160]})") from None
     if not _is_causal_lm(config):
         archs = ", ".join(getattr(config, "architectures", None) or [type(config).__name__])
         raise ModelError(f"{what} is not a causal LM ({archs}); a pretrained decoder is an AutoModelForCausalLM")
+    return config
+
+
+@lru_cache(maxsize=2)
+def _base_lm(folder: str, gguf_file: str | None, what: str):
+    """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
+    from transformers import AutoModelForCausalLM
+
+    from memlab.loading import strict_from_pretrained
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    config = copy.deepcopy(_lm_config(folder, gguf_file, what))
     try:
         lm = strict_from_pretrained(AutoModelForCausalLM, folder, what=what, config=config, dtype=torch.float32,
                                     trust_remote_code=False, **kw)
@@ -108,8 +118,12 @@ def _base_lm(folder: str, gguf_file: str | None, what: str):
 def _source(name: str) -> tuple[str, str | None, str]:
     from memlab.probes.loading import resolve_source
 
-    folder, gguf_file, _ = resolve_source(name)
-    return folder, gguf_file, f"decoder 'pretrained:{name}'"
+    what = f"decoder 'pretrained:{name}'"
+    try:
+        folder, gguf_file, _ = resolve_source(name)
+    except ModelError as e:
+        raise ModelError(f"{what}: {e}") from None
+    return folder, gguf_file, what
 
 
 def load_lm(name: str):
@@ -175,8 +189,8 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         n_classes = self._init_vocab(c.kept_ids, c.start_id, c.vocab_size)
         self._cond = get_part("conditioning", c.conditioning).impl
         self._inputs = get_part("inputs", c.inputs).impl
-        # drawn from the global seed (build_decoder sets it), the embedding-shaped map last and its bias zero: a probe
-        # and its control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
+        # drawn from the global seed (build_decoder sets it), the embedding-shaped weight last: a probe and its
+        # control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
         self.other = nn.Linear(d, 1) if self.has_other else None
         if self.other is not None:
             nn.init.zeros_(self.other.weight)
@@ -188,8 +202,11 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         if self.bag is not None:
             nn.init.zeros_(self.bag.weight)  # starts silent
         self.cond = nn.Linear(c.embed_dim, n_cond * d)
-        nn.init.normal_(self.cond.weight, std=0.02)
-        nn.init.zeros_(self.cond.bias)
+        with torch.no_grad():  # the bias first (its shape does not depend on the embedding's width), then the weight;
+            # a random bias: a constant embedding (the control's) still gives soft prompts with a spread, which the
+            # layer norm maps to token scale (all-zero prompts make the LM's gradients overflow)
+            self.cond.bias.normal_(std=0.02)
+            self.cond.weight.normal_(std=0.02)
         self._init_norm(c.embed_dim)
 
     @property
@@ -281,7 +298,8 @@ def load_decoder(folder: str | Path) -> PretrainedDecoder:
 
 
 def check(opts, arg: str, explicit: set) -> None:
-    """The pretrained decoder's own option checks (one ConfigError each)."""
+    """The pretrained decoder's own option checks (one ConfigError each), and that ``arg`` is a causal LM."""
+    _lm_config(*_source(arg))
     if opts.chunk_by != "words":
         raise ConfigError("decoder=pretrained reads the chunk texts in its own tokenizer: use chunk_by=words")
     if opts.lora_r < 0:
@@ -301,5 +319,5 @@ def check(opts, arg: str, explicit: set) -> None:
 
 register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM (shortcut, folder, run, GGUF file, hub name)",
+    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
     check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, or LoRA)"))
