@@ -12,23 +12,22 @@ joined to the token embeddings by the registered conditioning
 fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
 
 * ``lora_r=0`` (default): the LM is frozen (``requires_grad`` off); only the
-  map (and the *other* class, and the bag head when on) trains.
+  map (and the bag head when on) trains.
 * ``lora_r>0``: LoRA adapters of rank ``lora_r`` (scale ``lora_alpha / r``)
   through ``peft`` on the LM's attention projections (the peft default of its
   architecture, else every linear layer of its body) train with the map.
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
-is scored over the same target tokens. The output layer is the LM's, over the
-same compact vocabulary as the scratch decoder (:class:`CompactVocab`: the
-rows of the LM's output matrix for the token ids seen in training, plus a
-trained *other* class spread evenly over the unseen ids; exact over the full
-vocabulary; ``compact_vocab=false``: the LM's whole output layer).
+is scored over the same target tokens. The output layer is the LM's own, over
+its whole vocabulary (``compact_vocab`` does not apply: a compact vocabulary's
+*other* class would throw away what the LM knows of the tokens unseen in the
+probe's training chunks, and at a few hundred chunks that costs more nats
+than the embedding gives).
 
 Saved (``save_pretrained``): ``config.json`` (with the LM's name and a
 fingerprint of its weights) and ``decoder.safetensors`` holding only what
-trained (the map, the other class, the bag head, the LoRA weights, the
-standardisation); :func:`load_decoder` rebuilds the LM from its name and
+trained (the map, the bag head, the LoRA weights, the standardisation); :func:`load_decoder` rebuilds the LM from its name and
 refuses weights that do not fit or an LM that is not the one trained on.
 """
 
@@ -186,15 +185,11 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
                              f"{c.vocab_size} tokens")
         if c.lora_r:
             _lora(self.body, lm.config.model_type, c.lora_r, c.lora_alpha)
-        n_classes = self._init_vocab(c.kept_ids, c.start_id, c.vocab_size)
+        n_classes = self._init_vocab(range(c.vocab_size), c.start_id, c.vocab_size)  # the LM's whole output layer
         self._cond = get_part("conditioning", c.conditioning).impl
         self._inputs = get_part("inputs", c.inputs).impl
         # drawn from the global seed (build_decoder sets it), the embedding-shaped weight last: a probe and its
         # control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
-        self.other = nn.Linear(d, 1) if self.has_other else None
-        if self.other is not None:
-            nn.init.zeros_(self.other.weight)
-            nn.init.zeros_(self.other.bias)
         self.cond_norm = nn.LayerNorm(d)
         with torch.no_grad():  # soft prompts at the scale of the LM's own token embeddings
             self.cond_norm.weight.fill_(float(emb.weight.float().pow(2).mean().sqrt()))
@@ -229,10 +224,8 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         x = self._cond.join(x, cond)  # (B, P' + T, d)
         h = self.body(inputs_embeds=x).last_hidden_state[:, self._cond.offset(c):]  # (B, T, d)
         head = self.lm.get_output_embeddings()
-        bias = None if head.bias is None else head.bias[self.to_full]
-        logits = nn.functional.linear(h, head.weight[self.to_full], bias)  # (B, T, K): the LM's rows of the kept ids
-        if self.other is not None:
-            logits = torch.cat([logits, self.other(h)], dim=-1)  # (B, T, K + 1)
+        bias = None if head.bias is None else head.bias[: c.vocab_size]
+        logits = nn.functional.linear(h, head.weight[: c.vocab_size], bias)  # (B, T, V): the LM's own output layer
         if self.bag is not None:
             logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
