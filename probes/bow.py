@@ -10,17 +10,24 @@ found in the most training chunks for every chunk: what knowing the language's
 word frequencies gives. Cheap (seconds on cached embeddings) and
 data-efficient: it reads content where a sequence decoder cannot yet read
 order.
+
+Labels stay sparse: each batch's multi-hot targets (b, n) are built on the
+fly from its token ids on the probe's device, so memory is O(N * T) for the
+chunks plus O(batch * n) for one batch, never the N x n label matrix; the
+held-out scores are computed a batch at a time too.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def multi_hot(ids: torch.Tensor, to_compact: torch.Tensor, n: int) -> torch.Tensor:
-    """(N, T) token ids -> (N, n) 0/1 float: which compact ids occur in each chunk (unseen ids dropped)."""
+    """(N, T) token ids -> (N, n) 0/1 float on ``ids``' device: which compact ids occur in each chunk (unseen
+    ids dropped)."""
     c = torch.where(ids >= 0, to_compact[ids.clamp(min=0)], n)  # (N, T), n for unseen ids and PAD
-    out = torch.zeros(ids.shape[0], n + 1)  # (N, n+1)
+    out = torch.zeros(ids.shape[0], n + 1, device=ids.device)  # (N, n+1)
     out.scatter_(1, c, 1.0)
     return out[:, :n]  # (N, n)
 
@@ -42,40 +49,85 @@ def recovered_share(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor)
     return sum(per) / max(len(per), 1)
 
 
+class _Labels:
+    """The compact vocabulary of the training chunks and each batch's multi-hot over it, on ``device``."""
+
+    def __init__(self, ids_train: torch.Tensor, ids_eval: torch.Tensor, device: torch.device):
+        self.kept = torch.unique(ids_train[ids_train >= 0])  # (n,) compact vocabulary: ids seen in training
+        self.n = self.kept.numel()
+        vmax = int(max(int(ids_train.max()), int(ids_eval.max()))) + 1
+        to_compact = torch.full((vmax,), self.n, dtype=torch.long)  # (V,)
+        to_compact[self.kept] = torch.arange(self.n)
+        self.to_compact = to_compact.to(device)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return multi_hot(ids, self.to_compact, self.n)  # (b, T) on the device -> (b, n)
+
+    def prior(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """(n,) share of the chunks ``ids`` (N, T) holding each token, counted a batch at a time."""
+        count = torch.zeros(self.n, device=ids.device)  # (n,) whole counts: exact in float32 below 2**24
+        for i in range(0, ids.shape[0], batch_size):
+            count += self(ids[i : i + batch_size]).sum(0)
+        return count / ids.shape[0]
+
+
+def _loss(head, x: torch.Tensor, ids: torch.Tensor, labels: _Labels, batch_size: int) -> float:
+    """Mean binary cross-entropy of ``head`` over all (chunk, token) pairs of (N, D) ``x``, a batch at a time."""
+    total = torch.zeros((), device=x.device)  # () summed on the device: one read back at the end
+    for i in range(0, x.shape[0], batch_size):
+        b = slice(i, i + batch_size)
+        total += F.binary_cross_entropy_with_logits(head(x[b]), labels(ids[b]), reduction="sum")  # (b, n) -> ()
+    return float(total) / (x.shape[0] * labels.n)
+
+
+def _score(head, z: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, prior: torch.Tensor,
+           batch_size: int) -> tuple[list[float], list[float]]:
+    """Per-chunk recovered shares of the head's scores and of the prior on (M, D) ``z``, a batch at a time."""
+    got, base = [], []
+    for i in range(0, z.shape[0], batch_size):
+        with torch.no_grad():
+            s = head(z[i : i + batch_size]).cpu()  # (b, n)
+        b_ids = ids[i : i + batch_size]
+        got += recovered_per_chunk(s, b_ids, kept)
+        base += recovered_per_chunk(prior.expand(b_ids.shape[0], -1), b_ids, kept)
+    return got, base
+
+
 def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor, ids_eval: torch.Tensor,
             epochs: int = 60, lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 256,
-            val_fraction: float = 0.1, patience: int = 5, seed: int = 0) -> dict:
-    """Fit the read-out on (N, D) embeddings of (N, T) chunks; score it and its prior on the held-out chunks."""
+            val_fraction: float = 0.1, patience: int = 5, seed: int = 0, device: str | torch.device = "cpu") -> dict:
+    """Fit the read-out on (N, D) embeddings of (N, T) chunks on ``device``; score it and its prior on the
+    held-out chunks."""
+    device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
-    kept = torch.unique(ids_train[ids_train >= 0])  # (n,) compact vocabulary: ids seen in training
-    vmax = int(max(int(ids_train.max()), int(ids_eval.max()))) + 1
-    to_compact = torch.full((vmax,), kept.numel(), dtype=torch.long)
-    to_compact[kept] = torch.arange(kept.numel())
-    y = multi_hot(ids_train, to_compact, kept.numel())  # (N, n)
-    mean, std = z_train.mean(0), z_train.std(0).clamp(min=1e-6)  # (D,)
-    x = (z_train - mean) / std  # (N, D)
-    prior = y.mean(0)  # (n,): share of training chunks holding each token
+    labels = _Labels(ids_train, ids_eval, device)
+    ids = ids_train.to(device)  # (N, T)
+    z = z_train.to(device, torch.float32)  # (N, D)
+    mean, std = z.mean(0), z.std(0).clamp(min=1e-6)  # (D,)
+    x = (z - mean) / std  # (N, D)
+    prior = labels.prior(ids, batch_size)  # (n,): share of training chunks holding each token
     torch.manual_seed(seed)
-    head = torch.nn.Linear(x.shape[1], kept.numel())
+    head = torch.nn.Linear(x.shape[1], labels.n)
     with torch.no_grad():
         head.weight.zero_()
         head.bias.copy_(torch.logit(prior.clamp(1e-4, 1 - 1e-4)))  # starts as the prior
+    head.to(device)
     order = torch.randperm(x.shape[0], generator=gen)
     n_val = int(round(val_fraction * x.shape[0])) if x.shape[0] > 20 else 0
-    val, tr = order[:n_val], order[n_val:]
+    val, tr = order[:n_val].to(device), order[n_val:]
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     best, best_state, bad, ep = float("inf"), None, 0, 0
     for ep in range(1, epochs + 1):
         perm = tr[torch.randperm(tr.numel(), generator=gen)]
         for i in range(0, perm.numel(), batch_size):
-            b = perm[i : i + batch_size]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(head(x[b]), y[b])  # (b, n) -> ()
+            b = perm[i : i + batch_size].to(device)
+            loss = F.binary_cross_entropy_with_logits(head(x[b]), labels(ids[b]))  # (b, n) -> ()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         if n_val:
             with torch.no_grad():
-                v = float(torch.nn.functional.binary_cross_entropy_with_logits(head(x[val]), y[val]))
+                v = _loss(head, x[val], ids[val], labels, batch_size)
             if v < best:
                 best, bad, best_state = v, 0, {k: t.clone() for k, t in head.state_dict().items()}
             else:
@@ -84,11 +136,10 @@ def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor
                     break
     if best_state is not None:
         head.load_state_dict(best_state)
-    with torch.no_grad():
-        scores = head((z_eval - mean) / std)  # (M, n)
-    got = recovered_per_chunk(scores, ids_eval, kept)
-    base = recovered_per_chunk(prior.expand(ids_eval.shape[0], -1), ids_eval, kept)
+    z_ev = (z_eval.to(device, torch.float32) - mean) / std  # (M, D)
+    got, base = _score(head, z_ev, ids_eval, labels.kept, prior.cpu(), batch_size)
     got_m, base_m = sum(got) / max(len(got), 1), sum(base) / max(len(base), 1)
-    return {"recovered": got_m, "prior": base_m, "gain": got_m - base_m, "_per_chunk": {"recovered": got, "prior": base}, "epochs": ep, "kept_vocab": int(kept.numel()),
+    return {"recovered": got_m, "prior": base_m, "gain": got_m - base_m, "_per_chunk": {"recovered": got, "prior": base},
+            "epochs": ep, "kept_vocab": labels.n, "device": str(device),
             "definition": "share of each held-out chunk's k distinct tokens among the read-out's top k (prior: the k "
                           "tokens in most training chunks), averaged over chunks"}

@@ -88,16 +88,34 @@ def _llama(config):
     return ProbeDecoder(config)
 
 
-register_part("decoder", Part("llama", _llama, description="a small Llama-style causal LM (memlab.probes.decoder)"))
+register_part("decoder", Part("llama", _llama, options=("target_tokenizer",),
+                               description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
-def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0) -> dict:
+def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu") -> dict:
     from memlab.probes.bow import fit_bow
 
-    return fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed)
+    return fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device)
 
 
 register_part("readout", Part("bow", _bow, description="bag-of-words read-out: a linear multi-label head"))
+
+
+def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
+    from memlab.probes.align import fit_align
+
+    return fit_align(z_train, z_eval, context)
+
+
+def _align_check(context) -> None:
+    from memlab.probes.align import check_target
+
+    check_target(context)
+
+
+register_part("readout", Part("align", _align, options=("align_target",), check_context=_align_check,
+                              description="alignment read-out: a ridge map into align_target's space, read by its "
+                                          "own decoder"))
 
 
 def _scorer(name: str):

@@ -227,6 +227,10 @@ class HiddenStateEncoder:
     (e.g. [CLS] ... [SEP]) before the model reads it, as the model was trained.
     """
 
+    masks_padding = True
+    """A chunk's embedding does not depend on the padding after it (the attention mask hides it): the probe may
+    encode chunks of like length together, each batch cut to its longest chunk."""
+
     def __init__(self, model: nn.Module, tokenizer, layer: int = -1, pool: str = "last", final_norm: bool = False,
                  special_tokens: bool = True, name: str = "model"):
         from memlab.probes.parts import PARTS

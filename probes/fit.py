@@ -96,12 +96,16 @@ def fit_control(opts, tok, train_ids, eval_ids, z_train, z_eval, cache: dict | N
     return metrics, hist, secs, None
 
 
-def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow") -> dict:
-    """The registered read-out ``name`` (default the bag of words) fitted and scored, with its seconds."""
-    from memlab.probes.parts import get_part
+def fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow", context=None,
+                    device: str = "cpu") -> dict:
+    """The registered read-out ``name`` (default the bag of words) fitted on ``device`` and scored, with its seconds;
+    a read-out that takes a ``context`` keyword gets ``context`` (:class:`memlab.probes.parts.ReadoutContext`)."""
+    from memlab.probes.parts import get_part, takes_context
 
+    impl = get_part("readout", name).impl
+    kw = {"context": context} if takes_context(impl) else {}
     with T.Timer() as t:
-        out = get_part("readout", name).impl(z_train, train_ids, z_eval, eval_ids, seed=seed)
+        out = impl(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device, **kw)
     out["seconds"] = t.seconds
     return out
 
@@ -152,7 +156,7 @@ def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
     _, m, _, secs = fit_selected(opts, tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
                                  _codes("concat", tok, eval_ids), desc="calibration decoder")
     b = fit_bow_readout(train_ids, eval_ids, _codes("bag", tok, train_ids), _codes("bag", tok, eval_ids),
-                        seed=opts.seed)
+                        seed=opts.seed, device=opts.device)
     (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
     return _verdict([
         _check("synthetic:concat", m_concat, m[m_concat], m[m_concat] >= t_concat, f"{m_concat} >= {t_concat}",
@@ -177,22 +181,45 @@ def _public(m: dict | None) -> dict | None:
     return None if m is None else {k: v for k, v in m.items() if not k.startswith("_")}
 
 
-def interval_readings(opts, eval_ids, tok, probe, control, bow, chars=None) -> dict:
-    """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts)."""
+def interval_readings(opts, eval_ids, tok, probe, control, bow, chars=None, readouts: dict | None = None) -> dict:
+    """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts); ``readouts``: every
+    fitted read-out by name (``bow`` among them or given alone)."""
     from memlab.probes.chunks import chunk_chars
     from memlab.probes.intervals import readings
 
     chars = chars if chars is not None else chunk_chars(eval_ids, tok)
+    per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if k != "bow" and v.get("_per_chunk")}
     return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
                     (probe or {}).get("_tf1"), (control or {}).get("_tf1"), (bow or {}).get("_per_chunk"),
-                    n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed)
+                    n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed, readouts=per)
+
+
+def _decoded(opts, tok, train_ids, eval_ids, bow: bool):
+    """(training, held-out) texts as the chunks' tokens decode, when a chosen read-out reads text; else None."""
+    from memlab.probes.chunks import rows
+    from memlab.probes.parts import get_part, takes_context
+
+    if not (bow and any(takes_context(get_part("readout", n).impl) for n in opts.readouts)):
+        return None
+    return tuple(tok.batch_decode(rows(x), skip_special_tokens=True) for x in (train_ids, eval_ids))
+
+
+def readout_context(opts, tok, texts, dim: int | None = None):
+    """The :class:`memlab.probes.parts.ReadoutContext` of chunks whose texts are ``texts`` (train, held-out)."""
+    from memlab.probes.parts import ReadoutContext
+
+    tr, ev = texts if texts is not None else (None, None)
+    return ReadoutContext(texts_train=tr, texts_eval=ev, tokenizer=tok, dim=dim, opts=opts)
 
 
 def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
-                 control_key: str | None = None, sequence: bool = True, bow: bool = True, chars=None) -> dict:
-    """Sequence probe and control (``sequence``), bag-of-words read-out (``bow``), intervals, calibration, limit line.
+                 control_key: str | None = None, sequence: bool = True, bow: bool = True, chars=None,
+                 texts=None) -> dict:
+    """Sequence probe and control (``sequence``), the read-outs (``bow``: ``opts.readouts``), intervals, calibration,
+    limit line.
 
-    ``chars``: characters of each held-out chunk's text (default: as its tokens decode). Returns a dict with
+    ``chars``: characters of each held-out chunk's text (default: as its tokens decode); ``texts``: (training texts,
+    held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode). Returns a dict with
     probe, control, information_gain, bow, readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
     retention, limited_by, calibration, history, timing and ``_decoder`` (the fitted sequence decoder, or None).
     """
@@ -212,11 +239,14 @@ def fit_readings(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache:
             out["information_gain"] = T.information_gain(out["probe"]["ce"], c["ce"])
         out["limited_by"] = limit_line(out["probe"], out["control"])
     out["readouts"] = {}
+    context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, bow), int(z_train.shape[1]))
     for name in opts.readouts if bow else []:
-        out["readouts"][name] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name)
+        out["readouts"][name] = fit_bow_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
+                                                context=context, device=opts.device)
         out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
     out["bow"] = out["readouts"].get("bow")
-    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars)
+    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars,
+                                        out["readouts"])
     out["retention"] = retention(out["readings"], opts.ci_level)
     out["_reconstruction"] = (out["probe"] or {}).get("_reconstruction")
     for k in ("probe", "control", "bow"):

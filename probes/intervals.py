@@ -18,7 +18,10 @@ Readings (:func:`readings`; nats summed over a chunk's target tokens, as
 * ``information_gain``: ``(sum NLL_control - sum NLL_probe) / sum NLL_control``;
 * ``token_accuracy`` and ``token_accuracy_gain`` (over the control);
 * ``token_set_f1`` and ``token_set_f1_gain`` (over the control);
-* ``bow_recovered`` and ``bow_gain`` (over its frequency prior).
+* ``bow_recovered`` and ``bow_gain`` (over its frequency prior), and for any other read-out ``NAME``
+  (:mod:`memlab.probes.parts`) ``NAME_recovered`` and ``NAME_gain``; a read-out whose per-chunk numbers hold
+  ``nll`` and ``prior_nll`` also gives ``NAME_bits_per_chunk`` (mean of ``(prior_nll - nll) / ln 2``), and one
+  with ``tf1`` and ``prior_tf1`` gives ``NAME_token_set_f1`` and ``NAME_token_set_f1_gain``.
 
 A gain whose interval holds zero (or lies below it) is reported as "no
 evidence of retention", never as a bare figure.
@@ -32,7 +35,13 @@ import numpy as np
 
 GAINS = ("bits_per_chunk", "bits_per_char", "information_gain", "token_accuracy_gain", "token_set_f1_gain",
          "bow_gain")
-"""Readings that measure what the embedding adds over a control: the ones "no evidence" applies to."""
+"""Readings that measure what the embedding adds over a control: the ones "no evidence" applies to (and every
+read-out's ``NAME_gain``, ``NAME_bits_per_chunk`` and ``NAME_token_set_f1_gain``: :func:`is_gain`)."""
+
+
+def is_gain(name: str) -> bool:
+    """Whether the reading ``name`` measures what the embedding adds over a control."""
+    return name in GAINS or name.endswith(("_gain", "_bits_per_chunk"))
 
 NO_EVIDENCE = "no evidence of retention"
 
@@ -63,11 +72,12 @@ def _mean(a: str, b: str | None = None, scale: float = 1.0):
 
 
 def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None, bow: dict | None = None,
-             n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+             n_resamples: int = 2000, level: float = 0.95, seed: int = 0, readouts: dict | None = None) -> dict:
     """Each reading ``{"value", "low", "high"}`` (see the module doc) from per-chunk numbers.
 
     ``probe`` / ``control``: ``evaluate(...)["_per_chunk"]`` (nll, hits, tokens); ``chars``: characters of each
-    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``bow``: the read-out's ``_per_chunk`` (recovered, prior).
+    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``bow``: the read-out's ``_per_chunk`` (recovered, prior);
+    ``readouts``: other read-outs' ``_per_chunk`` by name.
     """
     ln2 = math.log(2)
     specs: dict[str, tuple] = {}
@@ -87,10 +97,17 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
         if tf1_probe is not None and tf1_control is not None:
             cols["c_tf1"] = np.asarray(tf1_control)
             specs["token_set_f1_gain"] = _mean("p_tf1", "c_tf1")
-    if bow is not None:
-        cols.update(b_rec=np.asarray(bow["recovered"]), b_prior=np.asarray(bow["prior"]))
-        specs["bow_recovered"] = _mean("b_rec")
-        specs["bow_gain"] = _mean("b_rec", "b_prior")
+    others = {**({"bow": bow} if bow is not None else {}), **(readouts or {})}
+    for i, (name, per) in enumerate(others.items()):
+        pairs = [("recovered", "prior", "recovered", "gain"), ("tf1", "prior_tf1", "token_set_f1", "token_set_f1_gain")]
+        for got, base, level_name, gain_name in pairs:
+            if got in per and base in per:
+                cols.update({f"r{i}_{got}": np.asarray(per[got]), f"r{i}_{base}": np.asarray(per[base])})
+                specs[f"{name}_{level_name}"] = _mean(f"r{i}_{got}")
+                specs[f"{name}_{gain_name}"] = _mean(f"r{i}_{got}", f"r{i}_{base}")
+        if "nll" in per and "prior_nll" in per:
+            cols.update({f"r{i}_nll": np.asarray(per["nll"]), f"r{i}_prior_nll": np.asarray(per["prior_nll"])})
+            specs[f"{name}_bits_per_chunk"] = _mean(f"r{i}_prior_nll", f"r{i}_nll", scale=1 / ln2)
     out = {}
     for name, stat in specs.items():
         value = float(stat({k: np.asarray(v, dtype=np.float64)[None] for k, v in cols.items()})[0])
@@ -106,11 +123,14 @@ def shows_retention(r: dict | None) -> bool:
 
 def retention(read: dict, level: float = 0.95) -> str:
     """One line: what the embedding adds in bits (with its interval), or "no evidence of retention"."""
-    key = "bits_per_chunk" if "bits_per_chunk" in read else "bow_gain" if "bow_gain" in read else None
+    aligned = [k for k in read if k.endswith("_bits_per_chunk")]
+    key = ("bits_per_chunk" if "bits_per_chunk" in read else aligned[0] if aligned else
+           "bow_gain" if "bow_gain" in read else None)
     if key is None:
         return "no control: retention not measured"
     r = read[key]
-    unit = "bits per chunk" if key == "bits_per_chunk" else "of the bag of words over its prior"
+    unit = ("bits per chunk" if key == "bits_per_chunk" else "of the bag of words over its prior" if key == "bow_gain"
+            else f"bits per chunk ({key[: -len('_bits_per_chunk')]} read-out over its prior)")
     span = f"{r['value']:.3g} {unit}, {level:.0%} interval [{r['low']:.3g}, {r['high']:.3g}]"
     if shows_retention(r):
         return f"retained: {span}"

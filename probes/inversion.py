@@ -56,7 +56,7 @@ def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
 
 
 ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
-                "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
+                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device", "encode_batch_size",
                 "ci_level", "ci_resamples", "layers", "layers_sequence"}
 """Options a control run does not depend on."""
 
@@ -123,7 +123,8 @@ def probe_data(opts: ProbeOptions, encoder):
         train_ids = T.probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
         eval_ids = T.probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
                                   at_most=True)
-        texts, texts_tr, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), None, 0
+        texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
+        texts_tr = tok.batch_decode(rows(train_ids), skip_special_tokens=True)
         chars = chunk_chars(eval_ids, tok)
         render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
     else:
@@ -139,10 +140,20 @@ def probe_data(opts: ProbeOptions, encoder):
                       f"{opts.chunk_tokenizer or 'its own tokenizer'}")
     text = {"chunk_by": opts.chunk_by, "per_chunk": per_chunk,
             "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
-            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars}
+            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars,
+            "_texts": (texts_tr, texts)}
     targets = make_targets(opts, encoder, train_ids, eval_ids, texts_tr, texts)
     text["targets"] = targets.describe(texts)
     return train_ids, eval_ids, text, targets  # (N, T), (M, T)
+
+
+PRIVATE_TEXT = ("chars", "_texts")
+"""Keys of probe_data's ``text`` that the report leaves out (per-chunk characters, the chunk texts)."""
+
+
+def public_text(text: dict) -> dict:
+    """``text`` as the report holds it (without :data:`PRIVATE_TEXT`)."""
+    return {k: v for k, v in text.items() if k not in PRIVATE_TEXT}
 
 
 def eval_note(opts: ProbeOptions, eval_ids: torch.Tensor) -> str | None:
@@ -182,7 +193,7 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, te
         model=opts.model if not opts.random_init else f"{opts.model} (random init)",
         encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(targets.tokenizer), seq_len=opts.seq_len,
         n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
-        text={k_: v for k_, v in text.items() if k_ != "chars"},
+        text=public_text(text),
         decoder=None if dec is None else {"kind": opts.decoder, "targets_in": targets.name,
                                           "parameters": sum(p.numel() for p in dec.parameters()),
                                           "trained_parameters": sum(p.numel() for p in dec.parameters()
@@ -215,6 +226,11 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
         encoder = _load(opts, encoder)
     train_ids, eval_ids, text, targets = probe_data(opts, encoder)
     encoder = fit_length(encoder, train_ids)
+    if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
+        from memlab.probes.fit import readout_context
+        from memlab.probes.parts import check_readouts
+
+        check_readouts(opts, readout_context(opts, encoder.tokenizer, text["_texts"], encoder.dim))
     return encoder, train_ids, eval_ids, text, t_load.seconds, targets
 
 
@@ -233,7 +249,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
     ckey = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     fit = fit_readings(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache, ckey,
-                       bow=bool(opts.readouts), chars=text["chars"])
+                       sequence=opts.sequence, bow=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
     if not opts.model.startswith("synthetic:"):
         report.data_split = T.split_description(opts.corpus)
@@ -245,11 +261,12 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     if (n := max(train_sizes(opts))) < default_n:
         report.budget_note = (f"n_train={n} is below the default {default_n}: on the measured learning curves "
                               "(docs/probes.md) readings still rise with more chunks; read this as a lower bound")
-    fitted = FittedProbe(encoder, fit["_decoder"], tg.tokenizer)
+    fitted = FittedProbe(encoder, fit["_decoder"], tg.tokenizer) if fit["_decoder"] is not None else None
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        fitted.save(out, encoder_spec(opts, encoder))
+        if fitted is not None:
+            fitted.save(out, encoder_spec(opts, encoder))
         report.run_dir = str(out)
         write_report(report, out)
     if verbose:

@@ -106,10 +106,13 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
 
         # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
         try:
-            if torch.device(device).type != "cpu":
+            on_cpu = torch.device(device).type == "cpu"
+            if not on_cpu:
                 kw["device_map"] = str(device)  # weights go from the file to the device, shard by shard
+            # on the CPU a local folder's tensors are read and cast one at a time: no second copy of the weights
             model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config,
-                                           dtype=dtype, trust_remote_code=False, **kw)
+                                           dtype=dtype, trust_remote_code=False,
+                                           read_by_tensor=on_cpu and not gguf_file, **kw)
         except ModelError:
             raise
         except _errors(gguf_file) as e:  # a GGUF file fails in many ways; other reads are strict's one line

@@ -77,6 +77,10 @@ class ProbeOptions:
     """The decoder (a registered probe part: memlab.probes.parts): llama (a small Llama trained from scratch, in
     the encoder's tokenizer) or pretrained:NAME (a pretrained causal LM: shortcut, folder, run, GGUF file or hub
     name, reading the embedding through a trained map; targets in its own tokenizer; memlab.probes.pretrained)."""
+    target_tokenizer: str | None = None
+    """decoder=llama: rebuild the chunk texts in this tokenizer (a shortcut, folder, run directory or GGUF file)
+    instead of the encoder's own (chunk_by=words): every model of a comparison is then scored over the same target
+    tokens, and probes of the same chunks share one control."""
     lora_r: int = 0
     """decoder=pretrained: rank of the LoRA adapters trained in the LM (peft); 0 keeps the LM frozen."""
     lora_alpha: float = 16.0
@@ -122,11 +126,17 @@ class ProbeOptions:
     read synthetic concat whole instead of over-fitting their own language model (docs/probes.md)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    sequence: bool = True
+    """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
     readouts: list[str] = field(default_factory=lambda: ["bow"])
     """Read-outs fitted beside the decoder (registered parts; bow: the bag-of-words read-out, a linear multi-label
-    head, and its frequency prior); [] for none."""
+    head, and its frequency prior; align: a ridge map into the space of align_target, read by its decoder); [] for
+    none."""
+    align_target: str = "space:memory_ae"
+    """readouts=[..., align]: the space the embedding is mapped into and read by its own decoder (space:NAME[:PATH];
+    space:memory_ae alone is the shipped memory autoencoder). memlab.probes.align."""
     scorers: list[str] = field(default_factory=lambda: ["token_set_f1", "sentence_bleu", "exact_match"])
     """Scores of the greedy reconstruction (registered parts)."""
     ci_level: float = 0.95
@@ -219,6 +229,10 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         raise ConfigError("'max_chunk_tokens' must be >= 1 and applies to chunk_by=words")
     if opts.chunk_tokenizer is not None and opts.max_chunk_tokens is None:
         raise ConfigError("'chunk_tokenizer' counts max_chunk_tokens; set max_chunk_tokens too")
+    if opts.target_tokenizer is not None and opts.chunk_by != "words":
+        raise ConfigError("'target_tokenizer' rebuilds the chunk texts: it needs chunk_by=words")
+    if not opts.sequence and not opts.readouts:
+        raise ConfigError("'sequence=false' leaves only the read-outs, and 'readouts' is empty: nothing to fit")
     if opts.layers is not None and len(train_sizes(opts)) > 1:
         raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
     return opts

@@ -27,8 +27,13 @@ Contracts (``impl``):
 * ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface,
   :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
   tokenizer, options and save format, e.g. ``pretrained:NAME``);
-* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed) -> dict`` with ``recovered``, ``prior``, ``gain``
-  and ``_per_chunk``;
+* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` (fitted on ``device``, the probe's) with ``recovered``, ``prior``, ``gain``
+  and ``_per_chunk`` (per held-out chunk: ``recovered`` and ``prior``; with ``nll`` and ``prior_nll``, nats over
+  the same tokens, the intervals also give ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``,
+  ``NAME_token_set_f1_gain``). A read-out whose ``f`` takes a ``context`` keyword is also given a
+  :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer and width, the options); a part's optional
+  ``check_context(context)`` runs once the chunks are cut, before anything is encoded or fitted, and refuses what
+  cannot be read in one line;
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
 """
 
@@ -61,6 +66,45 @@ class Part:
     """What the ``:ARG`` after the part's name names (empty: the part takes none)."""
     check: Callable[[Any, Any, set], None] | None = None
     """``check(opts, arg, explicit)``: more checks of the options when this part is chosen (a ConfigError)."""
+    check_context: Callable[..., None] | None = None
+    """Read-outs: ``check_context(context: ReadoutContext)``, run once the chunks are cut, before any fitting (one
+    clear error, or nothing)."""
+
+
+@dataclass(frozen=True)
+class ReadoutContext:
+    """What a read-out may know besides the embeddings and the token ids: the texts of the training and held-out
+    chunks (in the order of their ids; a learning curve's sizes take a prefix), the encoder's tokenizer and width,
+    and the probe's options (None outside a probe: :meth:`option` then gives the defaults)."""
+
+    texts_train: list[str] | None = None
+    texts_eval: list[str] | None = None
+    tokenizer: Any = None
+    dim: int | None = None
+    opts: Any = None
+
+    def option(self, name: str, default=None):
+        """The probe option ``name``, or ``default`` without options."""
+        return getattr(self.opts, name, default) if self.opts is not None else default
+
+
+def takes_context(impl) -> bool:
+    """Whether a read-out's ``f`` accepts the ``context`` keyword."""
+    import inspect
+
+    try:
+        params = inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return False
+    return "context" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_readouts(opts, context: ReadoutContext) -> None:
+    """Each chosen read-out's ``check_context`` (see :class:`Part`)."""
+    for name in chosen(opts, "readout"):
+        part = get_part("readout", name)
+        if part.check_context is not None:
+            part.check_context(context)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,12 @@ READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char"
                  ("token_accuracy_gain", "token accuracy over the control", True, 3),
                  ("token_set_f1", "TF1", False, 3), ("token_set_f1_gain", "TF1 over the control", True, 3),
                  ("bow_recovered", "bag-of-words read-out", False, 3),
-                 ("bow_gain", "bag-of-words read-out over its prior", True, 3))
+                 ("bow_gain", "bag-of-words read-out over its prior", True, 3),
+                 ("align_bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
+                 ("align_recovered", "alignment read-out, token accuracy in its target", False, 3),
+                 ("align_gain", "alignment read-out over its prior", True, 3),
+                 ("align_token_set_f1", "alignment read-out, TF1", False, 3),
+                 ("align_token_set_f1_gain", "alignment read-out, TF1 over its prior", True, 3))
 """The summary's interval lines: (reading, label, is a gain, digits)."""
 
 
@@ -149,6 +154,13 @@ def format_summary(report) -> str:
     if b:
         lines.append(f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
                      f"(frequency prior {b['prior']:.3f})")
+    a = (report.readouts or {}).get("align")
+    if a:
+        own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
+               f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
+        lines.append(f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior "
+                     f"{a['prior']:.3f}{own}), TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), "
+                     f"{a['bits_per_chunk']:.1f} bits per chunk; ridge alpha {a['alpha']:g} by leave-one-out")
     lines += calibration_lines(report.calibration)
     if report.budget_note:
         lines.append(f"note: {report.budget_note}")

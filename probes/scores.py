@@ -53,9 +53,10 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
 
 
 def _cut(pred: torch.Tensor, true: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
-    """Each chunk's real tokens and as many of its reconstruction (a padded chunk is rebuilt to its own length)."""
+    """Each chunk's real tokens and as many of its reconstruction (a padded chunk is rebuilt to its own length; a
+    reconstruction shorter than its chunk, PAD after it, keeps its own tokens only)."""
     t = rows(true)
-    return [p[: len(r)] for p, r in zip(pred.tolist(), t)], t
+    return [[x for x in p[: len(r)] if x >= 0] for p, r in zip(pred.tolist(), t)], t
 
 
 def token_set_f1_per_chunk(pred: torch.Tensor, true: torch.Tensor) -> list[float]:

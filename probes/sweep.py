@@ -24,13 +24,17 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes import train as T
 from memlab.probes.fit import fit_readings
-from memlab.probes.inversion import control_key, encode_data, setup
+from memlab.probes.inversion import control_key, encode_data, public_text, setup
 
 
 def _row(fit: dict) -> dict:
     """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
     row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]} if fit["bow"] else {}
     r = fit["readings"]
+    a = (fit.get("readouts") or {}).get("align")
+    if a:
+        row.update(align_recovered=a["recovered"], align_prior=a["prior"], align_token_set_f1=a["token_set_f1"],
+                   align_bits_per_chunk=a["bits_per_chunk"])
     if "bits_per_chunk" in r:
         row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
                    bits_high=r["bits_per_chunk"]["high"])
@@ -46,7 +50,8 @@ def _row(fit: dict) -> dict:
 
 
 def _table(rows: list[dict], first: str) -> str:
-    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "token_accuracy",
+    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "align_recovered",
+            "align_prior", "align_token_set_f1", "align_bits_per_chunk", "token_accuracy",
             "control_accuracy", "token_set_f1",
             "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
@@ -115,11 +120,11 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_readings(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"])
+                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
         rows.append({"layer": layer, **_row(fit)})
         log(f"layer {layer}: {fit['retention']}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
-               "text": {k: v for k, v in text.items() if k != "chars"},
+               "text": public_text(text),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
     table = _table(rows, "layer")
@@ -157,13 +162,14 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
         t = tg.first(n)
         key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
         fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
-                           bow=bool(opts.readouts), chars=text["chars"])
+                           bow=bool(opts.readouts), chars=text["chars"],
+                           texts=(text["_texts"][0][:n], text["_texts"][1]))
         rows.append({"n_train": n, **_row(fit)})
         r = rows[-1]
         log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
             f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
-               "text": {k: v for k, v in text.items() if k != "chars"},
+               "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     table = _table(rows, "n_train")
     _write(run_dir, "curve", payload, table, lambda d: _plot(rows, "n_train", d / "learning_curve.png",

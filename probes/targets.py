@@ -48,11 +48,27 @@ class Targets:
 
 
 def decoder_tokenizer(opts):
-    """The tokenizer the chosen decoder's targets are in, or None for the encoder's."""
+    """The tokenizer the chosen decoder's targets are in (its own, or ``target_tokenizer``), or None for the
+    encoder's."""
     from memlab.probes.parts import DecoderKind, get_part, split_name
 
     impl = get_part("decoder", opts.decoder).impl
-    return impl.tokenizer(split_name(opts.decoder)[1]) if isinstance(impl, DecoderKind) else None
+    if isinstance(impl, DecoderKind):
+        return impl.tokenizer(split_name(opts.decoder)[1])
+    if getattr(opts, "target_tokenizer", None):
+        from memlab.probes.loading import load_tokenizer
+
+        return load_tokenizer(opts.target_tokenizer)
+    return None
+
+
+def target_name(opts) -> str:
+    """Whose tokenizer the targets are in, for the report."""
+    from memlab.probes.parts import DecoderKind, get_part
+
+    if isinstance(get_part("decoder", opts.decoder).impl, DecoderKind):
+        return opts.decoder.partition(":")[2] or opts.decoder
+    return opts.target_tokenizer
 
 
 def check_encodes(tokenizer, texts: list[str], ids: list[list[int]], what: str) -> None:
@@ -80,11 +96,11 @@ def make_targets(opts, encoder, train_ids, eval_ids, texts_tr: list[str] | None,
     tok = decoder_tokenizer(opts)
     if tok is None:
         return Targets(encoder.tokenizer, train_ids, eval_ids, "the encoder's")
-    what = f"decoder '{opts.decoder}'"
+    what = f"decoder '{opts.decoder}'" if not opts.target_tokenizer else f"target_tokenizer '{opts.target_tokenizer}'"
     tr, _ = tokenize_chunks(texts_tr, tok)
     ev, _ = tokenize_chunks(texts_ev, tok)
     sample = texts_tr[:256]
     check_encodes(tok, sample, tok(sample, add_special_tokens=False)["input_ids"], what)
     t = max(tr.shape[1], ev.shape[1])
     pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
-    return Targets(tok, pad(tr), pad(ev), opts.decoder.partition(":")[2] or opts.decoder)
+    return Targets(tok, pad(tr), pad(ev), target_name(opts))

@@ -121,13 +121,19 @@ def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool 
     out = []
     pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
     bar = _bar(ids.shape[0], desc, progress)
+    # an encoder that masks its padding (a transformers model) reads chunks of like length together, each batch
+    # cut to its longest chunk: no compute on padding; others (a space of fixed length) read the chunks as given
+    cut = getattr(encoder, "masks_padding", False)
+    order = torch.sort(mask_of(ids).sum(1), stable=True).indices if cut else torch.arange(ids.shape[0])  # (N,)
     with torch.no_grad():
         for i in range(0, ids.shape[0], batch_size):
-            b = ids[i : i + batch_size]  # (b, T), PAD after each chunk's tokens
+            b = ids[order[i : i + batch_size]]  # (b, T), PAD after each chunk's tokens
+            b = trim(b) if cut else b  # (b, T_b)
             out.append(encoder.encode(fill_pad(b, pad_id), mask_of(b).long()))  # (b, D)
             bar.update(b.shape[0])
     bar.close()
-    z = torch.cat(out)  # (N, D)
+    z = torch.empty(ids.shape[0], out[0].shape[1], dtype=out[0].dtype) if out else torch.zeros(0, 0)  # (N, D)
+    z[order] = torch.cat(out)  # back in the chunks' order
     if not torch.isfinite(z).all():
         raise MemlabError(f"{getattr(encoder, 'name', 'the encoder')} gave non-finite embeddings")
     return z

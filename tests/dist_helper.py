@@ -2,6 +2,8 @@
 
     python tests/dist_helper.py count-encodes DIR -- train CONFIG ...   # the sentences each process encodes
     python tests/dist_helper.py fail RANK STEP -- train CONFIG ...      # a MemlabError on one process after STEP
+    python tests/dist_helper.py threads DIR CORES -- train CONFIG ...   # each process's torch threads, on a host
+                                                                        # that shows CORES cores
 """
 
 from __future__ import annotations
@@ -46,6 +48,17 @@ def _fail(rank: int, step: int) -> None:
     Trainer._after_step = after_step
 
 
+def _threads(out_dir: str, cores: int) -> None:
+    """A host of ``cores`` cores; at exit, write this process's intra-op thread count."""
+    import torch
+
+    from memlab.train import devices
+
+    devices.available_cores = lambda: cores
+    path = os.path.join(out_dir, f"threads-{os.environ.get('RANK', '0')}.json")
+    atexit.register(lambda: open(path, "w").write(json.dumps(torch.get_num_threads())))
+
+
 def main() -> int:
     sep = sys.argv.index("--")
     mode, params, args = sys.argv[1], sys.argv[2:sep], sys.argv[sep + 1:]
@@ -53,6 +66,8 @@ def main() -> int:
         _count_encodes(params[0])
     elif mode == "fail":
         _fail(int(params[0]), int(params[1]))
+    elif mode == "threads":
+        _threads(params[0], int(params[1]))
     from memlab.app.cli import main as cli
 
     return cli(args)

@@ -193,10 +193,13 @@ def _memlab_lines(r: subprocess.CompletedProcess) -> list[str]:
 def test_bad_launches_fail_in_one_line_before_any_compute(tmp_path):
     cfg = str(CONFIGS / "lcm/mse_toy.yaml")
     fresh = tmp_path / "new-run"
-    r = _launch2("train", cfg, "--out", str(fresh), "train.batch_size=1")  # more processes than examples a batch
+    r = _launch2("train", cfg, "--out", str(fresh), "train.batch_size=1",  # more processes than examples a batch
+                 script=[str(ROOT / "tests/dist_helper.py"), "threads", str(tmp_path), "6", "--"])
     lines = _memlab_lines(r)
     assert r.returncode != 0 and len(lines) == 1 and "train.batch_size=1 must be divisible by processes (2)" in lines[0]
     assert "exitcode: 2" in r.stderr and not fresh.exists()
+    # the launcher's OMP_NUM_THREADS=1 replaced before any set-up: each of 2 processes on 6 cores takes 3 threads
+    assert [json.loads((tmp_path / f"threads-{i}.json").read_text()) for i in (0, 1)] == [3, 3]
     run = tmp_path / "finished"
     assert main(["train", cfg, "--out", str(run), "train.max_steps=2", "train.save_every=2", "train.eval_every=2",
                  "train.eval_batches=1"]) == 0
@@ -225,6 +228,25 @@ def test_a_failure_on_one_process_ends_every_process_with_its_message(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- fast unit checks
+def test_threads_per_process_share_the_host_unless_asked():
+    from memlab.train.devices import rank_threads
+
+    launched = {"OMP_NUM_THREADS": "1"}  # what torchrun and accelerate launch set when it is unset
+    assert rank_threads(0, 2, cores=16, environ=launched) == 8
+    assert rank_threads(0, 4, cores=16, environ={}) == 4
+    assert rank_threads(0, 3, cores=2, environ=launched) == 1  # never 0
+    assert rank_threads(0, 2, cores=16, environ={"OMP_NUM_THREADS": "3"}) is None  # the user's choice, kept
+    assert rank_threads(5, 2, cores=16, environ={"OMP_NUM_THREADS": "3"}) == 5  # train.threads wins
+    assert rank_threads(0, 1, cores=16, environ=launched) is None  # one process: torch's default
+
+
+def test_negative_threads_are_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", str(CONFIGS / "lcm/mse_toy.yaml"), "--out", str(out), "train.threads=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["memlab: error: 'train.threads' is out of range: -1"] and not out.exists()
+
+
 def test_auto_mixed_precision_takes_bf16_only_where_it_is_native(monkeypatch):
     from memlab.train import devices
 

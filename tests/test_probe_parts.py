@@ -10,7 +10,8 @@ import torch
 
 from memlab.app.cli import main
 from memlab.probes.decoder import ProbeDecoderConfig
-from memlab.probes.parts import KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, encoder_kind
+from memlab.probes.parts import (KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, ReadoutContext, encoder_kind,
+                                 takes_context)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +68,11 @@ def check_part_contract(kind: str, name: str, decoder_source: str | None = None)
         ids = torch.randint(0, 30, (40, 6), generator=g)
         ids[::3, 4:] = -1  # padded chunks
         z = torch.nn.functional.one_hot(ids.clamp(min=0), 30).float().sum(1)  # (40, 30)
-        out = part.impl(z[:30], ids[:30], z[30:], ids[30:], seed=0)
+        kw = {}
+        if takes_context(part.impl):  # a read-out of text gets the chunks' texts (here one word per token id)
+            texts = [" ".join(f"w{t}" for t in row if t >= 0) for row in ids.tolist()]
+            kw["context"] = ReadoutContext(texts[:30], texts[30:], dim=30)
+        out = part.impl(z[:30], ids[:30], z[30:], ids[30:], seed=0, device="cpu", **kw)
         assert 0 <= out["recovered"] <= 1 and 0 <= out["prior"] <= 1
         assert out["gain"] == pytest.approx(out["recovered"] - out["prior"])
         assert len(out["_per_chunk"]["recovered"]) == len(out["_per_chunk"]["prior"]) == 10

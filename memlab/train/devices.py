@@ -81,6 +81,44 @@ def check_engine(state=None) -> None:
         raise e
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a container's or ``taskset``'s share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+def rank_threads(asked: int, processes_here: int, cores: int | None = None, environ=None) -> int | None:
+    """Intra-op threads for one of ``processes_here`` processes on a CPU host, or None to keep torch's own.
+
+    ``asked`` (``train.threads``) > 0 wins. Otherwise, with several processes on the host, each takes
+    ``cores // processes_here`` (at least 1), unless the user set ``OMP_NUM_THREADS`` to more than 1:
+    ``torchrun`` and ``accelerate launch`` both put ``OMP_NUM_THREADS=1`` into every process when it is
+    unset, which would leave all but N of the host's cores idle. (Pin one thread a process with
+    ``train.threads=1``.) One process keeps torch's default (``OMP_NUM_THREADS`` or every core)."""
+    env = os.environ if environ is None else environ
+    if asked > 0:
+        return asked
+    if processes_here <= 1:
+        return None
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    if omp not in ("", "1"):
+        return None  # torch already reads it
+    return max(1, (cores if cores is not None else available_cores()) // processes_here)
+
+
+def set_rank_threads(cfg, state) -> int:
+    """Apply :func:`rank_threads` on a CPU process of ``state`` (GPU processes keep torch's default); returns
+    the threads this process now uses."""
+    if state.device.type == "cpu":
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes) or state.num_processes)
+        n = rank_threads(cfg.threads, here)
+        if n is not None and n != torch.get_num_threads():
+            torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 @dataclass
 class SetupEnv:
     """Where a recipe's set-up runs. Default: one process on the CPU (a set-up called outside a run)."""

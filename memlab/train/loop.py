@@ -380,6 +380,7 @@ class Trainer:
             "best_eval_loss": self.best_eval,
             "processes": self.acc.num_processes,
             "device": str(self.acc.device),
+            "threads": torch.get_num_threads(),
             "mixed_precision": self.acc.mixed_precision,
             "parameters": sum(p.numel() for p in self.acc.unwrap_model(self.model).parameters()),
             **self.setup.summary,

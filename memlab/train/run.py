@@ -143,13 +143,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     from accelerate import PartialState
 
     from memlab import tracking
-    from memlab.train.devices import SetupEnv, check_batch_split, check_engine, use_cpu
+    from memlab.train.devices import SetupEnv, check_batch_split, check_engine, set_rank_threads, use_cpu
     from memlab.train.loop import Trainer
 
     trackers = tracking.parse_log_with(cfg.train.log_with)
     tracking.check_available(trackers)
     check_engine()  # before the process group starts: a sharded engine's set-up would fail in it
     state = PartialState(cpu=use_cpu(cfg.train))
+    set_rank_threads(cfg.train, state)  # before the set-up's precompute: N processes share the host's cores
     try:  # the launch itself, before any compute and before the run directory is touched
         check_engine(state)
         check_batch_split(cfg.train, state.num_processes)

@@ -34,7 +34,7 @@ def load_first_token(spec: str, **_) -> FirstToken:
     return FirstToken(load_tokenizer(spec.partition(":")[2]), spec)
 
 
-def prior_readout(z_train, train_ids, z_eval, eval_ids, seed: int = 0) -> dict:
+def prior_readout(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu") -> dict:
     """The k tokens in most training chunks for every chunk: a read-out that ignores the embedding."""
     from memlab.probes.chunks import rows
 
