@@ -172,3 +172,14 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
     monkeypatch.setitem(sys.modules, "peft", None)  # as if peft were not installed
     _fails([*base, "--out", str(out), *good, "lora_r=4"], capsys, "needs peft", "pip install peft")
     assert not out.exists()  # nothing was written
+
+
+def test_a_scratch_decoder_in_a_named_tokenizer_reloads_in_it(tiny_llama, small_corpus, tmp_path):
+    from memlab.probes.space import load_probe
+
+    out = tmp_path / "run"
+    assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *RUN,
+                 f"target_tokenizer={TOY}", "--no-control", "--no-bow", "select_decoder=false", "hidden_size=32",
+                 "num_layers=1"]) == 0
+    fitted = load_probe(out)
+    assert len(fitted.target_tokenizer) == fitted.decoder.config.vocab_size != len(fitted.tokenizer)
