@@ -267,7 +267,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
         if fitted is not None:
-            fitted.save(out, encoder_spec(opts, encoder))
+            # a scratch decoder's targets in a named tokenizer: the reloaded probe decodes in it too
+            fitted.save(out, {**encoder_spec(opts, encoder), "target_tokenizer": opts.target_tokenizer})
         report.run_dir = str(out)
         write_report(report, out)
     if verbose:

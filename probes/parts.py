@@ -190,8 +190,9 @@ def check_parts(opts, explicit: set[str] = frozenset()) -> None:
             for o in set(other.options) - mine:
                 if o in explicit:
                     now = ", ".join(p.name for p in picked) or "none"
+                    spelled = other.name + (f":{other.argument.split(':')[0]}" if other.argument else "")
                     raise ConfigError(f"'{o}' applies to {SELECTED_BY[kind]}={other.name}, not to "
-                                      f"{SELECTED_BY[kind]}={now}; drop it or choose {other.name}")
+                                      f"{SELECTED_BY[kind]}={now}; drop it or choose {spelled}")
         for n, p in zip(names, picked):
             if p.check is not None:
                 p.check(opts, split_name(n)[1], set(explicit))

@@ -12,23 +12,22 @@ joined to the token embeddings by the registered conditioning
 fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
 
 * ``lora_r=0`` (default): the LM is frozen (``requires_grad`` off); only the
-  map (and the *other* class, and the bag head when on) trains.
+  map (and the bag head when on) trains.
 * ``lora_r>0``: LoRA adapters of rank ``lora_r`` (scale ``lora_alpha / r``)
   through ``peft`` on the LM's attention projections (the peft default of its
   architecture, else every linear layer of its body) train with the map.
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
-is scored over the same target tokens. The output layer is the LM's, over the
-same compact vocabulary as the scratch decoder (:class:`CompactVocab`: the
-rows of the LM's output matrix for the token ids seen in training, plus a
-trained *other* class spread evenly over the unseen ids; exact over the full
-vocabulary; ``compact_vocab=false``: the LM's whole output layer).
+is scored over the same target tokens. The output layer is the LM's own, over
+its whole vocabulary (``compact_vocab`` does not apply: a compact vocabulary's
+*other* class would throw away what the LM knows of the tokens unseen in the
+probe's training chunks, and at a few hundred chunks that costs more nats
+than the embedding gives).
 
 Saved (``save_pretrained``): ``config.json`` (with the LM's name and a
 fingerprint of its weights) and ``decoder.safetensors`` holding only what
-trained (the map, the other class, the bag head, the LoRA weights, the
-standardisation); :func:`load_decoder` rebuilds the LM from its name and
+trained (the map, the bag head, the LoRA weights, the standardisation); :func:`load_decoder` rebuilds the LM from its name and
 refuses weights that do not fit or an LM that is not the one trained on.
 """
 
@@ -78,21 +77,31 @@ def _is_causal_lm(config) -> bool:
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
 
 
-@lru_cache(maxsize=2)
-def _base_lm(folder: str, gguf_file: str | None, what: str):
-    """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from memlab.loading import strict_from_pretrained
+@lru_cache(maxsize=8)
+def _lm_config(folder: str, gguf_file: str | None, what: str):
+    """The config of the causal LM of ``folder``; a ModelError when it cannot be read or is not a causal LM."""
+    from transformers import AutoConfig
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
-    except Exception as e:  # noqa: BLE001  (an unreadable config: one line)
+    except Exception as e:  # noqa: BLE001  (an unreadable config or GGUF header: one line)
         raise ModelError(f"{what}: not a model transformers can read ({str(e).strip().splitlines()[0][:160]})") from None
     if not _is_causal_lm(config):
         archs = ", ".join(getattr(config, "architectures", None) or [type(config).__name__])
         raise ModelError(f"{what} is not a causal LM ({archs}); a pretrained decoder is an AutoModelForCausalLM")
+    return config
+
+
+@lru_cache(maxsize=2)
+def _base_lm(folder: str, gguf_file: str | None, what: str):
+    """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
+    from transformers import AutoModelForCausalLM
+
+    from memlab.loading import strict_from_pretrained
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    config = copy.deepcopy(_lm_config(folder, gguf_file, what))
     try:
         lm = strict_from_pretrained(AutoModelForCausalLM, folder, what=what, config=config, dtype=torch.float32,
                                     trust_remote_code=False, **kw)
@@ -108,8 +117,12 @@ def _base_lm(folder: str, gguf_file: str | None, what: str):
 def _source(name: str) -> tuple[str, str | None, str]:
     from memlab.probes.loading import resolve_source
 
-    folder, gguf_file, _ = resolve_source(name)
-    return folder, gguf_file, f"decoder 'pretrained:{name}'"
+    what = f"decoder 'pretrained:{name}'"
+    try:
+        folder, gguf_file, _ = resolve_source(name)
+    except ModelError as e:
+        raise ModelError(f"{what}: {e}") from None
+    return folder, gguf_file, what
 
 
 def load_lm(name: str):
@@ -172,15 +185,11 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
                              f"{c.vocab_size} tokens")
         if c.lora_r:
             _lora(self.body, lm.config.model_type, c.lora_r, c.lora_alpha)
-        n_classes = self._init_vocab(c.kept_ids, c.start_id, c.vocab_size)
+        n_classes = self._init_vocab(range(c.vocab_size), c.start_id, c.vocab_size)  # the LM's whole output layer
         self._cond = get_part("conditioning", c.conditioning).impl
         self._inputs = get_part("inputs", c.inputs).impl
-        # drawn from the global seed (build_decoder sets it), the embedding-shaped map last and its bias zero: a probe
-        # and its control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
-        self.other = nn.Linear(d, 1) if self.has_other else None
-        if self.other is not None:
-            nn.init.zeros_(self.other.weight)
-            nn.init.zeros_(self.other.bias)
+        # drawn from the global seed (build_decoder sets it), the embedding-shaped weight last: a probe and its
+        # control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
         self.cond_norm = nn.LayerNorm(d)
         with torch.no_grad():  # soft prompts at the scale of the LM's own token embeddings
             self.cond_norm.weight.fill_(float(emb.weight.float().pow(2).mean().sqrt()))
@@ -188,8 +197,11 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         if self.bag is not None:
             nn.init.zeros_(self.bag.weight)  # starts silent
         self.cond = nn.Linear(c.embed_dim, n_cond * d)
-        nn.init.normal_(self.cond.weight, std=0.02)
-        nn.init.zeros_(self.cond.bias)
+        with torch.no_grad():  # the bias first (its shape does not depend on the embedding's width), then the weight;
+            # a random bias: a constant embedding (the control's) still gives soft prompts with a spread, which the
+            # layer norm maps to token scale (all-zero prompts make the LM's gradients overflow)
+            self.cond.bias.normal_(std=0.02)
+            self.cond.weight.normal_(std=0.02)
         self._init_norm(c.embed_dim)
 
     @property
@@ -212,10 +224,8 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         x = self._cond.join(x, cond)  # (B, P' + T, d)
         h = self.body(inputs_embeds=x).last_hidden_state[:, self._cond.offset(c):]  # (B, T, d)
         head = self.lm.get_output_embeddings()
-        bias = None if head.bias is None else head.bias[self.to_full]
-        logits = nn.functional.linear(h, head.weight[self.to_full], bias)  # (B, T, K): the LM's rows of the kept ids
-        if self.other is not None:
-            logits = torch.cat([logits, self.other(h)], dim=-1)  # (B, T, K + 1)
+        bias = None if head.bias is None else head.bias[: c.vocab_size]
+        logits = nn.functional.linear(h, head.weight[: c.vocab_size], bias)  # (B, T, V): the LM's own output layer
         if self.bag is not None:
             logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
@@ -281,7 +291,8 @@ def load_decoder(folder: str | Path) -> PretrainedDecoder:
 
 
 def check(opts, arg: str, explicit: set) -> None:
-    """The pretrained decoder's own option checks (one ConfigError each)."""
+    """The pretrained decoder's own option checks (one ConfigError each), and that ``arg`` is a causal LM."""
+    _lm_config(*_source(arg))
     if opts.chunk_by != "words":
         raise ConfigError("decoder=pretrained reads the chunk texts in its own tokenizer: use chunk_by=words")
     if opts.lora_r < 0:
@@ -301,5 +312,5 @@ def check(opts, arg: str, explicit: set) -> None:
 
 register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM (shortcut, folder, run, GGUF file, hub name)",
+    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
     check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, or LoRA)"))

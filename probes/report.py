@@ -134,7 +134,8 @@ def format_summary(report) -> str:
              f"tokens on average, at most {text['max_tokens']}); bits counted over {text['rendering']}",
              f"retention: {report.retention}"]
     tg = text.get("targets") or {}
-    if tg and tg.get("tokenizer") != "the encoder's":
+    if tg and tg.get("tokenizer") != "the encoder's":  # the bits are counted over the decoder's tokens
+        lines[1] = lines[1].split("; bits counted over")[0].replace(" tokens on average", " encoder tokens on average")
         lines.insert(2, f"targets: the chunk texts in the tokens of {tg['tokenizer']} (V {tg['vocab_size']}, "
                         f"{tg['mean_tokens']:.1f} tokens on average, {tg['n_tokens']} held out); bits counted over "
                         f"{tg['rendering']}")

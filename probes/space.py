@@ -140,6 +140,10 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
                            special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"),
                            max_len=spec.get("max_len"))
     decoder, target_tokenizer = load_decoder(p / "decoder")
+    if target_tokenizer is None and spec.get("target_tokenizer"):  # a scratch decoder's targets in a named tokenizer
+        from memlab.probes.loading import load_tokenizer
+
+        target_tokenizer = load_tokenizer(spec["target_tokenizer"])
     return FittedProbe(encoder, decoder, target_tokenizer)
 
 

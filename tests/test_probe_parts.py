@@ -10,7 +10,8 @@ import torch
 
 from memlab.app.cli import main
 from memlab.probes.decoder import ProbeDecoderConfig
-from memlab.probes.parts import KINDS, PARTS, Conditioning, EncoderKind, ReadoutContext, encoder_kind, takes_context
+from memlab.probes.parts import (KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, ReadoutContext, encoder_kind,
+                                 takes_context)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,8 +23,9 @@ def plugin():
     return plugin
 
 
-def check_part_contract(kind: str, name: str) -> None:
-    """Call a registered part as its kind's contract says (memlab.probes.parts) and check what comes back."""
+def check_part_contract(kind: str, name: str, decoder_source: str | None = None) -> None:
+    """Call a registered part as its kind's contract says (memlab.probes.parts) and check what comes back
+    (``decoder_source``: the argument of a decoder that takes one, a causal LM folder)."""
     part = PARTS[kind].get(name)
     assert part.name == name and all(isinstance(o, str) for o in part.options)
     g = torch.Generator().manual_seed(0)
@@ -54,7 +56,11 @@ def check_part_contract(kind: str, name: str) -> None:
     elif kind == "decoder":
         cfg = ProbeDecoderConfig(embed_dim=6, vocab_size=40, kept_ids=list(range(20)), hidden_size=16, num_layers=1,
                                  num_heads=2, max_len=5)
-        dec = part.impl(cfg)
+        if isinstance(part.impl, DecoderKind):  # decoder=NAME:ARG with its own tokenizer (of at least 40 tokens)
+            assert len(part.impl.tokenizer(decoder_source)) >= 40 and part.argument
+            dec = part.impl.build(cfg, decoder_source, {})
+        else:
+            dec = part.impl(cfg)
         logits = dec(torch.randn(3, 6, generator=g), torch.randint(0, 40, (3, 5), generator=g))
         assert logits.shape[:2] == (3, 5)
         assert torch.allclose(dec.full_log_probs(logits).exp().sum(-1), torch.ones(3, 5), atol=1e-4)
@@ -79,11 +85,11 @@ def check_part_contract(kind: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_registered_part_meets_its_contract(kind, plugin):
+def test_every_registered_part_meets_its_contract(kind, plugin, tiny_llama):
     names = PARTS[kind].names()
     assert names
     for name in names:
-        check_part_contract(kind, name)
+        check_part_contract(kind, name, decoder_source=str(tiny_llama))
 
 
 def test_parts_from_outside_the_tree_plug_in(plugin, tiny_llama, tokenizer, small_corpus, tmp_path):

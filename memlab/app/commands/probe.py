@@ -18,6 +18,9 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--conditioning": ("conditioning", str, "unrolled (added per position, default) or prefix (memory prefix)"),
     "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens, default) or blank (blank copy)"),
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
+    "--decoder": ("decoder", str, "llama (a small decoder trained from scratch, default) or pretrained:NAME (a causal "
+                                  "LM: shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
+                                  "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA)"),
     "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
     "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),
