@@ -119,7 +119,7 @@ class CompactVocab:
         to_compact[kept] = torch.arange(self.num_kept)
         self.register_buffer("to_compact", to_compact)  # (V+1,)
         self.register_buffer("to_full", kept)  # (K,)
-        seen = set(kept.tolist())
+        seen = set(kept_ids) | {start_id}  # host ints (the buffers may be on the meta device while loading)
         # the id an *other* prediction names: the first unseen one (a host int, found once: no sync per call)
         self._fallback = next((i for i in range(vocab_size) if i not in seen), 0)
         return self.num_kept + int(self.has_other)
