@@ -76,6 +76,17 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     """
     from dataclasses import replace
 
+    if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not (
+            opts.select_decoder and opts.bag_head and opts.val_fraction > 0):
+        # a constant embedding standardises to the control's exact zeros, and the probe starts from the control's
+        # weights, batches and noise: its run is the cached control's, bit for bit (tests/test_probe_group.py)
+        import copy
+
+        metrics, hist_c, owner_, dec_c = cache[key]
+        dec_c = copy.deepcopy(dec_c)
+        dec_c.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
+        same = {**metrics, "run": "the cached control's (a constant embedding)"}
+        return {"probe": (dec_c, same, list(hist_c), 0.0), "control": (metrics, hist_c, 0.0, owner_)}
     members = {"probe": (opts, z_train, z_eval)}
     if opts.select_decoder and opts.bag_head and opts.val_fraction > 0:
         members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
@@ -100,14 +111,20 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
         m["decoder_choice"] = choice
     out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
     if cached:
-        metrics, hist_c, owner_ = cache[key]
+        metrics, hist_c, owner_, _ = cache[key]
         out["control"] = (metrics, hist_c, 0.0, owner_)
     elif control:
         mc = _scored(decs["control"], opts, tok, members["control"][2], eval_ids)
         if cache is not None:
-            cache[key] = (mc, hist["control"], owner)
+            cache[key] = (mc, hist["control"], owner, decs["control"])
         out["control"] = (mc, hist["control"], secs["control"], None)
     return out
+
+
+def _is_constant(z_train: torch.Tensor, z_eval: torch.Tensor) -> bool:
+    """Whether every training and held-out embedding is one and the same vector."""
+    first = z_train[:1]  # (1, D)
+    return bool((z_train == first).all()) and bool((z_eval == first).all())
 
 
 def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):

