@@ -220,7 +220,8 @@ def _row(e: Entry, rep, seconds: float) -> dict:
             "information_gain": rep.information_gain, "bow_recovered": b["recovered"], "bow_prior": b["prior"],
             "calibration": rep.calibration["status"] if e.name.startswith("synthetic:") else "",
             "limited_by": rep.limited_by, "seconds": seconds, "vocab_size": rep.vocab_size,
-            "mean_tokens": rep.text["mean_tokens"], "rendering": rep.text["rendering"]}
+            "mean_tokens": rep.text["mean_tokens"],
+            "rendering": (rep.text.get("targets") or {}).get("rendering", rep.text["rendering"])}  # the bits' text
 
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
@@ -314,7 +315,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
                                       f"decoder rebuilds them in the toy BPE's tokens (one control for all rows); "
                                       f"bits per chunk: what the "
                                       f"embedding adds over the control, summed over a chunk's tokens; intervals: 95 % "
-                                      f"paired bootstrap over held-out chunks. Text as each tokenizer renders it: "
+                                      f"paired bootstrap over held-out chunks. The text the bits count, as the targets render it: "
                                       f"{renders}.\nProbe options: {opts_line}.\n" + (f"\n{notes}\n" if notes else ""))
     plot = plot_comparison(rows, reports, run_dir / "quickstart.png")
     summary = {"rows": rows, "options": base, "notes": ctx.notes, "seconds": time.perf_counter() - t0,
