@@ -74,7 +74,7 @@ def test_skipped_entries_and_bad_names(tmp_path, capsys):
 def test_rows_share_target_tokens_and_one_control(tiny_llama, tmp_path):
     """An encoder with another tokenizer is scored over the toy BPE's tokens too, with the control of the first row;
     a row's own budget applies to it alone and is listed."""
-    from memlab.app.quickstart import BAG_OPTIONS, _hf
+    from memlab.app.quickstart import bag_budget, _hf
 
     entries = [e for e in default_entries() if e.name in ("token_lm", "synthetic:bag")]
     entries.insert(1, Entry("tiny", "a 300-token BPE model", _hf(lambda c: str(tiny_llama), pool="mean")))
@@ -87,7 +87,7 @@ def test_rows_share_target_tokens_and_one_control(tiny_llama, tmp_path):
     assert reps["tiny"]["text"]["targets"]["n_tokens"] == reps["token_lm"]["text"]["targets"]["n_tokens"]
     assert reps["tiny"]["text"]["mean_tokens"] != reps["token_lm"]["text"]["mean_tokens"]  # read in its own tokens
     bag = rows["synthetic:bag"]
-    assert bag["own_budget"] == {k: v for k, v in BAG_OPTIONS(summary["options"]).items()}
+    assert bag["own_budget"] == {k: v for k, v in bag_budget(summary["options"]).items()}
     assert reps["synthetic:bag"]["probe"] is None and reps["synthetic:bag"]["n_train"] == 4 * summary["options"]["n_train"] == 256
     assert bag["calibration"] in ("passed", "failed") and bag["token_accuracy"] is None
     assert "synthetic:bag: n_train=256, sequence=False" in (tmp_path / "qs" / "table.md").read_text()
