@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> dict:
     from memlab.probes.inversion import load_options
     from memlab.probes.loading import load_encoder
     from memlab.probes.report import peak_memory_mb
-    from memlab.probes.train import build_decoder, encode_all, probe_chunks, train_decoder
+    from memlab.probes.group import train_decoder
+    from memlab.probes.train import build_decoder, encode_all, probe_chunks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="minilm")

@@ -77,7 +77,8 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     from dataclasses import replace
 
     if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not (
-            opts.select_decoder and opts.bag_head and opts.val_fraction > 0):
+            opts.select_decoder and opts.bag_head and opts.val_fraction > 0) and (
+            cache[key][3].config.embed_dim == z_train.shape[1]):  # a control of the same width: its very decoder
         # a constant embedding standardises to the control's exact zeros, and the probe starts from the control's
         # weights, batches and noise: its run is the cached control's, bit for bit (tests/test_probe_group.py)
         import copy

@@ -313,3 +313,10 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
         group.decs[m].eval()
     secs = time.perf_counter() - t0
     return hist, [secs * r / max(sum(ran), 1) for r in ran]
+
+
+def train_decoder(dec, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
+                  desc: str = "train") -> list[dict]:
+    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D): a group of one (:func:`train_decoders`, which says
+    how); returns the curve."""
+    return train_decoders([dec], [z], ids, opts, progress=progress, desc=desc)[0][0]

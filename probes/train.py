@@ -200,15 +200,6 @@ def trim(ids: torch.Tensor) -> torch.Tensor:
     return ids[:, : max(n, 1)]
 
 
-def train_decoder(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,
-                  desc: str = "train") -> list[dict]:
-    """Train ``dec`` to rebuild ``ids`` (N, T) from ``z`` (N, D): a group of one
-    (:func:`memlab.probes.group.train_decoders`, which says how); returns the curve."""
-    from memlab.probes.group import train_decoders
-
-    return train_decoders([dec], [z], ids, opts, progress=progress, desc=desc)[0][0]
-
-
 def start_token_id_from(dec: ProbeDecoder) -> int:
     return int(dec.config.start_id)
 

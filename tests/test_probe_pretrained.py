@@ -14,6 +14,7 @@ import torch
 from memlab.app.cli import main
 from memlab.errors import ModelError
 from memlab.probes import train as T
+from memlab.probes.group import train_decoder
 from memlab.probes.inversion import load_options
 from memlab.probes.pretrained import LM_PREFIX, WEIGHTS, PretrainedDecoder
 from tests.conftest import one_line_error
@@ -49,7 +50,7 @@ def _trained(corpus, **kw):
     dec = T.build_decoder(6, tok, ids, opts)
     dec.set_normalization(z)
     before = {k: v.clone() for k, v in dec.state_dict().items()}
-    T.train_decoder(dec, z, ids, opts)
+    train_decoder(dec, z, ids, opts)
     return dec, before, z, ids, tok
 
 

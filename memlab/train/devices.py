@@ -78,6 +78,10 @@ def check_engine(state=None) -> None:
                         "checkpoints hold full replicas); launch with `accelerate launch --multi_gpu` (data "
                         "parallel) or one process")
         e.quiet = launch_rank() != 0  # every process finds it: the main one prints it
+        if e.quiet:  # and prints it before the launcher, seeing this process end, stops the main one
+            import time
+
+            time.sleep(5)
         raise e
 
 
