@@ -124,6 +124,12 @@ def reading_lines(readings: dict, level: float) -> list[str]:
     return [f"readings ({level:.0%} paired bootstrap intervals over held-out chunks):"] + out if out else []
 
 
+def seen_line(seen: dict[str, float]) -> str:
+    """``text.targets.seen_in_training`` in words."""
+    parts = [f"{100 * v:.1f} % at least {'once' if k == '1' else k + ' times'}" for k, v in seen.items()]
+    return "held-out target tokens seen in training: " + ", ".join(parts)
+
+
 def format_summary(report) -> str:
     """A few lines for the terminal: the bits the embedding adds first, with their interval."""
     p, c = report.probe, report.control
@@ -139,6 +145,8 @@ def format_summary(report) -> str:
         lines.insert(2, f"targets: the chunk texts in the tokens of {tg['tokenizer']} (V {tg['vocab_size']}, "
                         f"{tg['mean_tokens']:.1f} tokens on average, {tg['n_tokens']} held out); bits counted over "
                         f"{tg['rendering']}")
+    if tg.get("seen_in_training") and p:
+        lines.append(seen_line(tg["seen_in_training"]) + " (a decoder learns each token from its occurrences)")
     lines += reading_lines(report.readings, report.options.get("ci_level", 0.95))
     if p:
         lines.append(_metrics_line("probe:", p))

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 DEFINITIONS = {
+    "seen_in_training": "text.targets.seen_in_training[k]: share of the held-out target tokens whose id occurs at "
+                        "least k times among the training chunks' targets (a decoder learns a token from its "
+                        "occurrences: a rarely seen token caps token accuracy whatever the embedding holds)",
     "bits_per_chunk": "what the embedding adds: (NLL_control - NLL_probe) summed over a chunk's target tokens, in "
                       "bits, mean over held-out chunks (the text rendered as report.text.rendering says)",
     "bits_per_char": "the same bits summed over all held-out chunks, divided by their characters",

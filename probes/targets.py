@@ -21,6 +21,8 @@ from memlab.errors import DataError
 
 MAX_UNK_SHARE = 0.05
 MIN_ROUND_TRIP = 0.5
+SEEN_AT_LEAST = (1, 5, 20)
+"""Occurrence counts at which the report gives the share of held-out target tokens seen that often in training."""
 
 
 @dataclass
@@ -37,14 +39,25 @@ class Targets:
         """The first ``n`` training chunks (a learning curve's size), the same held-out ones."""
         return replace(self, train_ids=self.train_ids[:n])
 
+    def seen_in_training(self) -> dict[str, float]:
+        """Share of the held-out target tokens whose id occurs at least k times among the training targets, for each
+        k of :data:`SEEN_AT_LEAST`: a decoder learns each token's output from its occurrences, so a token seen
+        rarely is one it can hardly name, however much the embedding holds."""
+        tr, ev = self.train_ids[self.train_ids >= 0], self.eval_ids[self.eval_ids >= 0]  # (n,), (m,) real ids
+        size = int(max(int(tr.max()) if tr.numel() else 0, int(ev.max()) if ev.numel() else 0)) + 1
+        counts = torch.bincount(tr, minlength=size)[ev]  # (m,) training occurrences of each held-out target
+        return {str(k): int((counts >= k).sum()) / ev.numel() if ev.numel() else 0.0 for k in SEEN_AT_LEAST}
+
     def describe(self, texts: list[str]) -> dict:
-        """The report's ``text.targets``: whose tokenizer, its size, the held-out target tokens and their rendering."""
+        """The report's ``text.targets``: whose tokenizer, its size, the held-out target tokens and their rendering,
+        and how often the training targets hold them (``seen_in_training``)."""
         from memlab.probes.chunks import mask_of, rendering
 
         n = mask_of(self.eval_ids).sum(1).float()  # (M,)
         return {"tokenizer": self.name, "vocab_size": len(self.tokenizer), "n_tokens": int(n.sum()),
                 "mean_tokens": float(n.mean()), "max_tokens": int(self.eval_ids.shape[1]),
-                "rendering": rendering(texts, self.eval_ids, self.tokenizer)}
+                "rendering": rendering(texts, self.eval_ids, self.tokenizer),
+                "seen_in_training": self.seen_in_training()}
 
 
 def decoder_tokenizer(opts):

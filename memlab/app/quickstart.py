@@ -331,7 +331,11 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         print(f"note: {n}")
     failed = [r["name"] for r in rows if r.get("calibration") == "failed"]
     if failed:
+        from memlab.probes.report import seen_line
+
+        seen = (reports[failed[0]].text.get("targets") or {}).get("seen_in_training")
         print(f"WARNING: calibration failed ({', '.join(failed)}): at these options the probe cannot read all that is "
-              "there; low readings above say the probe could not see, not that the models forgot")
+              "there; low readings above say the probe could not see, not that the models forgot"
+              + (f" ({seen_line(seen)})" if seen else ""))
     print(f"\nrun: {run_dir}  (table.md, quickstart.png, entries/*/report.json)  total {summary['seconds']:.0f}s")
     return summary
