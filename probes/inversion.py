@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -86,17 +87,39 @@ def _load(opts: ProbeOptions, encoder):
                           dtype=opts.encoder_dtype, max_len=opts.seq_len)
 
 
+def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
+         max_chunk_tokens: int | None, counter) -> tuple[list[str], list[str]]:
+    """The training and held-out chunk texts, each capped at ``max_chunk_tokens`` of ``counter`` when given."""
+    texts_tr = T.probe_texts(seq_len, n_train, "train", corpus, seed)
+    texts_ev = T.probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True)
+    if max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
+        from memlab.probes.chunks import cap_tokens
+
+        texts_tr, texts_ev = (cap_tokens(x, counter, max_chunk_tokens) for x in (texts_tr, texts_ev))
+    return texts_tr, texts_ev
+
+
+@lru_cache(maxsize=4)
+def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
+                 max_chunk_tokens: int | None, chunk_tokenizer: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """:func:`_cut` with the counting tokenizer named (``chunk_tokenizer``), once per process: the entries of a
+    comparison (``memlab quickstart``) read the same chunk texts, so they are cut once."""
+    from memlab.probes.loading import load_tokenizer
+
+    counter = load_tokenizer(chunk_tokenizer) if max_chunk_tokens is not None else None
+    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter)
+    return tuple(tr), tuple(ev)
+
+
 def _words_data(opts: ProbeOptions, encoder):
     from memlab.probes.chunks import PAD, tokenize_chunks
 
-    texts_tr = T.probe_texts(opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
-    texts_ev = T.probe_texts(opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed, at_most=True)
-    if opts.max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
-        from memlab.probes.chunks import cap_tokens
-        from memlab.probes.loading import load_tokenizer
-
-        counter = load_tokenizer(opts.chunk_tokenizer) if opts.chunk_tokenizer else encoder.tokenizer
-        texts_tr, texts_ev = (cap_tokens(x, counter, opts.max_chunk_tokens) for x in (texts_tr, texts_ev))
+    args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
+            opts.max_chunk_tokens)
+    if opts.max_chunk_tokens is None or opts.chunk_tokenizer:
+        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer))
+    else:  # capped in the encoder's own tokenizer
+        texts_tr, texts_ev = _cut(*args, encoder.tokenizer)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
