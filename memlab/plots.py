@@ -18,13 +18,14 @@ def pyplot():
 
 def finish_axes(ax, xlabel: str | None = None, ylabel: str | None = None, log: bool = False,
                 legend_fontsize: int | None = None) -> None:
-    """Labels, a light grid (on minor log ticks too when ``log``) and a legend."""
+    """Labels, a light grid (on minor log ticks too when ``log``) and a legend (when something is labelled)."""
     if xlabel is not None:
         ax.set_xlabel(xlabel)
     if ylabel is not None:
         ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3) if log else ax.grid(alpha=0.3)
-    ax.legend(fontsize=legend_fontsize)
+    if ax.get_legend_handles_labels()[1]:  # a panel with nothing labelled (e.g. a read-out-only row) has no legend
+        ax.legend(fontsize=legend_fontsize)
 
 
 def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
