@@ -2,8 +2,9 @@
 
 Chunk view: an example is ``data.seq_len`` tokens cut into ``C = seq_len / model.chunk_len`` chunks
 ``(C, T)``. Sentence view: an example is one sentence, padded to ``data.seq_len <= model.chunk_len``.
-With ``options.encoder_from`` the encoder comes from a trained model and is frozen; its memories are
-computed once and cached with the data.
+The corpus is read lazily and the examples are rows of memory-mapped files (:mod:`memlab.models.memory.data`),
+so memory does not grow with the corpus. With ``options.encoder_from`` the encoder comes from a trained model
+and is frozen; its memories are computed once and held with the data (in memory).
 """
 
 from __future__ import annotations
