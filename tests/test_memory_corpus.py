@@ -5,7 +5,6 @@ alive at once."""
 from __future__ import annotations
 
 import hashlib
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,8 @@ import pytest
 import torch
 
 from memlab.config import load_config
-from memlab.data.corpus import Document
 from memlab.registry import RECIPES
-from test_corpus_scale import _build
+from test_corpus_scale import _build, generated_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs" / "memory" / "toy.yaml"
@@ -101,20 +99,29 @@ def test_a_second_setup_reuses_the_token_files(corpora, tmp_path, monkeypatch, o
 @pytest.mark.parametrize("view", ["chunks", "sentences"])
 def test_the_recipe_holds_a_bounded_number_of_documents(view, monkeypatch, tmp_path, one_thread):
     """A corpus of 300 generated documents: never more than a few Document objects alive at once."""
-    from memlab.data.corpus import CORPORA
-
-    refs: list[weakref.ref] = []
-    peak = [0]
-
-    def generated(**_):
-        for i in range(300):
-            d = Document(id=f"g/{i}", text=f"Document {i} says hello. " * 30 + "\n\nA second paragraph here.")
-            refs.append(weakref.ref(d))
-            peak[0] = max(peak[0], sum(r() is not None for r in refs))
-            yield d
-
-    monkeypatch.setitem(CORPORA._items, "generated_memory_test", generated)
+    peak = generated_corpus(monkeypatch, "generated_memory_test", 300, 30)
     extra = ["options.view=sentences", "data.seq_len=16"] if view == "sentences" else []
     s = _setup(["data.corpus=generated_memory_test", *LOCAL, "data.split_by=document", *extra], {}, tmp_path)
     assert len(s.train_data) > 100
     assert peak[0] <= 4, f"{peak[0]} documents alive at once"
+
+
+@pytest.mark.parametrize("name", ["small_offsets", "jsonl_sentences"])
+def test_the_in_memory_views_give_the_same_rows(name, corpora, tmp_path, one_thread):
+    """chunk_view / sentence_view (the evaluation sets' views, in memory) build the rows the recipe reads."""
+    from memlab.data.stream import stream_corpus
+    from memlab.models.memory.data import chunk_view, sentence_view
+
+    s = _setup(CASES[name], corpora, tmp_path)
+    cfg = load_config(TOY, [o.format(**corpora) for o in CASES[name]])
+    corpus = stream_corpus(cfg.data, tmp_path / "tokenizer")  # the run's saved tokenizer
+    ds = s.train_data
+    if cfg.options.view == "chunks":
+        ids, mask = chunk_view(list(corpus.texts("train")), corpus.tokenizer, 64, 16, cfg.options.train_offsets), None
+    else:
+        ids, mask, dropped = sentence_view(list(corpus.units("train")), corpus.tokenizer, 16)
+        assert dropped == s.summary["dropped_sentences"]
+    n = len(ds)
+    assert torch.equal(ids[:n], torch.stack([ds[i]["input_ids"] for i in range(n)]))
+    if mask is not None:
+        assert torch.equal(mask[:n], torch.stack([ds[i]["attention_mask"] for i in range(n)]))

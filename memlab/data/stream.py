@@ -143,19 +143,30 @@ def written_once(stem: Path, suffixes: tuple[str, ...], write) -> dict:
     stem.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as held:
         _lock(held)
-        if meta.is_file():
-            info = json.loads(meta.read_text())
-            sizes = info.get("bytes", {})
-            if all(stem.with_suffix(x).is_file() and stem.with_suffix(x).stat().st_size == sizes.get(x)
-                   for x in suffixes):
-                return info
+        info = _finished(meta)
+        sizes = info.get("bytes", {})
+        if info and all(stem.with_suffix(x).is_file() and stem.with_suffix(x).stat().st_size == sizes.get(x)
+                        for x in suffixes):
+            return info
+        from memlab.rundir import guarded
+
         tmp = {x: stem.with_name(f"{stem.name}{x}.tmp{os.getpid()}") for x in suffixes}
-        info = write(tmp)
-        info["bytes"] = {x: tmp[x].stat().st_size for x in suffixes}
-        for x in suffixes:
-            os.replace(tmp[x], stem.with_suffix(x))
-        meta.write_text(json.dumps(info))
+        with guarded(f"token files {stem}", *tmp.values()):  # a failed write leaves no temporary file
+            info = write(tmp)
+            info["bytes"] = {x: tmp[x].stat().st_size for x in suffixes}
+            for x in suffixes:
+                os.replace(tmp[x], stem.with_suffix(x))
+            meta.write_text(json.dumps(info))
     return info
+
+
+def _finished(meta: Path) -> dict:
+    """What ``meta`` says of a finished set of files; empty when there is none (or it is damaged: rewritten)."""
+    try:
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def token_file(texts, tokenizer, stem: Path, add_eos: bool = True) -> tuple[Path, np.dtype, int]:
