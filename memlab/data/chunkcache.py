@@ -145,6 +145,7 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
             save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
             _remove(index)  # an earlier sharded cache of this name would be read first
             os.replace(tmp, path)
+            _remove_shards(path, ())
         return
     k = -(-n // per)
     names = [f"{path.stem}-{i + 1:05d}-of-{k:05d}{path.suffix}" for i in range(k)]
@@ -164,9 +165,14 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
         tmps[-1].write_text(json.dumps(info, indent=1))
         os.replace(tmps[-1], index)
         _remove(path)  # a single file of this name from a smaller shard size
-        for old in path.parent.glob(f"{path.stem}-*-of-*{path.suffix}"):
-            if old.name not in names:  # shards of an earlier count
-                _remove(old)
+        _remove_shards(path, names)
+
+
+def _remove_shards(path: Path, keep) -> None:
+    """Shards of the cache ``path`` from an earlier write (another shard count), except ``keep``."""
+    for old in path.parent.glob(f"{path.stem}-*-of-*{path.suffix}"):
+        if old.name not in keep:
+            _remove(old)
 
 
 def _remove(p: Path) -> None:
