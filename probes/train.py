@@ -148,10 +148,11 @@ def content_hash(key: dict, *tensors: torch.Tensor) -> str:
 
 
 def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
-    """:func:`encode_all`, memoised on disk (safetensors) under ``cache_dir`` by a hash of ``key`` and the ids."""
+    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids (safetensors: one file,
+    or shards and an index when large, :mod:`memlab.data.chunkcache`)."""
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
-    from memlab.data.embcache import read_chunk_embeddings, write_chunk_embeddings
+    from memlab.data.chunkcache import read_chunk_embeddings, write_chunk_embeddings
 
     path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
     z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)

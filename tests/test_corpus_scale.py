@@ -125,6 +125,19 @@ def test_a_written_token_file_is_reused_without_reading_the_corpus(tmp_path, tok
     assert token_file(unread(), tokenizer, tmp_path / "t") == (path, dtype, n)
 
 
+def test_a_truncated_token_file_or_damaged_description_is_written_again(tmp_path, tokenizer):
+    texts = ["It is a truth universally acknowledged.", "She was the youngest of the two daughters."]
+    path, dtype, n = token_file(iter(texts), tokenizer, tmp_path / "t")
+    want = np.fromfile(path, dtype=dtype)
+    path.write_bytes(path.read_bytes()[:-2])  # truncated: its size no longer matches the description
+    assert token_file(iter(texts), tokenizer, tmp_path / "t") == (path, dtype, n)
+    assert np.array_equal(np.fromfile(path, dtype=dtype), want)
+    (tmp_path / "t.json").write_text('{"tokens": ')  # a description cut short
+    assert token_file(iter(texts), tokenizer, tmp_path / "t") == (path, dtype, n)
+    assert json.loads((tmp_path / "t.json").read_text())["tokens"] == n
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
 def test_processes_asking_at_once_write_the_file_once(tmp_path, tokenizer):
     reads = []
 
@@ -142,21 +155,28 @@ def test_processes_asking_at_once_write_the_file_once(tmp_path, tokenizer):
     assert len(reads) == 1 and len(set(out)) == 1  # one writer; the others waited and reused its file
 
 
-def test_a_stream_holds_a_bounded_number_of_documents(monkeypatch, tmp_path):
-    """A corpus of 400 generated documents: never more than a few Document objects are alive at once."""
+def generated_corpus(monkeypatch, name: str, n: int, repeat: int) -> list[int]:
+    """Register corpus ``name``: ``n`` generated documents of ``repeat`` sentences and a paragraph, yielded one at
+    a time; returns a list whose one number is the most Document objects alive at once so far."""
     from memlab.data.corpus import CORPORA
 
     refs: list[weakref.ref] = []
     peak = [0]
 
     def generated(**_):
-        for i in range(400):
-            d = Document(id=f"g/{i}", text=f"Document {i} says hello. " * 40 + "\n\nA second paragraph here.")
+        for i in range(n):
+            d = Document(id=f"g/{i}", text=f"Document {i} says hello. " * repeat + "\n\nA second paragraph here.")
             refs.append(weakref.ref(d))
             peak[0] = max(peak[0], sum(r() is not None for r in refs))
             yield d
 
-    monkeypatch.setitem(CORPORA._items, "generated_test", generated)
+    monkeypatch.setitem(CORPORA._items, name, generated)
+    return peak
+
+
+def test_a_stream_holds_a_bounded_number_of_documents(monkeypatch, tmp_path):
+    """A corpus of 400 generated documents: never more than a few Document objects are alive at once."""
+    peak = generated_corpus(monkeypatch, "generated_test", 400, 40)
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     cfg = DataConfig(corpus="generated_test", vocab_size=300, seq_len=32, split_by="document")
     stream = stream_corpus(cfg)

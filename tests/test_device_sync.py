@@ -104,7 +104,7 @@ def _trainer(tmp_path, phases: list[dict], evals=("blank_copy", "copy", "next_to
     from memlab.config import TrainConfig
     from memlab.curricula import PhaseSchedule
     from memlab.curricula.objectives import ObjectiveEvaluation
-    from memlab.models.memory.recipe import CachedDataset
+    from memlab.models.memory.data import CachedDataset
     from memlab.train.loop import Trainer
     from memlab.train.setup import TrainSetup
 

@@ -282,7 +282,7 @@ def test_evaluation_suite(ae_run):
 
 def test_train_offsets_cut_the_stream_at_shifted_boundaries():
     from memlab.errors import ConfigError
-    from memlab.models.memory.recipe import chunk_view
+    from memlab.models.memory.data import chunk_view
 
     class Tok:
         eos_token_id = 0

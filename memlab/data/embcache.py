@@ -22,12 +22,8 @@ A damaged cache (a truncated ``meta.json`` or Arrow file) is named in one
 line: under its fingerprinted folder it is rebuilt, at a folder the user
 named (``path``) it is refused and left as it is.
 
-The probe's embedding cache (``--cache-dir``) is one safetensors file per set
-of chunks, ``z (N, D)`` beside the chunks' ``ids (N, T)``:
-:func:`read_chunk_embeddings` takes it only when it is whole and holds the same
-chunks (else it is named and rebuilt), :func:`write_chunk_embeddings` writes
-it through the guarded path, and :func:`check_cache_dir` refuses an unusable
-folder before any compute.
+The probe's embedding cache (``--cache-dir``: chunk embeddings, one file or
+shards) is :mod:`memlab.data.chunkcache`.
 """
 
 from __future__ import annotations
@@ -267,61 +263,3 @@ def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> Sente
     counts = torch.bincount(doc, minlength=meta["documents"])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     return SentenceSplit(embeddings=emb, input_ids=padded, lengths=lengths, doc_offsets=offsets, meta=meta)
-
-
-# ----------------------------------------------------------------------------- the probe's chunk embeddings
-
-
-def check_cache_dir(path: str | Path, flag: str = "--cache-dir") -> None:
-    """A one-line DataError, before any compute, when ``path`` cannot hold a cache (a file, or not writable)."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise DataError(f"{flag} {p} is a file, not a folder")
-    base = next((q for q in [p, *p.parents] if q.exists()), Path("."))
-    if not base.is_dir():
-        raise DataError(f"{flag} {p} cannot be created: {base} is a file")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise DataError(f"{flag} {p}: cannot write into {base} (permission denied)")
-
-
-def read_chunk_embeddings(path: str | Path, ids: torch.Tensor) -> torch.Tensor | None:
-    """The cached ``z (N, D)`` of chunks ``ids (N, T)`` from ``path``; None when there is none, or when the file
-    is damaged or holds other chunks (named in one warning line: it is then rebuilt)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        return None
-    problem = None
-    try:
-        saved = load_file(str(path))
-        z, got = saved["z"], saved["ids"]
-    except Exception as e:  # SafetensorError (truncated, bad header), OSError, KeyError (not a cache file)
-        from memlab.errors import is_read_error
-
-        if not (is_read_error(e) or isinstance(e, KeyError)):
-            raise
-        problem = f"is damaged ({' '.join(str(e).split())[:100]})"
-    else:
-        if tuple(got.shape) != tuple(ids.shape) or not torch.equal(got, ids):
-            problem = f"holds other chunks ({tuple(got.shape)} token ids, these are {tuple(ids.shape)})"
-        elif z.ndim < 2 or z.shape[0] != ids.shape[0] or not torch.isfinite(z).all():
-            problem = f"is damaged (embeddings of shape {tuple(z.shape)} for {ids.shape[0]} chunks)"
-    if problem is None:
-        return z
-    print(f"memlab: warning: embedding cache {path} {problem}; rebuilding it", file=sys.stderr)
-    return None
-
-
-def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor) -> None:
-    """Save ``z (N, D)`` beside ``ids (N, T)`` at ``path`` (temporary file and rename; a failure is one line)."""
-    from safetensors.torch import save_file
-
-    from memlab.rundir import guarded
-
-    path = Path(path)
-    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}{path.suffix}")
-    with guarded(f"embedding cache {path}", tmp):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
-        os.replace(tmp, path)

@@ -29,7 +29,8 @@ from memlab.config import DataConfig
 from memlab.data.corpus import CORPORA, Document, bundled_corpus_dir, cut_size, iter_documents, iter_units, local_files
 from memlab.data.splits import SplitPlan, UnitCounts, split_line
 from memlab.data.tokenizer import cache_dir
-from memlab.data.views import clean_text, corpus_tokenizer, encode_stream, record_splits
+from memlab.data.sentences import split_sentences
+from memlab.data.views import clean_text, corpus_tokenizer, encode_stream, padded_sentences, record_splits
 from memlab.errors import DataError
 
 
@@ -72,23 +73,53 @@ class CorpusStream:
         self.tokenizer = corpus_tokenizer(self.cfg, lambda: self.texts("train"), tokenizer_dir, tokenizer_spec)
         return self
 
+    def _stem(self, split: str, **what) -> Path:
+        """Where a split's files live: named by the data settings, the split, the tokenizer and ``what``."""
+        if self.tokenizer is None:
+            raise DataError("CorpusStream needs a tokenizer to tokenize a split: call with_tokenizer() first")
+        key = _key({"data": _data_fingerprint(self.cfg), "split": split, **what,
+                    "tokenizer": tokenizer_fingerprint(self.tokenizer)})
+        return cache_dir() / "tokens" / key
+
+    def tokens(self, split: str, add_eos: bool = True) -> np.ndarray | None:
+        """The split's token stream (EOS after each unit), memory-mapped read-only: ``(n,)``; None when the
+        split is empty."""
+        stem = self._stem(split, eos=add_eos)
+        if not self.plan.sizes[split]:
+            return None
+        path, dtype, n = token_file(self.texts(split), self.tokenizer, stem, add_eos)
+        return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype=dtype)  # (n,)
+
     def chunks(self, split: str, seq_len: int, add_eos: bool = True) -> np.ndarray | None:
         """The split's token stream cut into ``(N, seq_len)`` chunks, memory-mapped read-only (the last partial
         chunk dropped); None when the split is empty. Raises a DataError when it holds fewer than
         ``seq_len`` tokens."""
         if seq_len < 1:
             raise DataError(f"seq_len must be >= 1, got {seq_len}")
-        if self.tokenizer is None:
-            raise DataError("CorpusStream.chunks needs a tokenizer: call with_tokenizer() first")
+        flat = self.tokens(split, add_eos)  # (n,)
+        if flat is None:
+            return None
+        rows = flat.shape[0] // seq_len
+        if rows == 0:
+            raise DataError(f"the text holds {flat.shape[0]} tokens, fewer than one chunk of {seq_len}")
+        return flat[: rows * seq_len].reshape(rows, seq_len)  # (N, T), still mapped
+
+    def sentences(self, split: str, max_len: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """The split's Punkt sentences of 1..``max_len`` tokens (:func:`memlab.data.views.padded_sentences`),
+        written once and memory-mapped: ``(ids (N, max_len) padded, lengths (N,), sentences dropped as too
+        long)``; None when the split is empty."""
+        stem = self._stem(split, sentences=max_len)
         if not self.plan.sizes[split]:
             return None
-        key = _key({"data": _data_fingerprint(self.cfg), "split": split, "eos": add_eos,
-                    "tokenizer": tokenizer_fingerprint(self.tokenizer)})
-        path, dtype, n = token_file(self.texts(split), self.tokenizer, cache_dir() / "tokens" / key, add_eos)
-        rows = n // seq_len
-        if rows == 0:
-            raise DataError(f"the text holds {n} tokens, fewer than one chunk of {seq_len}")
-        return np.memmap(path, dtype=dtype, mode="r", shape=(rows, seq_len))  # (N, T)
+        path, info = sentence_file(self.units(split), self.tokenizer, max_len, stem)
+        n, dtype = info["sentences"], np.dtype(info["dtype"])
+        if not info["seen"]:
+            raise DataError("the corpus split holds no sentences")
+        if not n:
+            raise DataError(f"no sentence fits in {max_len} tokens")
+        ids = np.memmap(path.with_suffix(".bin"), dtype=dtype, mode="r", shape=(n, max_len))  # (N, T)
+        lengths = np.memmap(path.with_suffix(".len"), dtype=np.int32, mode="r", shape=(n,))  # (N,)
+        return ids, lengths, info["seen"] - n
 
 
 def stream_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
@@ -102,29 +133,75 @@ def token_dtype(tokenizer) -> np.dtype:
     return np.dtype(np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.uint32)
 
 
-def token_file(texts, tokenizer, stem: Path, add_eos: bool = True) -> tuple[Path, np.dtype, int]:
-    """Write the token ids of ``texts`` (EOS after each) to ``stem.bin`` once: ``(path, dtype, token count)``.
+def written_once(stem: Path, suffixes: tuple[str, ...], write) -> dict:
+    """Files ``stem<suffix>`` written once by ``write({suffix: temporary path}) -> info`` (a JSON-able dict).
 
-    A finished file is named by ``stem.json`` (written last); a process that finds it reuses the file.
-    Several processes asking at once take turns on ``stem.lock``: one writes, the others then reuse."""
-    path, meta, lock = stem.with_suffix(".bin"), stem.with_suffix(".json"), stem.with_suffix(".lock")
+    A finished set is named by ``stem.json`` (written last, with each file's size); a process that finds it,
+    with every file present at its size, reuses the files and gets the same ``info``. Several processes asking
+    at once take turns on ``stem.lock``: one writes, the others then reuse."""
+    meta, lock = stem.with_suffix(".json"), stem.with_suffix(".lock")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(tokenizer)
     with open(lock, "w") as held:
         _lock(held)
-        if meta.is_file():
-            info = json.loads(meta.read_text())
-            if path.is_file() and path.stat().st_size == info["tokens"] * dtype.itemsize:
-                return path, dtype, int(info["tokens"])
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        info = _finished(meta)
+        sizes = info.get("bytes", {})
+        if info and all(stem.with_suffix(x).is_file() and stem.with_suffix(x).stat().st_size == sizes.get(x)
+                        for x in suffixes):
+            return info
+        from memlab.rundir import guarded
+
+        tmp = {x: stem.with_name(f"{stem.name}{x}.tmp{os.getpid()}") for x in suffixes}
+        with guarded(f"token files {stem}", *tmp.values()):  # a failed write leaves no temporary file
+            info = write(tmp)
+            info["bytes"] = {x: tmp[x].stat().st_size for x in suffixes}
+            for x in suffixes:
+                os.replace(tmp[x], stem.with_suffix(x))
+            meta.write_text(json.dumps(info))
+    return info
+
+
+def _finished(meta: Path) -> dict:
+    """What ``meta`` says of a finished set of files; empty when there is none (or it is damaged: rewritten)."""
+    try:
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def token_file(texts, tokenizer, stem: Path, add_eos: bool = True) -> tuple[Path, np.dtype, int]:
+    """Write the token ids of ``texts`` (EOS after each) to ``stem.bin`` once (:func:`written_once`):
+    ``(path, dtype, token count)``."""
+    dtype = token_dtype(tokenizer)
+
+    def write(tmp: dict) -> dict:
         n = 0
-        with open(tmp, "wb") as f:
+        with open(tmp[".bin"], "wb") as f:
             for ids in encode_stream(texts, tokenizer, add_eos):
                 f.write(ids.astype(dtype).tobytes())
                 n += ids.size
-        os.replace(tmp, path)
-        meta.write_text(json.dumps({"tokens": n, "dtype": dtype.name}))
-    return path, dtype, n
+        return {"tokens": n, "dtype": dtype.name}
+
+    info = written_once(stem, (".bin",), write)
+    return stem.with_suffix(".bin"), dtype, int(info["tokens"])
+
+
+def sentence_file(units, tokenizer, max_len: int, stem: Path) -> tuple[Path, dict]:
+    """Write the padded sentences of ``units`` (:func:`memlab.data.views.padded_sentences`) once: ids to
+    ``stem.bin`` (``(N, max_len)`` rows), lengths to ``stem.len`` (int32); ``info`` counts the sentences kept
+    (``sentences``) and read (``seen``)."""
+    dtype = token_dtype(tokenizer)
+
+    def write(tmp: dict) -> dict:
+        kept = seen = 0
+        with open(tmp[".bin"], "wb") as ids_f, open(tmp[".len"], "wb") as len_f:
+            for ids, lengths, n_seen in padded_sentences((split_sentences(u.text) for u in units), tokenizer, max_len):
+                ids_f.write(ids.astype(dtype).tobytes())  # (b, T)
+                len_f.write(lengths.astype(np.int32).tobytes())  # (b,)
+                kept, seen = kept + len(lengths), seen + n_seen
+        return {"sentences": kept, "seen": seen, "dtype": dtype.name}
+
+    return stem, written_once(stem, (".bin", ".len"), write)
 
 
 def _lock(f) -> None:

@@ -126,6 +126,31 @@ def encode_stream(texts: Iterable[str], tokenizer, add_eos: bool = True, batch_c
         yield flush()
 
 
+def padded_sentences(documents: Iterable[list[str]], tokenizer, max_len: int,
+                     batch: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """Sentences (lists of them, one per document, in order) as rows of ``max_len`` token ids padded with the
+    pad id: ``(ids (b, max_len) int64, lengths (b,) int64, sentences read)`` per batch of about ``batch``
+    sentences. Sentences of no token or more than ``max_len`` tokens are dropped (read, not kept)."""
+    pending: list[str] = []
+
+    def flush():
+        enc = tokenizer(pending, add_special_tokens=False)["input_ids"]
+        keep = [e for e in enc if 0 < len(e) <= max_len]
+        ids = np.full((len(keep), max_len), tokenizer.pad_token_id, dtype=np.int64)  # (b, T)
+        lengths = np.fromiter((len(e) for e in keep), dtype=np.int64, count=len(keep))  # (b,)
+        for i, e in enumerate(keep):
+            ids[i, : len(e)] = e
+        return ids, lengths, len(enc)
+
+    for sents in documents:
+        pending.extend(sents)
+        if len(pending) >= batch:
+            yield flush()
+            pending = []
+    if pending:
+        yield flush()
+
+
 def token_chunks(texts: list[str], tokenizer, seq_len: int, add_eos: bool = True) -> torch.Tensor:
     """Tokenize texts, join them (EOS between documents) and cut into ``(N, seq_len)`` chunks in memory
     (:func:`memlab.data.stream.token_file` writes them to a memory-mapped file instead).

@@ -67,7 +67,7 @@ def evaluate_run(run_dir: str | Path, n: int = 256, objectives: tuple[str, ...] 
     from memlab.config import load_config
     from memlab.data.views import clean_text, prepare_corpus
     from memlab.loading import load_pretrained, load_run_tokenizer
-    from memlab.models.memory.recipe import chunk_view, sentence_view
+    from memlab.models.memory.data import chunk_view, sentence_view
 
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.yaml")

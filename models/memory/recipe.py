@@ -2,8 +2,9 @@
 
 Chunk view: an example is ``data.seq_len`` tokens cut into ``C = seq_len / model.chunk_len`` chunks
 ``(C, T)``. Sentence view: an example is one sentence, padded to ``data.seq_len <= model.chunk_len``.
-With ``options.encoder_from`` the encoder comes from a trained model and is frozen; its memories are
-computed once and cached with the data.
+The corpus is read lazily and the examples are rows of memory-mapped files (:mod:`memlab.models.memory.data`),
+so memory does not grow with the corpus. With ``options.encoder_from`` the encoder comes from a trained model
+and is frozen; its memories are computed once and held with the data (in memory).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from memlab.data.views import prepare_corpus, sentence_documents, token_chunks
-from memlab.errors import ConfigError, DataError, ModelError
+from memlab.data.stream import stream_corpus
+from memlab.errors import ConfigError, ModelError
 from memlab.flops import transformer_train_flops
 from memlab.loading import check_fits_tokenizer, config_for_tokenizer
+from memlab.models.memory.data import CachedDataset, OffsetRows, PaddedRows, rows_batch
 from memlab.registry import CURRICULA, FAMILIES, RECIPES
 from memlab.train.setup import TrainSetup
 
@@ -55,58 +57,10 @@ class MemoryOptions:
     training chunks from the same text; 1 = one cut). Evaluation splits are always cut once."""
 
 
-class CachedDataset(torch.utils.data.Dataset):
-    """Examples ``{"input_ids": (C, T)[, "attention_mask": (C, T)][, "memories": (C, K, M)]}``."""
-
-    def __init__(self, ids: torch.Tensor, mask: torch.Tensor | None = None, memories: torch.Tensor | None = None):
-        self.ids, self.mask, self.memories = ids, mask, memories
-
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        out = {"input_ids": self.ids[i]}
-        if self.mask is not None:
-            out["attention_mask"] = self.mask[i]
-        if self.memories is not None:
-            out["memories"] = self.memories[i]
-        return out
-
-
-def chunk_view(texts: list[str], tok, seq_len: int, chunk_len: int, offsets: int = 1) -> torch.Tensor:
-    """Texts -> ``(N, C, T)`` token chunks; ``offsets > 1`` appends copies of the stream cut at shifted boundaries."""
-    if offsets < 1 or offsets > chunk_len:
-        raise ConfigError(f"options.train_offsets must be in 1..chunk_len={chunk_len}, got {offsets}")
-    flat = token_chunks(texts, tok, seq_len).flatten()  # (N*S,) the whole stream, last partial example dropped
-    parts = []
-    for j in range(offsets):
-        shift = j * chunk_len // offsets
-        n = (flat.numel() - shift) // seq_len
-        if n:
-            parts.append(flat[shift: shift + n * seq_len].view(n, seq_len // chunk_len, chunk_len))  # (n, C, T)
-    return torch.cat(parts)  # (N', C, T)
-
-
-def sentence_view(docs, tok, max_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Documents -> padded sentences ``(N, 1, T)`` and masks; sentences longer than ``max_len`` are dropped."""
-    sents = [s for doc in sentence_documents(docs) for s in doc]
-    if not sents:
-        raise DataError("the corpus split holds no sentences")
-    enc = tok(sents, add_special_tokens=False)["input_ids"]
-    keep = [e for e in enc if 0 < len(e) <= max_len]
-    if not keep:
-        raise DataError(f"no sentence fits in {max_len} tokens")
-    ids = torch.full((len(keep), max_len), tok.pad_token_id, dtype=torch.long)  # (N, T)
-    mask = torch.zeros(len(keep), max_len, dtype=torch.long)  # (N, T)
-    for i, e in enumerate(keep):
-        ids[i, : len(e)] = torch.tensor(e)
-        mask[i, : len(e)] = 1
-    return ids[:, None], mask[:, None], len(enc) - len(keep)
-
-
 @torch.no_grad()
-def cache_memories(model, ids: torch.Tensor, mask: torch.Tensor | None, batch: int = 256, env=None) -> torch.Tensor:
-    """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)`` float32 on the CPU.
+def cache_memories(model, ids, mask, batch: int = 256, env=None) -> torch.Tensor:
+    """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)`` float32 on the CPU
+    (``ids``, ``mask``: a tensor or rows read one example at a time, as :class:`CachedDataset` takes).
 
     ``env`` (:class:`memlab.train.devices.SetupEnv`): on its device (bf16 multiplies where native), each
     process encoding its contiguous share of the examples; every process gets the merged result."""
@@ -114,12 +68,12 @@ def cache_memories(model, ids: torch.Tensor, mask: torch.Tensor | None, batch: i
 
     env = env or SetupEnv()
     model.to(env.device)
-    n, r, w = ids.shape[0], env.process_index, env.num_processes
+    n, r, w = len(ids), env.process_index, env.num_processes
     lo, hi = n * r // w, n * (r + 1) // w  # this process's share
     dev = env.device
     with env.frozen_autocast():
-        out = [model.encode_chunks(ids[i: min(i + batch, hi)].to(dev),
-                                   None if mask is None else mask[i: min(i + batch, hi)].to(dev)).float().cpu()
+        out = [model.encode_chunks(rows_batch(ids, i, min(i + batch, hi)).to(dev),
+                                   None if mask is None else rows_batch(mask, i, min(i + batch, hi)).to(dev)).float().cpu()
                for i in range(lo, hi, batch)]  # (b, C, K, M) each
     parts = env.gather(torch.cat(out) if out else None)
     return torch.cat([p for p in parts if p is not None])  # (N, C, K, M)
@@ -307,12 +261,13 @@ class MemoryRecipe:
 
     @staticmethod
     def corpus(cfg, opts: MemoryOptions, run_dir: Path):
-        """The split corpus and its tokenizer (a trained model's tokenizer is kept, not rebuilt)."""
+        """The split corpus, read lazily (:class:`memlab.data.stream.CorpusStream`), and its tokenizer (a trained
+        model's tokenizer is kept, not rebuilt)."""
         from memlab.loading import resolve_model_dir
 
         trained = cfg.model.init_from or opts.encoder_from
-        return prepare_corpus(cfg.data, Path(run_dir) / "tokenizer",
-                              tokenizer_spec=str(resolve_model_dir(trained)) if trained else None)
+        return stream_corpus(cfg.data, Path(run_dir) / "tokenizer",
+                             tokenizer_spec=str(resolve_model_dir(trained)) if trained else None)
 
     @staticmethod
     def new_model(cfg, tok):
@@ -326,22 +281,24 @@ class MemoryRecipe:
     def datasets(model, corpus, opts: MemoryOptions, shape: Shape, frozen: bool, env=None) -> MemoryData:
         """The chunk or sentence view of the train and validation splits; with a frozen encoder, its memories
         computed once."""
-        tok = corpus.tokenizer
 
-        def view(split: str):
+        def view(split: str):  # rows read from memory-mapped files, None for an empty split
             if opts.view == "chunks":
-                texts = corpus.texts(split)
+                flat = corpus.tokens(split)  # (n,)
                 cuts = opts.train_offsets if split == "train" else 1
-                return (chunk_view(texts, tok, shape.seq_len, shape.chunk_len, cuts), None, 0) if texts else (None, None, 0)
+                return (OffsetRows(flat, shape.seq_len, shape.chunk_len, cuts), None, 0) if flat is not None else (None, None, 0)
             if opts.train_offsets != 1:
                 raise ConfigError("options.train_offsets applies to the chunk view only")
-            docs = corpus.splits[split]
-            return sentence_view(docs, tok, shape.seq_len) if docs else (None, None, 0)
+            sents = corpus.sentences(split, shape.seq_len)  # ((N, T), (N,), dropped)
+            if sents is None:
+                return None, None, 0
+            rows = PaddedRows(sents[0], sents[1])
+            return rows.ids, rows.mask, sents[2]
 
         train_ids, train_mask, dropped = view("train")
         if opts.max_examples:
-            train_ids = train_ids[: opts.max_examples]
-            train_mask = train_mask[: opts.max_examples] if train_mask is not None else None
+            train_ids = train_ids.limit(opts.max_examples)
+            train_mask = train_mask.limit(opts.max_examples) if train_mask is not None else None
         val_ids, val_mask, _ = view("validation")
         train_mem = val_mem = None
         if frozen:

@@ -91,7 +91,7 @@ def run(args) -> int:
 
         check_available(parse_log_with(args.log_with))
     if opts.cache_dir:
-        from memlab.data.embcache import check_cache_dir
+        from memlab.data.chunkcache import check_cache_dir
 
         check_cache_dir(opts.cache_dir)
     from memlab.rundir import holds
