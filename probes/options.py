@@ -143,6 +143,11 @@ class ProbeOptions:
     """Level of the paired bootstrap intervals over held-out chunks (memlab.probes.intervals)."""
     ci_resamples: int = 2000
     """Bootstrap resamples of the held-out chunks."""
+    compare: str | list[str] | None = None
+    """Methods read from one encoder pass, as a comparison (memlab.probes.compare): decoders (llama,
+    pretrained:NAME) and read-outs (align, bow), each with options of its own in brackets (e.g. [llama,
+    "pretrained:memlab-lm[conditioning=prefix]", align], or that comma string); every method at every n_train size,
+    one table (curve.md/json) and one plot (plots/compare.png). Each row names the target tokens its bits are over."""
     layers: str | list[int] | None = None
     """'all' or a list of layers: capture them in one pass and fit the read-outs per layer (retention by depth)."""
     layers_sequence: bool = False
@@ -190,6 +195,13 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         from memlab.probes.parts import get_part
 
         get_part("pool", opts.pool)
+    if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
+        from memlab.probes.compare import comparison, owners
+
+        if opts.layers is not None:
+            raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
+        comparison(opts, explicit)
+        explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
     if opts.chunk_by not in CHUNK_BY:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
