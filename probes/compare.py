@@ -121,7 +121,7 @@ def applies(opts, option: str) -> bool:
 
 def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, set[str]]:
     """The options of a probe of ``method`` alone (and the options it sets): the comparison's ``opts`` with the
-    method's part chosen, its bracket options applied, and every global option that does not apply to it back at
+    method's part chosen, its bracket options applied, and every part option that does not apply to it back at
     its default."""
     from memlab.config import apply_overrides, from_dict
     from memlab.probes.options import ProbeOptions
@@ -148,7 +148,7 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     data = apply_overrides(dict(vars(base)), list(method.overrides))
     mine = from_dict(ProbeOptions, data)
     defaults = ProbeOptions()
-    for k in explicit - set(keys):
+    for k in names - set(keys):  # a part option of a part this method does not choose: back at its default
         if owners(k) and not applies(mine, k):
             setattr(mine, k, getattr(defaults, k))
     return mine, {k for k in explicit if applies(mine, k)} | set(keys)
