@@ -200,7 +200,8 @@ def cells(fit: dict, opts, targets) -> dict:
             "accuracy": r.get(f"{name}_recovered") if f"{name}_token_set_f1" in r else None,
             "baseline_tf1": out.get("prior_token_set_f1", out.get("prior")),
             "targets": out.get("target", targets.name),
-            "target_tokens": int(out.get("n_tokens", mask_of(targets.eval_ids).sum()))}
+            "target_tokens": int(out.get("n_tokens", mask_of(targets.eval_ids).sum())),
+            **({"own": out["own"]} if out.get("own") else {})}  # align: its target decoder on its own vectors
 
 
 def _span(r: dict | None, gain: bool = False) -> str:
