@@ -159,7 +159,7 @@ def comparison(opts, explicit: set[str] = frozenset()) -> list[tuple[Method, obj
     a global option that applies to none of them is refused."""
     from memlab.probes.options import validate
 
-    for k in ("decoder", "readouts", "sequence", "layers"):
+    for k in ("decoder", "readouts", "sequence"):
         if k in explicit:
             raise ConfigError(f"'{k}' and 'compare' both choose what reads the embedding; name every decoder and "
                               "read-out in 'compare'")

@@ -208,7 +208,8 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
         payload["methods"] = [{"method": spec, "targets": tgm.name, "options": {
             k: v for k, v in vars(m).items() if v != getattr(opts, k)}} for spec, m, tgm in methods]
         table = C.table(rows)
-        plot = lambda d: C.plot(rows, d / "compare.png", f"{opts.model}: {len(methods)} method{'s' * (len(methods) > 1)}, one encoder pass")  # noqa: E731
+        title = f"{opts.model}: {len(methods)} method{'s' * (len(methods) > 1)}, one encoder pass"
+        plot = lambda d: C.plot(rows, d / "compare.png", title)  # noqa: E731
     _write(run_dir, "curve", payload, table, plot)
     log(table)
     return payload
