@@ -235,10 +235,14 @@ def plot(rows: list[dict], path, title: str):
             mine = [r for r in rows if r["method"] == spec and r[key] is not None]
             if not mine:
                 continue
-            xs = [r["n_train"] for r in mine]
-            line, = ax.plot(xs, [r[key]["value"] for r in mine], "-o", ms=4, label=spec)
-            ax.fill_between(xs, [r[key]["low"] for r in mine], [r[key]["high"] for r in mine],
-                            color=line.get_color(), alpha=0.2)
+            xs, ys = [r["n_train"] for r in mine], [r[key]["value"] for r in mine]
+            lo, hi = [r[key]["low"] for r in mine], [r[key]["high"] for r in mine]
+            line, = ax.plot(xs, ys, "-o", ms=4, label=spec)
+            if len(xs) > 1:
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+            else:  # one size: its interval as an error bar
+                ax.errorbar(xs, ys, yerr=[[ys[0] - lo[0]], [hi[0] - ys[0]]], fmt="none", capsize=4,
+                            color=line.get_color())
         ax.set_xscale("log")
         if key == "bits":
             ax.axhline(0.0, color="grey", lw=0.8)
