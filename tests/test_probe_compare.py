@@ -64,6 +64,10 @@ def test_a_comparison_reads_every_method_from_one_encoder_pass(tmp_path, encoded
     assert all(s in md for s in specs) and "targets" in md
     png = out / "plots" / "compare.png"
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    from memlab.probes.compare import plot
+
+    one = plot([r for r in rows if r["n_train"] == 48], tmp_path / "one.png", "one size")  # error bars
+    assert one.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_each_row_is_the_probe_of_that_method_alone(tmp_path, encoded):
