@@ -6,7 +6,7 @@ registered read-out (``align``, ``bow``), optionally with options of its own in 
 ``compare: [llama, "pretrained:memlab-lm[conditioning=prefix]", align]`` (or the same comma string). The chunks
 are encoded once (at the largest ``n_train``), and every method is fitted at every size on the same cached
 embeddings (:func:`memlab.probes.sweep.run_learning_curve`), exactly as a probe of that one method would fit it
-(:func:`method_options` gives those single-method options; ``tests/test_probe_compare.py`` checks the rows equal).
+(:func:`method_options` gives those single-method options, :func:`memlab.probes.options.compared` checks them; ``tests/test_probe_compare.py`` checks the rows equal).
 
 Options the encoder pass and its chunks fix (:data:`SHARED`) are the comparison's, never a method's. A global
 option that belongs to one part (``lora_r`` to ``decoder=pretrained``, ``target_tokenizer`` to ``decoder=llama``,
@@ -124,10 +124,10 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     method's part chosen, its bracket options applied, and every part option that does not apply to it back at
     its default."""
     from memlab.config import apply_overrides, from_dict
-    from memlab.probes.options import ProbeOptions
 
+    cls = type(opts)  # ProbeOptions
     keys = [o.split("=", 1)[0].strip() for o in method.overrides]
-    names = {f.name for f in fields(ProbeOptions)}
+    names = {f.name for f in fields(cls)}
     for k in keys:
         if k not in names:
             raise ConfigError(f"'compare': method {method.spec!r}: unknown option '{k}'")
@@ -146,34 +146,27 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
                               f"(it takes {', '.join(own) or 'no options'})")
         base = replace(opts, compare=None, readouts=[method.name], sequence=False)
     data = apply_overrides(dict(vars(base)), list(method.overrides))
-    mine = from_dict(ProbeOptions, data)
-    defaults = ProbeOptions()
+    mine = from_dict(cls, data)
+    defaults = cls()
     for k in names - set(keys):  # a part option of a part this method does not choose: back at its default
         if owners(k) and not applies(mine, k):
             setattr(mine, k, getattr(defaults, k))
     return mine, {k for k in explicit if applies(mine, k)} | set(keys)
 
 
-def comparison(opts, explicit: set[str] = frozenset()) -> list[tuple[Method, object]]:
-    """Every method of ``opts.compare`` with its single-method options, each checked as a probe of it would be;
-    a global option that applies to none of them is refused."""
-    from memlab.probes.options import validate
-
+def methods(opts, explicit: set[str] = frozenset()) -> list[tuple[Method, object, set[str]]]:
+    """Every method of ``opts.compare`` with its single-method options and the options it sets (each is then
+    checked as a probe of it alone: :func:`memlab.probes.options.compared`); a global option that applies to none
+    of them is refused."""
     for k in ("decoder", "readouts", "sequence"):
         if k in explicit:
             raise ConfigError(f"'{k}' and 'compare' both choose what reads the embedding; name every decoder and "
                               "read-out in 'compare'")
-    out = []
-    for m in parse_methods(opts.compare):
-        mine, given = method_options(opts, m, set(explicit))
-        try:
-            out.append((m, validate(mine, given)))
-        except ConfigError as e:
-            raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
+    out = [(m, *method_options(opts, m, set(explicit))) for m in parse_methods(opts.compare)]
     for k in explicit:
-        if owners(k) and not any(applies(o, k) for _, o in out):
+        if owners(k) and not any(applies(o, k) for _, o, _ in out):
             raise ConfigError(f"'{k}' applies to none of the compared methods "
-                              f"({', '.join(m.spec for m, _ in out)})")
+                              f"({', '.join(m.spec for m, _, _ in out)})")
     return out
 
 

@@ -183,6 +183,20 @@ def train_sizes(opts: ProbeOptions) -> list[int]:
     return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
+def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
+    """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
+    probe of that method alone would be (one ConfigError naming the method)."""
+    from memlab.probes.compare import methods
+
+    out = []
+    for m, mine, given in methods(opts, explicit):
+        try:
+            out.append((m, validate(mine, given)))
+        except ConfigError as e:
+            raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
+    return out
+
+
 def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptions:
     """Check every option (one ConfigError naming it); ``explicit``: the options the user set (their parts must
     be chosen)."""
@@ -196,11 +210,11 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
 
         get_part("pool", opts.pool)
     if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
-        from memlab.probes.compare import comparison, owners
+        from memlab.probes.compare import owners
 
         if opts.layers is not None:
             raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
-        comparison(opts, explicit)
+        compared(opts, explicit)
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
     if opts.chunk_by not in CHUNK_BY:

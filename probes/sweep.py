@@ -153,13 +153,13 @@ def _compared(opts, encoder, train_ids, eval_ids, text, targets) -> list[tuple]:
     method of ``opts.compare`` (:mod:`memlab.probes.compare`), its read-out checked before anything is encoded."""
     if opts.compare is None:
         return [(None, opts, targets)]
-    from memlab.probes.compare import comparison
     from memlab.probes.fit import readout_context
+    from memlab.probes.options import compared
     from memlab.probes.parts import check_readouts
     from memlab.probes.targets import make_targets
 
     out = []
-    for m, o in comparison(opts):
+    for m, o in compared(opts):
         if o.readouts:
             check_readouts(o, readout_context(o, encoder.tokenizer, text["_texts"], encoder.dim))
         out.append((m.spec, o, make_targets(o, encoder, train_ids, eval_ids, *text["_texts"])))

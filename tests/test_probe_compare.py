@@ -90,12 +90,11 @@ def test_each_row_is_the_probe_of_that_method_alone(tmp_path, encoded):
 
 
 def test_a_global_part_option_goes_to_the_methods_it_concerns():
-    from memlab.probes.compare import comparison
-    from memlab.probes.options import load_options
+    from memlab.probes.options import compared, load_options
 
     opts = load_options(None, [f"compare={METHODS}", f"target_tokenizer={TOY}", "seq_len=8", "epochs=2"],
                         model="synthetic:bag")
-    got = {m.spec: o for m, o in comparison(opts)}
+    got = {m.spec: o for m, o in compared(opts)}
     assert list(got) == SPECS
     assert got["llama"].target_tokenizer == str(TOY) and got[SPECS[1]].target_tokenizer is None  # llama's alone
     assert got[SPECS[1]].conditioning == "prefix" and got["llama"].conditioning == "unrolled"  # its brackets
