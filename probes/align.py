@@ -251,7 +251,7 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
            "ce": float(got["nll"].sum() / got["tokens"].sum()),
            "prior_ce": float(base["nll"].sum() / base["tokens"].sum()),
            "bits_per_chunk": float((base["nll"] - got["nll"]).mean() / ln2),
-           "target": target.name, "target_dim": int(target.dim), "alpha": ridge.alpha, "n_pairs": n,
+           "target": target.name, "n_tokens": int(got["tokens"].sum()), "target_dim": int(target.dim), "alpha": ridge.alpha, "n_pairs": n,
            "seconds_by_step": {"target_encode": t_enc.seconds, "fit": t_fit.seconds, "decode": t_dec.seconds},
            "definition": "mean over held-out chunks of the target decoder's token accuracy reading the ridge map of "
                          "the embedding into the target space (prior: the map of a constant embedding, the mean "

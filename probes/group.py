@@ -192,6 +192,9 @@ class DecoderGroup:
         loss = (self.nll(zn, ids, tc) + other) / n_real.clamp(min=1)  # (G,)
         self.opt.zero_grad(set_to_none=True)
         loss.sum().backward()  # the members share no weight: each gets its own loss's gradient
+        for p in self.params:  # a weight only members that lack it still train (a plain member left alone)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params]
         for n, g in zip(self.names, grads):
             has = [not self.lacks[n][m] for m in self.active]

@@ -143,6 +143,11 @@ class ProbeOptions:
     """Level of the paired bootstrap intervals over held-out chunks (memlab.probes.intervals)."""
     ci_resamples: int = 2000
     """Bootstrap resamples of the held-out chunks."""
+    compare: str | list[str] | None = None
+    """Methods read from one encoder pass, as a comparison (memlab.probes.compare): decoders (llama,
+    pretrained:NAME) and read-outs (align, bow), each with options of its own in brackets (e.g. [llama,
+    "pretrained:memlab-lm[conditioning=prefix]", align], or that comma string); every method at every n_train size,
+    one table (curve.md/json) and one plot (plots/compare.png). Each row names the target tokens its bits are over."""
     layers: str | list[int] | None = None
     """'all' or a list of layers: capture them in one pass and fit the read-outs per layer (retention by depth)."""
     layers_sequence: bool = False
@@ -178,6 +183,20 @@ def train_sizes(opts: ProbeOptions) -> list[int]:
     return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
+def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
+    """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
+    probe of that method alone would be (one ConfigError naming the method)."""
+    from memlab.probes.compare import methods
+
+    out = []
+    for m, mine, given in methods(opts, explicit):
+        try:
+            out.append((m, validate(mine, given)))
+        except ConfigError as e:
+            raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
+    return out
+
+
 def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptions:
     """Check every option (one ConfigError naming it); ``explicit``: the options the user set (their parts must
     be chosen)."""
@@ -190,6 +209,13 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         from memlab.probes.parts import get_part
 
         get_part("pool", opts.pool)
+    if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
+        from memlab.probes.compare import owners
+
+        if opts.layers is not None:
+            raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
+        compared(opts, explicit)
+        explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
     if opts.chunk_by not in CHUNK_BY:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")

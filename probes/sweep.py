@@ -148,31 +148,68 @@ def parse_sizes(text) -> list[int]:
     return sizes
 
 
+def _compared(opts, encoder, train_ids, eval_ids, text, targets) -> list[tuple]:
+    """(method spec or None, its options, its targets) of every method a curve fits: ``opts`` itself, or each
+    method of ``opts.compare`` (:mod:`memlab.probes.compare`), its read-out checked before anything is encoded."""
+    if opts.compare is None:
+        return [(None, opts, targets)]
+    from memlab.probes.fit import readout_context
+    from memlab.probes.options import compared
+    from memlab.probes.parts import check_readouts
+    from memlab.probes.targets import make_targets
+
+    out = []
+    for m, o in compared(opts):
+        if o.readouts:
+            check_readouts(o, readout_context(o, encoder.tokenizer, text["_texts"], encoder.dim))
+        out.append((m.spec, o, make_targets(o, encoder, train_ids, eval_ids, *text["_texts"])))
+    return out
+
+
 def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
-    """Probe readings against the number of training chunks, on one encoder pass (see the module doc)."""
+    """Probe readings against the number of training chunks, on one encoder pass (see the module doc); with
+    ``opts.compare``, every compared method at every size (:mod:`memlab.probes.compare`)."""
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
     encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
     with T.Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
     rows = []
     for n in sizes:
-        o = replace(opts, n_train=n, calibrate=False)
-        t = tg.first(n)
-        key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
-        fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
-                           bow=bool(opts.readouts), chars=text["chars"],
-                           texts=(text["_texts"][0][:n], text["_texts"][1]))
-        rows.append({"n_train": n, **_row(fit)})
-        r = rows[-1]
-        log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
-            f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
+        for spec, m, tgm in methods:
+            o = replace(m, n_train=n, calibrate=False)
+            t = tgm.first(n)
+            key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
+            fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
+                               sequence=o.sequence, bow=bool(o.readouts), chars=text["chars"],
+                               texts=(text["_texts"][0][:n], text["_texts"][1]))
+            rows.append({"n_train": n, **_row(fit)})
+            r = rows[-1]
+            if spec is not None:
+                from memlab.probes.compare import cells
+
+                r.update(method=spec, **cells(fit, o, t))
+                log(f"{spec}, n_train {n}: {fit['retention']}, {r['seconds']:.0f}s")
+                continue
+            log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
+                f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
                "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
-    table = _table(rows, "n_train")
-    _write(run_dir, "curve", payload, table, lambda d: _plot(rows, "n_train", d / "learning_curve.png",
-                                                              f"{opts.model}: learning curve", logx=True))
+    if opts.compare is None:
+        table = _table(rows, "n_train")
+        plot = lambda d: _plot(rows, "n_train", d / "learning_curve.png", f"{opts.model}: learning curve",  # noqa: E731
+                               logx=True)
+    else:
+        from memlab.probes import compare as C
+
+        payload["methods"] = [{"method": spec, "targets": tgm.name, "options": {
+            k: v for k, v in vars(m).items() if v != getattr(opts, k)}} for spec, m, tgm in methods]
+        table = C.table(rows)
+        title = f"{opts.model}: {len(methods)} method{'s' * (len(methods) > 1)}, one encoder pass"
+        plot = lambda d: C.plot(rows, d / "compare.png", title)  # noqa: E731
+    _write(run_dir, "curve", payload, table, plot)
     log(table)
     return payload

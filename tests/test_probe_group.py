@@ -137,6 +137,26 @@ def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
         assert _curve(a, "val_ce") == pytest.approx(_curve(b, "val_ce"), rel=1e-6) and _curve(a, "val_ce")
 
 
+def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
+    from memlab.probes.decoder import ProbeDecoder
+    from memlab.probes.group import DecoderGroup
+
+    class Whole(ProbeDecoder):  # the pretrained decoder's kind: each member's own forward, own weights only
+        group_modes = False
+
+    z, ids = _data()
+    opts = _opts(epochs=2, patience=3)
+    (probe, _), (plain, _), _ = _members(opts, z, ids)
+    probe.__class__ = plain.__class__ = Whole
+    g = DecoderGroup([probe, plain], [z, z], ids, opts)
+    g.drop([0])  # the bag-head member stops first: no member left uses the bag head
+    before = g.weights(0)
+    g.train_step(torch.arange(8), lr=1e-2)
+    bag = g.names.index("bag.weight")
+    assert g.params[bag][0].abs().max() == 0  # the absent weight stays zero
+    assert any(not torch.equal(a, b) for a, b in zip(before, g.weights(0)))  # the plain member trains
+
+
 def test_a_constant_embedding_reuses_the_cached_control_run():
     """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
     decoder and metrics, without training again; trained anew it gives the same CE to the last bit."""

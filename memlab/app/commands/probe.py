@@ -21,6 +21,10 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--decoder": ("decoder", str, "llama (a small decoder trained from scratch, default) or pretrained:NAME (a causal "
                                   "LM: shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
                                   "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA)"),
+    "--compare": ("compare", str, "methods read from one encoder pass, as a comparison: decoders (llama, "
+                                  "pretrained:NAME) and read-outs (align, bow), comma-separated, each with its own "
+                                  "options in brackets (pretrained:memlab-lm[conditioning=prefix]); every method at "
+                                  "every --n-train size: curve.md/json and plots/compare.png"),
     "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
     "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
     "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),
@@ -102,7 +106,7 @@ def run(args) -> int:
             run_layer_sweep(opts, opts.layers, out, sequence=opts.layers_sequence)
             print(f"run: {out}")
             return 0
-        if len(sizes) > 1:
+        if len(sizes) > 1 or opts.compare is not None:
             run_learning_curve(opts, sizes, out)
             print(f"run: {out}")
             return 0
