@@ -55,7 +55,7 @@ FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, ta
             n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
 """Chunks of 24 words (at most 32 tokens of the toy BPE: the memory autoencoder's length), 2000 training chunks, at
-most 12 epochs and the bag-head decoder alone (no second, plain decoder to select from): the nine entries took 825 s
+most 12 epochs and the bag-head decoder alone (no second, plain decoder to select from): the nine entries took 757 s
 on 2 cores (docs/results.md), over the 10-minute target; the probe is not saturated there (docs/probes.md: learning
 curve): the calibration rows say how far it sees."""
 FAST = dict(seq_len=16, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, target_tokenizer=CHUNK_TOKENIZER,
