@@ -76,8 +76,8 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     """
     from dataclasses import replace
 
-    if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not (
-            opts.select_decoder and opts.bag_head and opts.val_fraction > 0) and (
+    selects = opts.select_decoder and opts.bag_head and opts.val_fraction > 0  # a plain decoder to choose from
+    if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not selects and (
             cache[key][3].config.embed_dim == z_train.shape[1]):  # a control of the same width: its very decoder
         # a constant embedding standardises to the control's exact zeros, and the probe starts from the control's
         # weights, batches and noise: its run is the cached control's, bit for bit (tests/test_probe_group.py)
@@ -89,7 +89,7 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
         same = {**metrics, "run": "the cached control's (a constant embedding)"}
         return {"probe": (dec_c, same, list(hist_c), 0.0), "control": (metrics, hist_c, 0.0, owner_)}
     members = {"probe": (opts, z_train, z_eval)}
-    if opts.select_decoder and opts.bag_head and opts.val_fraction > 0:
+    if selects:
         members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
     cached = control and cache is not None and key in cache
     if control and not cached:
