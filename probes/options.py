@@ -85,6 +85,12 @@ class ProbeOptions:
     """decoder=pretrained: rank of the LoRA adapters trained in the LM (peft); 0 keeps the LM frozen."""
     lora_alpha: float = 16.0
     """decoder=pretrained with lora_r > 0: LoRA scale (the adapters' output is multiplied by lora_alpha / lora_r)."""
+    finetune: bool = False
+    """decoder=pretrained: train every weight of the LM with the map (saved whole with the probe); false: the LM
+    frozen, or adapted by LoRA (lora_r)."""
+    map_hidden: int = 0
+    """decoder=pretrained: width of the hidden layer of the map from the embedding to the LM's input vectors
+    (Linear -> GELU -> Linear, as vec2text's embedding transform); 0: one linear layer."""
     hidden_size: int = 128
     """Decoder width."""
     num_layers: int = 2

@@ -16,6 +16,13 @@ fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
 * ``lora_r>0``: LoRA adapters of rank ``lora_r`` (scale ``lora_alpha / r``)
   through ``peft`` on the LM's attention projections (the peft default of its
   architecture, else every linear layer of its body) train with the map.
+* ``finetune=true``: every weight of the LM trains with the map (as
+  vec2text's inverter, a fine-tuned T5), and the whole LM is saved with it.
+
+``map_hidden=H`` puts a hidden layer in the map (Linear -> GELU -> Linear, as
+vec2text's embedding transform): a linear map of a code the LM never saw
+(synthetic ``concat``'s random codes) cannot turn it into the LM's token
+embeddings, a non-linear one can learn to.
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
@@ -27,7 +34,8 @@ than the embedding gives).
 
 Saved (``save_pretrained``): ``config.json`` (with the LM's name and a
 fingerprint of its weights) and ``decoder.safetensors`` holding only what
-trained (the map, the bag head, the LoRA weights, the standardisation); :func:`load_decoder` rebuilds the LM from its name and
+trained (the map, the bag head, the LoRA weights or the fine-tuned LM, the
+standardisation); :func:`load_decoder` rebuilds the LM from its name and
 refuses weights that do not fit or an LM that is not the one trained on.
 """
 
@@ -53,15 +61,18 @@ LM_PREFIX = "lm."
 
 class PretrainedDecoderConfig(ProbeDecoderConfig):
     """:class:`ProbeDecoderConfig` of a pretrained decoder: ``hidden_size`` is the LM's width; ``source`` names
-    the LM; ``lora_r``/``lora_alpha`` its adapters; ``lm_fingerprint`` identifies its weights."""
+    the LM; ``lora_r``/``lora_alpha`` its adapters, ``finetune`` trains the whole LM instead; ``map_hidden`` the
+    width of the map's hidden layer (0: linear); ``lm_fingerprint`` identifies the LM's weights before training."""
 
     model_type = "memlab_pretrained_probe_decoder"
 
     def __init__(self, source: str = "", lora_r: int = 0, lora_alpha: float = 16.0, lm_fingerprint: str = "",
-                 **kwargs):
+                 map_hidden: int = 0, finetune: bool = False, **kwargs):
         self.source = source
         self.lora_r = lora_r
         self.lora_alpha = lora_alpha
+        self.map_hidden = map_hidden  # 0: the embedding-to-LM map is linear; H > 0: Linear(D, H) -> GELU -> Linear
+        self.finetune = finetune  # every LM weight trains with the map (and is saved)
         self.lm_fingerprint = lm_fingerprint
         super().__init__(**kwargs)
 
@@ -168,7 +179,7 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         c = self.config = config
         self.lm = lm
         for p in lm.parameters():
-            p.requires_grad_(False)
+            p.requires_grad_(bool(c.finetune))
         head = lm.get_output_embeddings()
         emb = lm.get_input_embeddings()
         if head is None or emb is None:
@@ -196,12 +207,20 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         self.bag = nn.Linear(c.embed_dim, n_classes, bias=False) if c.bag_head else None
         if self.bag is not None:
             nn.init.zeros_(self.bag.weight)  # starts silent
-        self.cond = nn.Linear(c.embed_dim, n_cond * d)
-        with torch.no_grad():  # the bias first (its shape does not depend on the embedding's width), then the weight;
-            # a random bias: a constant embedding (the control's) still gives soft prompts with a spread, which the
-            # layer norm maps to token scale (all-zero prompts make the LM's gradients overflow)
-            self.cond.bias.normal_(std=0.02)
-            self.cond.weight.normal_(std=0.02)
+        h = int(c.map_hidden)
+        out = nn.Linear(h or c.embed_dim, n_cond * d)
+        first = nn.Linear(c.embed_dim, h) if h else None
+        self.cond = nn.Sequential(first, nn.GELU(), out) if h else out
+        with torch.no_grad():  # what does not depend on the embedding's width first, the embedding-shaped weight last;
+            # a random output bias: a constant embedding (the control's) still gives soft prompts with a spread, which
+            # the layer norm maps to token scale (all-zero prompts make the LM's gradients overflow)
+            out.bias.normal_(std=0.02)
+            if first is not None:
+                out.weight.normal_(std=h ** -0.5)  # the layer norm after it sets the prompts' scale
+                first.bias.zero_()
+                first.weight.normal_(std=c.embed_dim ** -0.5)  # unit-scale hidden units from a standardised z
+            else:
+                out.weight.normal_(std=0.02)
         self._init_norm(c.embed_dim)
 
     @property
@@ -231,8 +250,17 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         return logits
 
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """What :meth:`save_pretrained` writes: everything outside the LM, and the LM's LoRA weights."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(LM_PREFIX) or "lora_" in k}
+        """What :meth:`save_pretrained` writes: everything outside the LM and the LM's LoRA weights, or with
+        ``finetune`` the whole LM too (a tied weight once)."""
+        kept, seen = {}, set()
+        for k, v in self.state_dict().items():
+            if not (self.config.finetune or not k.startswith(LM_PREFIX) or "lora_" in k):
+                continue
+            if k.startswith(LM_PREFIX) and v.data_ptr() in seen:  # a tied weight (output layer = input embeddings)
+                continue
+            seen.add(v.data_ptr())
+            kept[k] = v
+        return kept
 
     def save_pretrained(self, folder: str | Path) -> None:
         from safetensors.torch import save_file
@@ -252,7 +280,8 @@ def build(config: ProbeDecoderConfig, arg: str, options: dict) -> PretrainedDeco
     fields = {k: getattr(config, k) for k in names}
     cfg = PretrainedDecoderConfig(source=_stored_name(arg), lora_r=int(options.get("lora_r", 0)),
                                   lora_alpha=float(options.get("lora_alpha", 16.0)), lm_fingerprint=fingerprint(lm),
-                                  **fields)
+                                  map_hidden=int(options.get("map_hidden", 0)),
+                                  finetune=bool(options.get("finetune", False)), **fields)
     return PretrainedDecoder(cfg, lm)
 
 
@@ -297,6 +326,10 @@ def check(opts, arg: str, explicit: set) -> None:
         raise ConfigError("decoder=pretrained reads the chunk texts in its own tokenizer: use chunk_by=words")
     if opts.lora_r < 0:
         raise ConfigError(f"'lora_r' must be >= 0 (0: the LM frozen), got {opts.lora_r}")
+    if opts.finetune and opts.lora_r:
+        raise ConfigError("finetune=true trains every LM weight; lora_r adapts a frozen LM: choose one")
+    if opts.map_hidden < 0:
+        raise ConfigError(f"'map_hidden' must be >= 0 (0: a linear map), got {opts.map_hidden}")
     if opts.lora_r == 0 and "lora_alpha" in explicit:
         raise ConfigError("'lora_alpha' scales LoRA adapters, and lora_r=0 keeps the LM frozen; set lora_r > 0 or "
                           "drop lora_alpha")
@@ -312,5 +345,6 @@ def check(opts, arg: str, explicit: set) -> None:
 
 register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options=("lora_r", "lora_alpha"), argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
+    options=("lora_r", "lora_alpha", "map_hidden", "finetune"),
+    argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
     check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, or LoRA)"))

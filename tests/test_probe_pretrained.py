@@ -123,6 +123,48 @@ def test_lora_trains_only_its_adapters_and_the_map(small_corpus, tmp_path):
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
 
 
+def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_path):
+    from memlab.probes.pretrained import load_decoder
+
+    dec, before, z, ids, _ = _trained(small_corpus, map_hidden=12)
+    first, out = dec.cond[0], dec.cond[2]
+    assert tuple(first.weight.shape) == (12, 6) and tuple(out.weight.shape) == (2 * dec.config.hidden_size, 12)
+    assert isinstance(dec.cond[1], torch.nn.GELU)
+    after = dec.state_dict()
+    assert not torch.equal(before["cond.0.weight"], after["cond.0.weight"])  # both layers of the map trained
+    assert not torch.equal(before["cond.2.weight"], after["cond.2.weight"])
+    assert all(torch.equal(before[k], after[k]) for k in after if k.startswith(LM_PREFIX))  # the LM frozen
+    dec.save_pretrained(tmp_path / "dec")
+    back = load_decoder(tmp_path / "dec")
+    assert back.config.map_hidden == 12
+    x = T.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
+    # a control (a constant embedding, standardised to zeros) gets prompts with a spread all the same
+    with torch.no_grad():
+        zero = dec.cond(torch.zeros(1, 6)).view(2, -1)  # (P, d)
+    assert float(zero.std(dim=1).min()) > 0
+
+
+def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
+    from safetensors.torch import load_file
+
+    from memlab.probes.pretrained import load_decoder
+
+    dec, before, z, ids, _ = _trained(small_corpus, finetune=True)
+    after = dec.state_dict()
+    lm = [k for k in after if k.startswith(LM_PREFIX)]
+    assert all(p.requires_grad for p in dec.lm.parameters())
+    assert sum(not torch.equal(before[k], after[k]) for k in lm) > len(lm) // 2  # the LM itself trained
+    dec.save_pretrained(tmp_path / "dec")
+    saved = load_file(str(tmp_path / "dec" / WEIGHTS))
+    ptrs = {v.data_ptr() for k, v in after.items() if k.startswith(LM_PREFIX)}
+    assert len([k for k in saved if k.startswith(LM_PREFIX)]) == len(ptrs)  # every LM tensor, a tied one once
+    back = load_decoder(tmp_path / "dec")
+    x = T.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
+    assert not torch.allclose(back(z[:4], x), _trained(small_corpus)[0].eval()(z[:4], x), atol=1e-3)
+
+
 def _fails(args, capsys, *expect):
     assert main(["probe", *args]) == 2
     line = one_line_error(capsys)
@@ -169,9 +211,13 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
     _fails([*base, "--out", str(out), "lora_r=4"], capsys, "'lora_r' applies to decoder=pretrained")
     good = ["--decoder", f"pretrained:{TOY}"]
     _fails([*base, "--out", str(out), *good, "lora_alpha=8"], capsys, "lora_r=0 keeps the LM frozen")
+    _fails([*base, "--out", str(out), *good, "map_hidden=-1"], capsys, "'map_hidden' must be >= 0")
+    _fails([*base, "--out", str(out), "map_hidden=8"], capsys, "'map_hidden' applies to decoder=pretrained")
+    _fails([*base, "--out", str(out), "finetune=true"], capsys, "'finetune' applies to decoder=pretrained")
     _fails([*base, "--out", str(out), *good, "chunk_by=tokens"], capsys, "use chunk_by=words")
     monkeypatch.setitem(sys.modules, "peft", None)  # as if peft were not installed
     _fails([*base, "--out", str(out), *good, "lora_r=4"], capsys, "needs peft", "pip install peft")
+    _fails([*base, "--out", str(out), *good, "lora_r=4", "finetune=true"], capsys, "choose one")
     assert not out.exists()  # nothing was written
 
 
