@@ -16,7 +16,9 @@ embedding once a linear map carries it into that space:
    and none is held back.
 3. **Read.** The mapped held-out embeddings are decoded by the target's own
    decoder over the target's tokens (the labels its ``decoder_inputs`` gives:
-   for the memory autoencoder the chunk's tokens and its end token):
+   for the memory autoencoder the chunk's tokens and its end token; for a
+   fitted probe, ``space:probe:RUN``, the texts in the tokenizer its decoder
+   rebuilds, which for ``decoder=pretrained`` is the LM's, not its encoder's):
    teacher-forced NLL and argmax hits per chunk, and the greedy reconstruction
    (``generate``) scored by token-set F1 (:mod:`memlab.probes.scores`).
 
@@ -99,6 +101,33 @@ def target_ids(target, texts: list[str]) -> torch.Tensor:
     return ids
 
 
+def label_tokenizer(target):
+    """The tokenizer the target's decoder rebuilds text in: a probe's ``target_tokenizer`` (a pretrained decoder's,
+    or a scratch decoder's named one), else the space's own."""
+    return getattr(target.space, "target_tokenizer", None) or target.tokenizer
+
+
+def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
+    """Chunk texts -> (N, T'') ids the target's decoder is scored over: ``ids`` (its encoder's) when its decoder
+    reads the same tokenizer, else the texts in the decoder's (one line when it cannot encode them or rebuilds
+    fewer positions)."""
+    from memlab.probes.chunks import tokenize_chunks
+
+    tok = label_tokenizer(target)
+    if tok is target.tokenizer:
+        return ids
+    out, _ = tokenize_chunks(texts, tok)  # (N, T'')
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is not None and (bad := int((out == unk).any(1).sum())):
+        raise DataError(f"align_target {target.name}: its decoder's tokenizer cannot encode the corpus text ({bad} "
+                        f"of {len(texts)} chunks hold its unknown token {tok.unk_token!r})")
+    room = getattr(target.space, "max_length", None)
+    if room is not None and out.shape[1] > room:
+        raise DataError(f"align_target {target.name}: a chunk takes {int((out >= 0).sum(1).max())} tokens of its "
+                        f"decoder's tokenizer, more than it rebuilds ({room}); lower seq_len")
+    return out
+
+
 def check_target(context) -> None:
     """Before any fitting: the target loads, reads every chunk text, and the map fits (``Part.check_context``)."""
     from memlab.probes.options import train_sizes
@@ -106,7 +135,8 @@ def check_target(context) -> None:
     target = load_target(context.option("align_target", DEFAULT_TARGET))
     n = min(train_sizes(context.opts)) if context.opts is not None else len(context.texts_train)
     check_fits(n, context.dim, target.dim, target.name)
-    target_ids(target, list(context.texts_train) + list(context.texts_eval))
+    texts = list(context.texts_train) + list(context.texts_eval)
+    label_ids(target, texts, target_ids(target, texts))
 
 
 def check_fits(n: int, d_in: int | None, d_out: int, name: str) -> None:
@@ -172,12 +202,14 @@ def fit_ridge(z: torch.Tensor, y: torch.Tensor, alphas=ALPHAS) -> RidgeMap:
 
 @torch.no_grad()
 def decode_stats(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_size: int = 64) -> dict:
-    """The target decoder reading vectors ``y`` (M, D') of chunks ``ids`` (M, T') teacher-forced: per chunk the NLL
-    (nats) and argmax hits over its labels, and how many labels."""
+    """The target decoder reading vectors ``y`` (M, D') of chunks ``ids`` (M, T', in the tokenizer its decoder
+    rebuilds: :func:`label_ids`) teacher-forced: per chunk the NLL (nats) and argmax hits over its labels, and how
+    many labels."""
     from memlab.probes.chunks import fill_pad, mask_of
     from memlab.probes.train import trim
 
-    pad = getattr(space.tokenizer, "pad_token_id", None) or 0
+    tok = getattr(space, "target_tokenizer", None) or space.tokenizer
+    pad = getattr(tok, "pad_token_id", None) or 0
     nll, hits, tokens = [], [], []
     for i in range(0, ids.shape[0], batch_size):
         tb = trim(ids[i : i + batch_size])  # (b, T_b)
@@ -203,7 +235,8 @@ def greedy_tf1(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_si
     for i in range(0, y.shape[0], batch_size):
         zb = y[i : i + batch_size]
         texts += space.generate(zb.reshape(zb.shape[0], *shape), max_new_tokens=ids.shape[1] + 1)
-    rows = space.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    tok = getattr(space, "target_tokenizer", None) or space.tokenizer
+    rows = tok(texts, add_special_tokens=False)["input_ids"]
     pred = torch.full((len(rows), max(1, max(len(r) for r in rows))), PAD, dtype=torch.long)  # (M, T_p)
     for j, r in enumerate(rows):
         pred[j, : len(r)] = torch.tensor(r, dtype=torch.long)
@@ -230,6 +263,7 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
     texts_tr, texts_ev = list(context.texts_train)[:n], list(context.texts_eval)[:m]
     check_fits(n, z_train.shape[1], target.dim, target.name)
     ids_tr, ids_ev = target_ids(target, texts_tr), target_ids(target, texts_ev)  # (N, T'), (M, T')
+    lab_ev = label_ids(target, texts_ev, ids_ev)  # (M, T''): what its decoder rebuilds
     key = {"align_target": target_spec(spec)}
     cache = context.option("cache_dir", None)
     with T.Timer() as t_enc:
@@ -241,9 +275,9 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
     space, shape = target.space, tuple(target.space.encode_text(["a"]).shape[1:])
     prior_y = ridge.bias.float().expand(m, -1).contiguous()  # (M, D'): the map of a constant embedding
     with T.Timer() as t_dec:
-        got, base = decode_stats(space, y_hat, ids_ev, shape), decode_stats(space, prior_y, ids_ev, shape)
-        tf1, prior_tf1 = greedy_tf1(space, y_hat, ids_ev, shape), greedy_tf1(space, prior_y, ids_ev, shape)
-        mine = decode_stats(space, y_own, ids_ev, shape) if own else None
+        got, base = decode_stats(space, y_hat, lab_ev, shape), decode_stats(space, prior_y, lab_ev, shape)
+        tf1, prior_tf1 = greedy_tf1(space, y_hat, lab_ev, shape), greedy_tf1(space, prior_y, lab_ev, shape)
+        mine = decode_stats(space, y_own, lab_ev, shape) if own else None
     acc, prior_acc = _accuracy(got), _accuracy(base)
     ln2 = math.log(2)
     out = {"recovered": _mean(acc), "prior": _mean(prior_acc), "gain": _mean(acc) - _mean(prior_acc),

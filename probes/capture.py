@@ -365,7 +365,10 @@ class SpaceEncoder:
         self.name = name
         self.pool = "space"
         self.layer = None
-        self.max_length = getattr(space, "max_length", None) or getattr(space, "max_tokens", None)
+        if hasattr(space, "input_max_length"):  # a space whose encoder and decoder differ in length (a fitted probe)
+            self.max_length = space.input_max_length
+        else:
+            self.max_length = getattr(space, "max_length", None) or getattr(space, "max_tokens", None)
         for m in ([space] if isinstance(space, nn.Module) else [v for v in vars(space).values() if isinstance(v, nn.Module)]):
             m.eval().requires_grad_(False)
         self.dim = int(self.encode_text(["a"]).shape[-1])

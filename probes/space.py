@@ -36,7 +36,8 @@ class FittedProbe:
         self.tokenizer = encoder.tokenizer
         self.target_tokenizer = target_tokenizer if target_tokenizer is not None else encoder.tokenizer
         self.dim = int(encoder.dim)
-        self.max_length = int(decoder.config.max_len)
+        self.max_length = int(decoder.config.max_len)  # the most tokens its decoder rebuilds (target tokenizer)
+        self.input_max_length = getattr(encoder, "max_length", None)  # the most its encoder reads (its tokenizer)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder.encode(input_ids, attention_mask)  # (B, D)

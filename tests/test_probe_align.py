@@ -164,3 +164,29 @@ def test_a_learning_curve_reads_the_alignment_at_each_size(tmp_path):
     assert [r["n_train"] for r in rows] == [40, 80]
     for r in rows:
         assert 0 <= r["align_recovered"] <= 1 and "align_bits_per_chunk" in r["readings"]
+
+
+def test_a_probe_whose_decoder_rebuilds_another_tokenizer_is_scored_in_that_tokenizer(tmp_path, tokenizer,
+                                                                                      small_corpus):
+    """A pretrained-decoder probe as the target space: its memories are its encoder's (here concat codes in a
+    300-token BPE), its decoder rebuilds the texts in memlab's BPE; the read-out is scored over those tokens."""
+    enc_tok = tmp_path / "bpe300"
+    tokenizer.save_pretrained(enc_tok)
+    model = f"synthetic:concat:{enc_tok}"
+    common = ["--model", model, "--corpus", str(small_corpus), "--seq-len", "6", "--n-train", "60", "--n-eval", "16",
+              "--threads", "1", "--no-control", "select_decoder=false", "ci_resamples=200"]
+    target = tmp_path / "target"
+    assert main(["probe", *common, "--out", str(target), "--epochs", "1", "--decoder", f"pretrained:{COUNTER}",
+                 "conditioning=prefix", "prefix_len=2", "readouts=[]"]) == 0
+    own = json.loads((target / "report.json").read_text())
+    out = tmp_path / "align"
+    assert main(["probe", *common, "--out", str(out), "readouts=[align]", "sequence=false",
+                 f"align_target=space:probe:{target}"]) == 0
+    a = json.loads((out / "report.json").read_text())["readouts"]["align"]
+    from memlab.probes.loading import load_tokenizer
+
+    bpe = load_tokenizer(str(COUNTER))
+    assert len(bpe) != len(tokenizer)
+    assert a["n_tokens"] == own["probe"]["n_tokens"]  # the decoder's targets: the held-out texts in memlab's BPE
+    # its decoder reading its own memories of the held-out chunks is the probe's own held-out reading
+    assert a["own"]["ce"] == pytest.approx(own["probe"]["ce"], rel=1e-4)
