@@ -8,7 +8,8 @@ embeddings already computed: ``z_train`` (N, D) of ``train_ids`` (N, T) and
 Calibration (``report["calibration"]``): a probe of a synthetic encoder
 (:mod:`memlab.probes.synthetic`) is checked against what it must read
 (``concat``: token accuracy >= 0.99; ``bag``: token-set F1 of the bag-of-words read-out >= 0.9;
-``constant``: the interval of its information gain holds 0). With ``calibrate=True`` a
+``constant``: the interval of its information gain holds 0; with the alignment read-out also
+:func:`check_align`). With ``calibrate=True`` a
 probe of any model also fits the same decoder on ``synthetic:concat`` codes
 and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks
 in the model's own tokenizer: when these positive controls fail, the report
@@ -155,8 +156,44 @@ def _verdict(checks: list[dict]) -> dict:
     return {"status": "passed" if all(c["passed"] for c in checks) else "failed", "checks": checks}
 
 
+ALIGN_SLACK = 0.05
+"""The alignment read-out's positive control: of a synthetic encoder that keeps every token (``concat``) it reads at
+least its target's own reading of the same chunks less this much (the map loses no more); of ``constant`` its gain's
+interval holds 0."""
+
+
+def check_align(kind: str, readings: dict) -> list[dict]:
+    """The alignment read-out's checks on a synthetic encoder (:data:`ALIGN_SLACK`); none when it was not fitted."""
+    a = (readings.get("readouts") or {}).get("align")
+    if not a or kind == "bag":  # a bag keeps no order: what a target that reads sequences makes of it is not known
+        return []
+    name = f"synthetic:{kind} (align read-out into {a.get('target', 'its target')})"
+    if kind == "constant":
+        r = (readings.get("readings") or {}).get("align_gain")
+        if r is None:
+            return []
+        return [_check(name, "align gain", r["value"], r["low"] <= 0.0 <= r["high"], "its interval holds 0",
+                       interval=[r["low"], r["high"]])]
+    own = (a.get("own") or {}).get("recovered")
+    if own is None:
+        return []
+    return [_check(name, "recovered", a["recovered"], a["recovered"] >= own - ALIGN_SLACK,
+                   f"recovered >= its target's own {own:.3f} - {ALIGN_SLACK}", own=own, r2=a["own"].get("r2"))]
+
+
 def check_synthetic(kind: str, readings: dict) -> dict:
-    """Calibration of a synthetic encoder's own probe: its metric against its threshold (:data:`EXPECT`)."""
+    """Calibration of a synthetic encoder's own probe: its metric against its threshold (:data:`EXPECT`), and the
+    alignment read-out's checks when it was fitted (:func:`check_align`)."""
+    got = _check_synthetic(kind, readings)
+    extra = check_align(kind, readings)
+    if not extra:
+        return got
+    if got["status"] == "unchecked":
+        return _verdict(extra)
+    return _verdict(got["checks"] + extra)
+
+
+def _check_synthetic(kind: str, readings: dict) -> dict:
     metric, thr = EXPECT[kind]
     name, bow = f"synthetic:{kind}", readings.get("bow")
     if metric == "bow_token_set_f1" and bow:
@@ -166,8 +203,9 @@ def check_synthetic(kind: str, readings: dict) -> dict:
                "the control (control=true)" if metric == "information_gain" and readings.get("probe") is not None
                and readings.get("information_gain") is None else None)
     if missing or (readings.get("probe") is None and not bow):
-        return {"status": "unchecked", "checks": [],
-                "note": f"{name} is checked by {missing or 'the bag-of-words read-out'}, which this probe did not fit"}
+        fits = missing or ("the sequence probe (sequence=true) or the bag-of-words read-out" if kind == "concat"
+                           else "the bag-of-words read-out")
+        return {"status": "unchecked", "checks": [], "note": f"{name} is checked by {fits}, which this probe did not fit"}
     if readings.get("probe") is None:  # no sequence probe (a BoW-only sweep): the read-out's share or gain
         if kind == "constant":
             value = bow["gain"]

@@ -85,6 +85,8 @@ def test_a_constant_embedding_reads_nothing_through_the_map(tmp_path):
     for k in ("align_gain", "align_bits_per_chunk"):
         assert r[k]["low"] <= 0.0 <= r[k]["high"]
     assert "no evidence" in rep["retention"] or "bits" in rep["retention"]
+    checks = {c["metric"]: c for c in rep["calibration"]["checks"]}
+    assert checks["align gain"]["passed"] and rep["calibration"]["status"] == "passed"
 
 
 def test_random_embeddings_add_no_bits():
@@ -190,3 +192,26 @@ def test_a_probe_whose_decoder_rebuilds_another_tokenizer_is_scored_in_that_toke
     assert a["n_tokens"] == own["probe"]["n_tokens"]  # the decoder's targets: the held-out texts in memlab's BPE
     # its decoder reading its own memories of the held-out chunks is the probe's own held-out reading
     assert a["own"]["ce"] == pytest.approx(own["probe"]["ce"], rel=1e-4)
+
+
+def test_the_align_read_out_is_calibrated_on_concat_against_its_targets_own_reading(tmp_path):
+    """Concat read through the map into a probe of concat (the same codes: the map can be exact) keeps its target's
+    own reading, and passes; into the memory autoencoder (not a linear function of concat's codes) it does not."""
+    target = tmp_path / "concat-probe"
+    small = ["--seq-len", "4", "--n-eval", "40", "--threads", "1", "--no-control", "select_decoder=false",
+             "ci_resamples=200"]
+    assert main(["probe", "--model", "synthetic:concat", "--out", str(target), "--n-train", "400", "--epochs", "3",
+                 "readouts=[]", *small]) == 0
+    out = tmp_path / "into-probe"
+    assert main(["probe", "--model", "synthetic:concat", "--out", str(out), "--n-train", "400", "readouts=[align]",
+                 "sequence=false", f"align_target=space:probe:{target}", *small]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    a, cal = rep["readouts"]["align"], rep["calibration"]
+    assert a["own"]["recovered"] > a["prior"] + 0.1  # the target reads concat, if not whole at this budget
+    assert a["own"]["r2"] > 0.95 and a["recovered"] == pytest.approx(a["own"]["recovered"], abs=0.02)
+    assert cal["status"] == "passed" and cal["checks"][0]["own"] == pytest.approx(a["own"]["recovered"])
+    rc, rep = _probe(tmp_path, "synthetic:concat", *FIT, "sequence=false")
+    assert rc == 0
+    a, cal = rep["readouts"]["align"], rep["calibration"]
+    assert a["own"]["recovered"] > 0.8 and a["recovered"] < a["own"]["recovered"] - 0.05
+    assert cal["status"] == "failed" and "align read-out" in cal["checks"][0]["control"]
