@@ -114,14 +114,12 @@ def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
     from memlab.probes.chunks import tokenize_chunks
 
     tok = label_tokenizer(target)
-    if tok is target.tokenizer:
-        return ids
-    out, _ = tokenize_chunks(texts, tok)  # (N, T'')
+    out = ids if tok is target.tokenizer else tokenize_chunks(texts, tok)[0]  # (N, T'')
     unk = getattr(tok, "unk_token_id", None)
-    if unk is not None and (bad := int((out == unk).any(1).sum())):
+    if out is not ids and unk is not None and (bad := int((out == unk).any(1).sum())):
         raise DataError(f"align_target {target.name}: its decoder's tokenizer cannot encode the corpus text ({bad} "
                         f"of {len(texts)} chunks hold its unknown token {tok.unk_token!r})")
-    room = getattr(target.space, "max_length", None)
+    room = getattr(target.space, "max_length", None) if hasattr(target.space, "input_max_length") else None
     if room is not None and out.shape[1] > room:
         raise DataError(f"align_target {target.name}: a chunk takes {int((out >= 0).sum(1).max())} tokens of its "
                         f"decoder's tokenizer, more than it rebuilds ({room}); lower seq_len")

@@ -189,7 +189,7 @@ def check_synthetic(kind: str, readings: dict) -> dict:
     if not extra:
         return got
     if got["status"] == "unchecked":
-        return _verdict(extra)
+        return {**_verdict(extra), "note": got["note"]}
     return _verdict(got["checks"] + extra)
 
 

@@ -199,8 +199,10 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         n_classes = self._init_vocab(range(c.vocab_size), c.start_id, c.vocab_size)  # the LM's whole output layer
         self._cond = get_part("conditioning", c.conditioning).impl
         self._inputs = get_part("inputs", c.inputs).impl
-        # drawn from the global seed (build_decoder sets it), the embedding-shaped weight last: a probe and its
-        # control (a constant embedding, standardised to zeros) start alike whatever the embedding's width
+        # the map's draws come from a private generator seeded from the global seed (build_decoder sets it), the
+        # embedding-shaped weight last: a probe and its control (a constant embedding, standardised to zeros) start
+        # alike whatever the embedding's width (building a layer draws from the global generator by its shape)
+        gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
         self.cond_norm = nn.LayerNorm(d)
         with torch.no_grad():  # soft prompts at the scale of the LM's own token embeddings
             self.cond_norm.weight.fill_(float(emb.weight.float().pow(2).mean().sqrt()))
@@ -211,16 +213,20 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         out = nn.Linear(h or c.embed_dim, n_cond * d)
         first = nn.Linear(c.embed_dim, h) if h else None
         self.cond = nn.Sequential(first, nn.GELU(), out) if h else out
-        with torch.no_grad():  # what does not depend on the embedding's width first, the embedding-shaped weight last;
+
+        def draw(t: torch.Tensor, std: float) -> None:
+            t.copy_(torch.randn(t.shape, generator=gen) * std)
+
+        with torch.no_grad():
             # a random output bias: a constant embedding (the control's) still gives soft prompts with a spread, which
             # the layer norm maps to token scale (all-zero prompts make the LM's gradients overflow)
-            out.bias.normal_(std=0.02)
+            draw(out.bias, 0.02)
             if first is not None:
-                out.weight.normal_(std=h ** -0.5)  # the layer norm after it sets the prompts' scale
+                draw(out.weight, h ** -0.5)  # the layer norm after it sets the prompts' scale
                 first.bias.zero_()
-                first.weight.normal_(std=c.embed_dim ** -0.5)  # unit-scale hidden units from a standardised z
+                draw(first.weight, c.embed_dim ** -0.5)  # unit-scale hidden units from a standardised z
             else:
-                out.weight.normal_(std=0.02)
+                draw(out.weight, 0.02)
         self._init_norm(c.embed_dim)
 
     @property
@@ -331,8 +337,9 @@ def check(opts, arg: str, explicit: set) -> None:
     if opts.map_hidden < 0:
         raise ConfigError(f"'map_hidden' must be >= 0 (0: a linear map), got {opts.map_hidden}")
     if opts.lora_r == 0 and "lora_alpha" in explicit:
-        raise ConfigError("'lora_alpha' scales LoRA adapters, and lora_r=0 keeps the LM frozen; set lora_r > 0 or "
-                          "drop lora_alpha")
+        raise ConfigError("'lora_alpha' scales LoRA adapters, and lora_r=0 trains none ("
+                          + ("finetune=true trains the whole LM" if opts.finetune else "the LM stays frozen")
+                          + "); set lora_r > 0 or drop lora_alpha")
     if opts.lora_r:
         if not opts.lora_alpha > 0:
             raise ConfigError(f"'lora_alpha' must be > 0, got {opts.lora_alpha}")
@@ -347,4 +354,4 @@ register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
     options=("lora_r", "lora_alpha", "map_hidden", "finetune"),
     argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
-    check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, or LoRA)"))
+    check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, LoRA or fine-tuned)"))

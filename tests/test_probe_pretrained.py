@@ -145,6 +145,26 @@ def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_pa
     assert float(zero.std(dim=1).min()) > 0
 
 
+@pytest.mark.parametrize("extra", [{}, {"map_hidden": 8}, {"bag_head": True}])
+def test_a_probe_and_its_control_start_alike_whatever_the_embeddings_width(small_corpus, extra):
+    """The map's draws do not depend on the embedding's width: a constant embedding (standardised to zeros) gives
+    the same soft prompts from decoders built for widths 6 and 10, so probes of any width can share one control."""
+    from memlab.probes.chunks import tokenize_chunks
+    from memlab.probes.loading import load_tokenizer
+
+    tok = load_tokenizer(str(TOY))
+    ids, _ = tokenize_chunks(T.probe_texts(4, 8, "train", str(small_corpus)), tok)  # (8, T)
+    prompts = []
+    for width in (6, 10):
+        dec = T.build_decoder(width, tok, ids, _opts(small_corpus, **extra))
+        with torch.no_grad():
+            prompts.append(dec.cond(torch.zeros(1, width)))  # (1, P * d)
+        if extra.get("map_hidden"):  # the hidden layer's output weight too (what a zero embedding's units meet)
+            prompts.append(dec.cond[2].weight.detach().clone())
+    half = len(prompts) // 2
+    assert all(torch.equal(a, b) for a, b in zip(prompts[:half], prompts[half:]))  # width 6's against width 10's
+
+
 def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
     from safetensors.torch import load_file
 
@@ -210,7 +230,7 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
     _fails([*base, "--out", str(out), "--decoder", "llama:x"], capsys, "takes no argument")
     _fails([*base, "--out", str(out), "lora_r=4"], capsys, "'lora_r' applies to decoder=pretrained")
     good = ["--decoder", f"pretrained:{TOY}"]
-    _fails([*base, "--out", str(out), *good, "lora_alpha=8"], capsys, "lora_r=0 keeps the LM frozen")
+    _fails([*base, "--out", str(out), *good, "lora_alpha=8"], capsys, "lora_r=0 trains none")
     _fails([*base, "--out", str(out), *good, "map_hidden=-1"], capsys, "'map_hidden' must be >= 0")
     _fails([*base, "--out", str(out), "map_hidden=8"], capsys, "'map_hidden' applies to decoder=pretrained")
     _fails([*base, "--out", str(out), "finetune=true"], capsys, "'finetune' applies to decoder=pretrained")
