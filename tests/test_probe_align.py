@@ -168,47 +168,36 @@ def test_a_learning_curve_reads_the_alignment_at_each_size(tmp_path):
         assert 0 <= r["align_recovered"] <= 1 and "align_bits_per_chunk" in r["readings"]
 
 
-def test_a_probe_whose_decoder_rebuilds_another_tokenizer_is_scored_in_that_tokenizer(tmp_path, tokenizer,
-                                                                                      small_corpus):
-    """A pretrained-decoder probe as the target space: its memories are its encoder's (here concat codes in a
-    300-token BPE), its decoder rebuilds the texts in memlab's BPE; the read-out is scored over those tokens."""
+def test_align_into_a_probe_of_concat_is_scored_in_its_decoders_tokenizer_and_calibrated(tmp_path, tokenizer,
+                                                                                        small_corpus):
+    """A fitted probe as the target space: its memories are its encoder's (concat codes in a 300-token BPE), its
+    decoder rebuilds the texts in memlab's BPE (target_tokenizer; a pretrained decoder's targets take the same
+    path): the read-out is scored over those tokens. The same codes on both sides (the map can be exact) keep the
+    target's own reading, and the calibration passes; into the memory autoencoder (not a linear function of
+    concat's codes) it fails."""
     enc_tok = tmp_path / "bpe300"
     tokenizer.save_pretrained(enc_tok)
-    model = f"synthetic:concat:{enc_tok}"
-    common = ["--model", model, "--corpus", str(small_corpus), "--seq-len", "6", "--n-train", "60", "--n-eval", "16",
-              "--threads", "1", "--no-control", "select_decoder=false", "ci_resamples=200"]
+    common = ["--model", f"synthetic:concat:{enc_tok}", "--corpus", str(small_corpus), "--seq-len", "2",
+              "--n-train", "400", "--n-eval", "40", "--threads", "1", "--no-control", "select_decoder=false",
+              "ci_resamples=200"]
     target = tmp_path / "target"
-    assert main(["probe", *common, "--out", str(target), "--epochs", "1", "--decoder", f"pretrained:{COUNTER}",
-                 "conditioning=prefix", "prefix_len=2", "readouts=[]"]) == 0
+    assert main(["probe", *common, "--out", str(target), "--epochs", "3", f"target_tokenizer={COUNTER}",
+                 "readouts=[]"]) == 0
     own = json.loads((target / "report.json").read_text())
     out = tmp_path / "align"
     assert main(["probe", *common, "--out", str(out), "readouts=[align]", "sequence=false",
                  f"align_target=space:probe:{target}"]) == 0
-    a = json.loads((out / "report.json").read_text())["readouts"]["align"]
+    rep = json.loads((out / "report.json").read_text())
+    a, cal = rep["readouts"]["align"], rep["calibration"]
     from memlab.probes.loading import load_tokenizer
 
-    bpe = load_tokenizer(str(COUNTER))
-    assert len(bpe) != len(tokenizer)
+    assert len(load_tokenizer(str(COUNTER))) != len(tokenizer)
     assert a["n_tokens"] == own["probe"]["n_tokens"]  # the decoder's targets: the held-out texts in memlab's BPE
     # its decoder reading its own memories of the held-out chunks is the probe's own held-out reading
     assert a["own"]["ce"] == pytest.approx(own["probe"]["ce"], rel=1e-4)
-
-
-def test_the_align_read_out_is_calibrated_on_concat_against_its_targets_own_reading(tmp_path):
-    """Concat read through the map into a probe of concat (the same codes: the map can be exact) keeps its target's
-    own reading, and passes; into the memory autoencoder (not a linear function of concat's codes) it does not."""
-    target = tmp_path / "concat-probe"
-    small = ["--seq-len", "4", "--n-eval", "40", "--threads", "1", "--no-control", "select_decoder=false",
-             "ci_resamples=200"]
-    assert main(["probe", "--model", "synthetic:concat", "--out", str(target), "--n-train", "400", "--epochs", "3",
-                 "readouts=[]", *small]) == 0
-    out = tmp_path / "into-probe"
-    assert main(["probe", "--model", "synthetic:concat", "--out", str(out), "--n-train", "400", "readouts=[align]",
-                 "sequence=false", f"align_target=space:probe:{target}", *small]) == 0
-    rep = json.loads((out / "report.json").read_text())
-    a, cal = rep["readouts"]["align"], rep["calibration"]
-    assert a["own"]["recovered"] > a["prior"] + 0.1  # the target reads concat, if not whole at this budget
-    assert a["own"]["r2"] > 0.95 and a["recovered"] == pytest.approx(a["own"]["recovered"], abs=0.02)
+    assert a["own"]["recovered"] > a["prior"] + 0.02  # the target reads some of concat at this budget
+    assert a["own"]["r2"] > 0.9 and a["recovered"] == pytest.approx(a["own"]["recovered"], abs=0.02)
+    assert a["recovered"] - a["prior"] > 0.5 * (a["own"]["recovered"] - a["prior"])  # the map keeps its gain
     assert cal["status"] == "passed" and cal["checks"][0]["own"] == pytest.approx(a["own"]["recovered"])
     rc, rep = _probe(tmp_path, "synthetic:concat", *FIT, "sequence=false")
     assert rc == 0
