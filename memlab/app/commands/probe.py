@@ -20,7 +20,8 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
     "--decoder": ("decoder", str, "llama (a small decoder trained from scratch, default) or pretrained:NAME (a causal "
                                   "LM: shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
-                                  "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA)"),
+                                  "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA, "
+                                  "finetune=true trains it whole, map_hidden=H puts a hidden layer in the map)"),
     "--compare": ("compare", str, "methods read from one encoder pass, as a comparison: decoders (llama, "
                                   "pretrained:NAME) and read-outs (align, bow), comma-separated, each with its own "
                                   "options in brackets (pretrained:memlab-lm[conditioning=prefix]); every method at "
