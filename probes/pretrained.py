@@ -20,9 +20,10 @@ fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
   vec2text's inverter, a fine-tuned T5), and the whole LM is saved with it.
 
 ``map_hidden=H`` puts a hidden layer in the map (Linear -> GELU -> Linear, as
-vec2text's embedding transform): a linear map of a code the LM never saw
-(synthetic ``concat``'s random codes) cannot turn it into the LM's token
-embeddings, a non-linear one can learn to.
+vec2text's embedding transform). A linear map cannot turn codes the LM never
+saw (synthetic ``concat``'s random ones) into its token embeddings; a
+non-linear one could, but on concat at 2,000 chunks it read no more
+(docs/probes.md, "The pretrained decoder's variants on concat").
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
