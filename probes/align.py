@@ -101,10 +101,10 @@ def target_ids(target, texts: list[str]) -> torch.Tensor:
     return ids
 
 
-def label_tokenizer(target):
-    """The tokenizer the target's decoder rebuilds text in: a probe's ``target_tokenizer`` (a pretrained decoder's,
-    or a scratch decoder's named one), else the space's own."""
-    return getattr(target.space, "target_tokenizer", None) or target.tokenizer
+def decoder_tokenizer(space):
+    """The tokenizer a target space's decoder rebuilds text in: a fitted probe's ``target_tokenizer`` (a pretrained
+    decoder's, or a scratch decoder's named one), else the space's own."""
+    return getattr(space, "target_tokenizer", None) or space.tokenizer
 
 
 def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
@@ -113,13 +113,13 @@ def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
     fewer positions)."""
     from memlab.probes.chunks import tokenize_chunks
 
-    tok = label_tokenizer(target)
+    tok = decoder_tokenizer(target.space)
     out = ids if tok is target.tokenizer else tokenize_chunks(texts, tok)[0]  # (N, T'')
     unk = getattr(tok, "unk_token_id", None)
     if out is not ids and unk is not None and (bad := int((out == unk).any(1).sum())):
         raise DataError(f"align_target {target.name}: its decoder's tokenizer cannot encode the corpus text ({bad} "
                         f"of {len(texts)} chunks hold its unknown token {tok.unk_token!r})")
-    room = getattr(target.space, "max_length", None) if hasattr(target.space, "input_max_length") else None
+    room = getattr(target.space, "max_length", None)  # the most positions its decoder rebuilds
     if room is not None and out.shape[1] > room:
         raise DataError(f"align_target {target.name}: a chunk takes {int((out >= 0).sum(1).max())} tokens of its "
                         f"decoder's tokenizer, more than it rebuilds ({room}); lower seq_len")
@@ -206,8 +206,7 @@ def decode_stats(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_
     from memlab.probes.chunks import fill_pad, mask_of
     from memlab.probes.train import trim
 
-    tok = getattr(space, "target_tokenizer", None) or space.tokenizer
-    pad = getattr(tok, "pad_token_id", None) or 0
+    pad = getattr(decoder_tokenizer(space), "pad_token_id", None) or 0
     nll, hits, tokens = [], [], []
     for i in range(0, ids.shape[0], batch_size):
         tb = trim(ids[i : i + batch_size])  # (b, T_b)
@@ -233,8 +232,7 @@ def greedy_tf1(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_si
     for i in range(0, y.shape[0], batch_size):
         zb = y[i : i + batch_size]
         texts += space.generate(zb.reshape(zb.shape[0], *shape), max_new_tokens=ids.shape[1] + 1)
-    tok = getattr(space, "target_tokenizer", None) or space.tokenizer
-    rows = tok(texts, add_special_tokens=False)["input_ids"]
+    rows = decoder_tokenizer(space)(texts, add_special_tokens=False)["input_ids"]
     pred = torch.full((len(rows), max(1, max(len(r) for r in rows))), PAD, dtype=torch.long)  # (M, T_p)
     for j, r in enumerate(rows):
         pred[j, : len(r)] = torch.tensor(r, dtype=torch.long)
