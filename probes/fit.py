@@ -34,8 +34,8 @@ token), so its TF1 is reported but not the test."""
 
 PLAIN_INPUT_DROPOUT = ProbeOptions.plain_input_dropout
 """Input dropout of the plain decoder that :func:`fit_decoders` fits beside the bag-head decoder (the default of
-``plain_input_dropout``): with it, teacher inputs read synthetic concat whole (0.992 at 8,000 chunks of 32
-tokens, docs/probes.md) instead of over-fitting their own language model (0.961 without)."""
+``plain_input_dropout``): with it, teacher inputs read synthetic concat whole at 8,000 chunks of 32 tokens
+instead of over-fitting their own language model (the measurements: docs/probes.md, "Calibration")."""
 
 
 def _held_back_ce(history: list[dict]) -> float:

@@ -20,10 +20,12 @@ fed through ``inputs_embeds``; ``unrolled``: one vector added to each token).
   vec2text's inverter, a fine-tuned T5), and the whole LM is saved with it.
 
 ``map_hidden=H`` puts a hidden layer in the map (Linear -> GELU -> Linear, as
-vec2text's embedding transform). A linear map cannot turn codes the LM never
-saw (synthetic ``concat``'s random ones) into its token embeddings; a
-non-linear one could, but on concat at 2,000 chunks it read no more
-(docs/probes.md, "The pretrained decoder's variants on concat").
+vec2text's embedding transform). Into a frozen or LoRA-adapted LM, a linear
+map cannot turn codes the LM never saw (synthetic ``concat``'s random ones)
+into its token embeddings; a non-linear one could, but on concat it read no
+more. Fine-tuned, the LM learns the codes itself, and a linear map passes the
+positive control (``configs/probes/calibration_pretrained.yaml``; docs/probes.md,
+"The pretrained decoder's variants on concat").
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
