@@ -34,6 +34,15 @@ Pooling
 non-padding tokens, special tokens included) and ``first`` (the first token:
 BERT's [CLS]). Pooling reads the attention mask, so padding never changes an
 embedding.
+
+Placed models
+-------------
+A model that accelerate spread over several GPUs, host memory and disk
+(:mod:`memlab.probes.placement`) is read the same way: the hooks sit on the
+same blocks, whose accelerate hooks run inside them (offloaded weights are
+brought in for the block's forward pass and dropped after it), so a captured
+state is the block's output on the device the block ran on. Inputs go to the
+model's main device, and every captured state is moved there before pooling.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ import torch
 from torch import nn
 
 from memlab.errors import ModelError
+from memlab.probes.placement import describe as placement_of
+from memlab.probes.placement import main_device
 
 POOLS = ("last", "second_last", "mean", "first")
 
@@ -259,12 +270,17 @@ class HiddenStateEncoder:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the model's device, or the main device of an accelerate-placed model."""
+        return main_device(self.model)
 
     def describe(self) -> dict:
-        return {"name": self.name, "layer": self.layer, "num_layers": len(self.layers), "pool": self.pool,
-                "final_norm": self.final_norm, "dim": self.dim, "special_tokens": [self.prefix, self.suffix],
-                "hooks": dict(self.hooks)}
+        out = {"name": self.name, "layer": self.layer, "num_layers": len(self.layers), "pool": self.pool,
+               "final_norm": self.final_norm, "dim": self.dim, "special_tokens": [self.prefix, self.suffix],
+               "hooks": dict(self.hooks)}
+        placed = placement_of(self.model, self.layers)
+        if placed is not None:  # accelerate spread the model over devices, host memory or disk
+            out["placement"] = placed
+        return out
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The chosen layer's states ``(B, T, D)`` for ids that already hold any special tokens."""
@@ -301,7 +317,7 @@ class HiddenStateEncoder:
                              f"({self.max_length} with its special tokens)")
         ids, mask = wrap_special(ids, mask, self.prefix, self.suffix, self.pad_id)
         dev = self.device
-        h = self.hidden_states(ids.to(dev), mask.to(dev))  # (B, T', D)
+        h = self.hidden_states(ids.to(dev), mask.to(dev)).to(dev)  # (B, T', D) from where the block ran
         return pool_states(h.float(), mask.to(dev), self.pool).cpu()  # (B, D)
 
     def layer_index(self, layers: str | list[int]) -> list[int]:
@@ -348,8 +364,8 @@ class HiddenStateEncoder:
         finally:
             for h in handles:
                 h.remove()
-        m = mask.to(dev)
-        return torch.stack([pool_states(got[i].float(), m, self.pool).cpu() for i in layers], 1)  # (B, L, D)
+        m = mask.to(dev)  # every layer's states pooled on one device, wherever its block ran
+        return torch.stack([pool_states(got[i].to(dev).float(), m, self.pool).cpu() for i in layers], 1)  # (B, L, D)
 
     def encode_text(self, sentences: list[str]) -> torch.Tensor:
         enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, return_tensors="pt")

@@ -57,6 +57,7 @@ def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
 
 
 ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
+                "device_map", "max_memory", "offload_dir",
                 "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device",
                 "encode_batch_size",
                 "ci_level", "ci_resamples", "layers", "layers_sequence"}
@@ -82,9 +83,10 @@ def _load(opts: ProbeOptions, encoder):
     kind = encoder_kind(opts.model)
     if kind is None:
         raise ModelError(f"no registered encoder kind takes '{opts.model}'")
+    placed = {k: getattr(opts, k) for k in ("device_map", "max_memory", "offload_dir") if getattr(opts, k) is not None}
     return kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
                           random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
-                          dtype=opts.encoder_dtype, max_len=opts.seq_len)
+                          dtype=opts.encoder_dtype, max_len=opts.seq_len, **placed)
 
 
 def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,

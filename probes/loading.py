@@ -26,6 +26,7 @@ import torch
 
 from memlab import assets
 from memlab.errors import ModelError
+from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
 
 
@@ -80,8 +81,9 @@ def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
 
 
 def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str, dtype=torch.float32,
-                device: str = "cpu"):
-    """The model of ``folder`` built in ``dtype`` straight on ``device`` (no full float32 copy in host memory)."""
+                device: str = "cpu", placement: P.Placement = P.Placement()):
+    """The model of ``folder`` built in ``dtype`` straight on ``device`` (no full float32 copy in host memory), or
+    placed by accelerate over the GPUs, host memory and disk (:mod:`memlab.probes.placement`)."""
     from transformers import AutoConfig, AutoModel
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
@@ -97,17 +99,22 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
         raise ModelError(
             f"unknown model '{folder}': not a shortcut ({', '.join(sorted(assets.ASSETS))}), not a local path, "
             f"and {where}not in the Hugging Face cache") from None
+    place = P.plan(placement, device, lambda: P.weights_bytes(folder, gguf_file, config, dtype))
     if random_init:
         torch.manual_seed(0)
-        with torch.device(device):  # the random weights are made where they are read
+        with torch.device("cpu" if place else device):  # the random weights are made where they are read
             model = AutoModel.from_config(config, dtype=dtype)
+        if place:  # the one copy in host memory is spread by accelerate (disk-offloaded blocks written out)
+            model = P.dispatch(model, place)
     else:
         from memlab.loading import strict_from_pretrained
 
         # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
         try:
-            on_cpu = torch.device(device).type == "cpu"
-            if not on_cpu:
+            on_cpu = torch.device(device).type == "cpu" and not place
+            if place:  # accelerate places each shard's weights on a GPU, in host memory or on disk
+                kw.update(place)
+            elif not on_cpu:
                 kw["device_map"] = str(device)  # weights go from the file to the device, shard by shard
             # on the CPU a local folder's tensors are read and cast one at a time: no second copy of the weights
             model = strict_from_pretrained(AutoModel, folder, allow_unexpected=True, what=what, config=config,
@@ -177,7 +184,8 @@ def load_tokenizer(spec: str):
 
 def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
                  random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
-                 dtype: str = "float32", max_len: int | None = None):
+                 dtype: str = "float32", max_len: int | None = None, device_map: str | None = None,
+                 max_memory: str | dict | None = None, offload_dir: str | None = None):
     """A frozen encoder for ``spec`` (see the module doc), with ``.tokenizer``, ``.dim``, ``.encode(ids, mask)``.
 
     ``pool=None`` takes the shortcut's pooling (``mean`` for MiniLM) or
@@ -185,7 +193,13 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
     where the hardware multiplies bf16 natively); embeddings are float32. Returns a :class:`HiddenStateEncoder` or, for
     ``space:...``, a :class:`SpaceEncoder`, or for ``synthetic:KIND`` a calibration encoder
     (:mod:`memlab.probes.synthetic`, built for chunks of up to ``max_len`` tokens, default 64).
+
+    ``device_map``, ``max_memory`` and ``offload_dir`` place a transformers model by accelerate over the GPUs, host
+    memory and disk (:mod:`memlab.probes.placement`); by default it is so placed only when it does not fit
+    ``device``.
     """
+    placement = P.Placement(device_map, max_memory, offload_dir)
+    P.check(placement, spec)
     if spec.startswith("synthetic:"):
         from memlab.probes.synthetic import load_synthetic
 
@@ -198,11 +212,12 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
         return _space_encoder(spec)
     folder, gguf_file, default_pool = resolve_source(spec)
     model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device),
-                        device=device)
+                        device=device, placement=placement)
     tok = _load_tokenizer(folder, gguf_file, f"model '{spec}'")
     if len(tok) > getattr(model.config, "vocab_size", len(tok)) + 1024:
         raise ModelError(f"model '{spec}': its tokenizer has {len(tok)} tokens, more than the model's vocabulary")
-    model.to(device)
+    if not P.is_placed(model):  # an accelerate-placed model stays where its hooks expect it
+        model.to(device)
     name = f"{spec} (random init)" if random_init else spec
     return HiddenStateEncoder(model, tok, layer=layer, pool=pool or default_pool, final_norm=final_norm,
                               special_tokens=special_tokens, name=name)

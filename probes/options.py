@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memlab.errors import ConfigError
+from memlab.probes import placement
 
 CHUNK_BY = ("words", "tokens")
 EXPERIMENT_KEYS = ("name", "recipe", "options")
@@ -177,6 +178,15 @@ class ProbeOptions:
     encoder_dtype: str = "auto"
     """Weights of the frozen encoder: auto (bf16 where the device multiplies it natively, else float32), float32,
     bfloat16 or float16; embeddings are float32."""
+    device_map: str | None = None
+    """Placement of a transformers encoder: auto (accelerate's big-model inference: its blocks over the GPUs, then
+    host memory, then disk in offload_dir), none (whole on the device); default: auto only when its weights do not
+    fit the device's free memory (memlab.probes.placement)."""
+    max_memory: str | dict | None = None
+    """device_map=auto: the memory budget per device, e.g. cpu:200MB,0:20GiB (or a mapping); the disk takes the
+    rest. Default: each device's free memory (the CPU alone when device=cpu)."""
+    offload_dir: str | None = None
+    """device_map=auto: the folder of the weights offloaded to disk (default: a temporary folder removed at exit)."""
     progress: bool | None = None
     """Progress bars (default: on a TTY)."""
     threads: int | None = None
@@ -223,6 +233,7 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
         compared(opts, explicit)
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
+    placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
     if opts.chunk_by not in CHUNK_BY:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
     if opts.eval_split not in ("test", "validation"):

@@ -33,6 +33,13 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--device": ("device", str, "auto (default: the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed (default 0)"),
     "--dtype": ("encoder_dtype", str, "encoder weights: auto (default: bf16 where the device multiplies it natively, else float32), float32, bfloat16 or float16"),
+    "--device-map": ("device_map", str, "encoder placement: auto (accelerate: blocks over the GPUs, then host memory, "
+                                        "then disk) or none (whole on --device); default: auto only when the model "
+                                        "does not fit the device"),
+    "--max-memory": ("max_memory", str, "with device_map auto: memory budget per device, e.g. cpu:200MB,0:20GiB "
+                                        "(the disk takes the rest)"),
+    "--offload-dir": ("offload_dir", str, "with device_map auto: folder of the weights offloaded to disk (default: a "
+                                          "temporary folder)"),
     "--threads": ("threads", int, "torch CPU threads (default: torch's)"),
 }
 
