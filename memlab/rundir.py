@@ -17,12 +17,14 @@ removes what the claim made (the folder and any parents it had to create).
 Every write into a run folder goes through :func:`guarded` (or
 :func:`write_atomic`, built on it): a storage failure (a full disk, a file
 size limit, a read-only folder) becomes one line, and the temporary files of
-the write are removed.
+the write are removed. :mod:`memlab.outdir` builds every other verb's output
+folder (quickstart, eval, bench, plot) on the same claim.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 from pathlib import Path
@@ -44,7 +46,7 @@ class RunClaim:
         self._fh = None
         self._lock = None
 
-    def acquire(self) -> "RunClaim":
+    def acquire(self, hint: str = "wait for it to end or choose another --out") -> "RunClaim":
         path = self.run_dir / LOCK_NAME
         try:
             fh = open(path, "a+")
@@ -60,7 +62,7 @@ class RunClaim:
                 self._lock.acquire(timeout=0)
             except filelock.Timeout:
                 fh.close()
-                raise MemlabError(_busy(self.run_dir, None)) from None
+                raise MemlabError(_busy(self.run_dir, None, hint)) from None
         else:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -68,7 +70,7 @@ class RunClaim:
                 fh.seek(0)
                 owner = fh.read().strip()
                 fh.close()
-                raise MemlabError(_busy(self.run_dir, owner)) from None
+                raise MemlabError(_busy(self.run_dir, owner, hint)) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()}\n")
@@ -135,9 +137,16 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _busy(run_dir: Path, owner: str | None) -> str:
+def _busy(run_dir: Path, owner: str | None, hint: str) -> str:
     who = f"process {owner}" if owner else "another process"
-    return f"{run_dir} is in use by {who} (a memlab run writing into it); wait for it to end or choose another --out"
+    return f"{run_dir} is in use by {who} (a memlab run writing into it); {hint}"
+
+
+def release_under(folder: Path) -> None:
+    """Release this process's claims on folders inside ``folder`` (not on ``folder`` itself)."""
+    top = _key(folder) + os.sep
+    for key in [k for k in _HELD if k.startswith(top)]:
+        _HELD[key].release()
 
 
 def used_entries(run_dir: Path) -> list[str]:
@@ -145,19 +154,38 @@ def used_entries(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.iterdir() if p.name not in (LOCK_NAME, LOCK_NAME + ".os"))
 
 
-def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
+_KINDS = (("config.yaml", "a training run"), ("checkpoints", "a training run"), ("metrics.jsonl", "a training run"),
+          ("eval.json", "an evaluation"), ("bench.json", "a benchmark run"), ("scaling.json", "a scaling sweep"),
+          ("report.json", "a probe"), ("table.md", "a quickstart run"))
+"""A file or folder that tells what a used folder holds, first match wins."""
+
+
+def describe(run_dir: Path) -> str:
+    """What a used folder holds, as a phrase: ``a training run``, ``an evaluation``, ... or its first entries."""
+    names = used_entries(run_dir)
+    for marker, kind in _KINDS:
+        if marker in names:
+            return kind
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _holds_files(what: str, run_dir: Path, hint: str = "choose another --out") -> MemlabError:
+    return MemlabError(f"{what} directory {run_dir} already holds files ({describe(run_dir)}); {hint}")
+
+
+def claim(run_dir: str | Path, fresh: bool, what: str = "run", busy_hint: str | None = None) -> RunClaim:
     """Check and lock ``run_dir`` before any compute.
 
     ``fresh``: the folder must not exist or be empty (it is created now);
     otherwise (``--resume``) it must exist. Raises a one-line MemlabError when
     the folder is a file, holds files, cannot be created or written, or is in
-    use by another process. A folder this process already holds is returned as is.
+    use by another process (``busy_hint``: what to do then). A folder this process already holds is returned as is.
     """
     run_dir = Path(os.path.normpath(run_dir))  # as the user wrote it: runs/zz/../base is runs/base
     held = holds(run_dir)
     if held is not None:
         if fresh and used_entries(run_dir):  # this process wrote into it already (e.g. an earlier probe)
-            raise MemlabError(f"{what} directory {run_dir} already holds files; choose another --out")
+            raise _holds_files(what, run_dir)
         return held
     created = False
     if fresh:
@@ -165,7 +193,7 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
             raise MemlabError(f"--out {run_dir} is a file, not a directory")
         if run_dir.is_dir() and used_entries(run_dir):
             hint = "resume it with --resume or choose --out" if what == "run" else "choose another --out"
-            raise MemlabError(f"{what} directory {run_dir} already holds files; {hint}")
+            raise _holds_files(what, run_dir, hint)
         made = _first_missing(run_dir)
         created = made is not None
         try:
@@ -184,14 +212,14 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run") -> RunClaim:
         made, created = None, False
     c = RunClaim(run_dir, created, made, fresh)
     try:
-        c.acquire()
+        c.acquire(*([busy_hint] if busy_hint else []))
     except MemlabError:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
         raise
     if fresh and used_entries(run_dir):  # another process filled it between the check and the lock
         c.release()
-        raise MemlabError(f"{what} directory {run_dir} already holds files; choose another --out")
+        raise _holds_files(what, run_dir)
     return c
 
 
@@ -225,7 +253,8 @@ def in_use_by(run_dir: str | Path) -> str | None:
 def storage_failure(e: BaseException, writes_only: bool = False) -> str | None:
     """Why a write failed, when ``e`` is a storage failure (full disk, size limit, read-only, I/O), else None.
 
-    safetensors reports an I/O error as a SafetensorError, torch's zip writer as a RuntimeError.
+    safetensors reports an I/O error as a SafetensorError, torch's zip writer as a RuntimeError, tokenizers as a
+    plain Exception.
     ``writes_only``: of the OSErrors, only those no read raises (full disk, size limit, read-only)."""
     import errno
 
@@ -241,7 +270,7 @@ def storage_failure(e: BaseException, writes_only: bool = False) -> str | None:
         return e.strerror or " ".join(str(e).split())[:120]
     text = " ".join(str(e).split())
     low = text.lower()
-    if type(e).__name__ == "SafetensorError" or isinstance(e, RuntimeError):
+    if type(e).__name__ == "SafetensorError" or isinstance(e, RuntimeError) or type(e) is Exception:  # tokenizers: Exception
         if "no space" in low or "disk quota" in low or "os error 28" in low or "enospc" in low:
             return "the disk is full"
         if "file too large" in low or "os error 27" in low:
@@ -252,13 +281,28 @@ def storage_failure(e: BaseException, writes_only: bool = False) -> str | None:
     return None
 
 
+def newest_file(folder: Path) -> Path | None:
+    """The file under ``folder`` written last (by modification time, then size): the one a failed write was
+    writing, since files are written one after another."""
+    files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()] if folder.is_dir() else []
+    key = lambda p: (p.stat().st_mtime_ns, p.stat().st_size)  # noqa: E731
+    return max(files, key=key) if files else None
+
+
 @contextlib.contextmanager
-def guarded(what: str, *temps: Path, then: Callable[[], str] | None = None) -> Iterator[None]:
+def guarded(what: str, *temps: Path, then: Callable[..., str] | None = None,
+            name_in: tuple[Path, Path] | None = None) -> Iterator[None]:
     """Run a write of ``what``: on any failure the ``temps`` (files or folders) are removed; a storage failure
-    becomes one MemlabError line ``could not write WHAT (why)``, followed by ``then()`` (what the run keeps)."""
+    becomes one MemlabError line ``could not write WHAT (why)``, followed by ``then(why)`` or ``then()`` (what the
+    run keeps, what to do).
+
+    ``name_in=(tmp_folder, final_folder)``: a folder written under a temporary name; the line names the file that
+    was being written (the newest one in ``tmp_folder``), as it would have been called in ``final_folder``."""
     try:
         yield
     except BaseException as e:
+        if name_in is not None and storage_failure(e) is not None and (f := newest_file(name_in[0])) is not None:
+            what = str(name_in[1] / f.relative_to(name_in[0]))
         for t in temps:
             if t.is_dir() and not t.is_symlink():
                 shutil.rmtree(t, ignore_errors=True)
@@ -268,11 +312,11 @@ def guarded(what: str, *temps: Path, then: Callable[[], str] | None = None) -> I
         reason = storage_failure(e)
         if reason is None:
             raise
-        tail = then() if then is not None else ""
+        tail = "" if then is None else then(reason) if inspect.signature(then).parameters else then()
         raise MemlabError(f"could not write {what} ({reason})" + (f"; {tail}" if tail else "")) from None
 
 
-def write_atomic(path: str | Path, data: str | bytes, then: Callable[[], str] | None = None) -> None:
+def write_atomic(path: str | Path, data: str | bytes, then: Callable[..., str] | None = None) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename (a failure leaves the old file whole)."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")

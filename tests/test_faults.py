@@ -4,7 +4,6 @@ each refusal is one line, exit 2, and leaves what a run saved as it was."""
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import struct
 import subprocess
@@ -154,20 +153,21 @@ def test_4_a_run_name_never_leads_out_of_runs(small_corpus, tmp_path):
 # ----------------------------------------------------------------------------- tracebacks where one line is promised
 
 
-def test_5_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary_folder(run, capsys):
+def test_5_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary_folder(run, capsys, monkeypatch):
+    import errno
+
+    from memlab.train import checkpoint as ckpt
     from memlab.train.checkpoint import verify_checkpoint
 
-    limit = (run / "checkpoints" / STEP.format(6) / "model.safetensors").stat().st_size // 2
-    assert limit > 4 * (run / "metrics.jsonl").stat().st_size  # the weights are the first file past the limit
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # as `ulimit -f`; Python ignores SIGXFSZ
-    try:
-        code = main(["train", "--resume", str(run), "train.max_steps=8"])
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    assert code == 2
+    def full(folder):  # the disk fills up while the checkpoint's last file is written
+        (folder / "manifest.json").write_text("{")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "write_manifest", full)
+    assert main(["train", "--resume", str(run), "train.max_steps=8"]) == 2
+    monkeypatch.undo()
     msg = _one_line_error(capsys)
-    assert "could not write checkpoint step-00000008" in msg and "size limit" in msg and "step-00000006" in msg
+    assert "could not write checkpoint step-00000008" in msg and "disk is full" in msg and "step-00000006" in msg
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == [STEP.format(s) for s in (2, 4, 6)]  # no step-8.tmpPID left behind
     assert all(verify_checkpoint(run / "checkpoints" / n) is None for n in names)  # older ones intact

@@ -35,7 +35,6 @@ trains the memory autoencoder and the causal LM from scratch first.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Callable
 
 from memlab import assets
 from memlab.errors import MemlabError
+from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
 
 CHECKPOINTS = resource("checkpoints")
@@ -256,7 +256,8 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
                    entries: list[Entry] | None = None, overrides: list[str] | None = None) -> dict:
     """Probe every entry on the same held-out text; print the table; write table.md, summary.json and a plot.
 
-    ``overrides``: ``key=value`` changes of the probe options (ProbeOptions fields) for every entry.
+    ``overrides``: ``key=value`` changes of the probe options (ProbeOptions fields) for every entry. The run
+    directory is new or empty (:class:`memlab.outdir.OutputFolder`): a quickstart that fails removes what it made.
     """
     from memlab.config import apply_overrides
     from memlab.probes.inversion import load_options, run_probe
@@ -267,7 +268,6 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         if n not in names:
             raise MemlabError(f"unknown quickstart entry '{n}'; entries: {', '.join(names)}")
     run_dir = Path(out) if out else Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     defaults = dict(FAST if fast else FULL)
     base = apply_overrides(dict(defaults), list(overrides or []))
 
@@ -278,6 +278,17 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[],
                   seq_len=int(base.get("seq_len", 32)))
     load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
+    with OutputFolder.new(run_dir, "quickstart") as folder:
+        return _probe_entries(entries, only, skip, base, budget, ctx, folder)
+
+
+def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callable[[Entry], dict], ctx: Context,
+                   folder: OutputFolder) -> dict:
+    """The quickstart's work inside its claimed folder: probe each entry, then write table.md, the plot and
+    summary.json."""
+    from memlab.probes.inversion import load_options, run_probe
+
+    run_dir, progress = folder.path, ctx.progress
     rows, reports, controls = [], {}, {}
     t0 = time.perf_counter()
     for e in entries:
@@ -314,7 +325,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     if own:
         opts_line += f". Rows with their own budget: {own}"
     renders = "; ".join(sorted({f"{r['name']}: {r['rendering']}" for r in rows if "rendering" in r}))
-    (run_dir / "table.md").write_text(f"{table}\n\nEvery model reads the same held-out chunks of text ({base.get('seq_len', 32)} "
+    folder.write("table.md", f"{table}\n\nEvery model reads the same held-out chunks of text ({base.get('seq_len', 32)} "
                                       f"words of Austen test chapters, at most 32 tokens of the toy BPE) in its own tokens, and every "
                                       f"decoder rebuilds them in the toy BPE's tokens (one control for all rows); "
                                       f"bits per chunk: what the "
@@ -324,7 +335,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     plot = plot_comparison(rows, reports, run_dir / "quickstart.png")
     summary = {"rows": rows, "options": base, "notes": ctx.notes, "seconds": time.perf_counter() - t0,
                "plot": str(plot)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    folder.write_json("summary.json", summary)
     print()
     print(table)
     for n in ctx.notes:

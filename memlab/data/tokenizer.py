@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from memlab.errors import DataError
+from memlab.outdir import save_files, save_folder
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
 
@@ -55,19 +56,17 @@ def train_bpe(texts: list[str] | Callable[[], Iterable[str]], vocab_size: int, o
         )
         tok.train_from_iterator(read(), trainer=trainer)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        fast.save_pretrained(str(tmp))
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, cached)
-        except OSError:  # another process won the race
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        # whole or not at all: a temporary folder renamed into the cache (another process's copy wins a race)
+        save_folder(cached, lambda tmp: fast.save_pretrained(str(tmp)), f"the tokenizer cache {cached}")
     tok = load_tokenizer(str(cached))
     if out_dir is not None:
-        tok.save_pretrained(str(out_dir))
+        save_tokenizer(tok, out_dir)
     return tok
+
+
+def save_tokenizer(tok, out_dir: str | Path) -> None:
+    """``tok.save_pretrained(out_dir)`` with each file replaced whole; a storage failure is one line naming it."""
+    save_files(Path(out_dir), lambda tmp: tok.save_pretrained(str(tmp)), f"the tokenizer in {out_dir}")
 
 
 def load_tokenizer(name_or_path: str):
@@ -101,5 +100,5 @@ def build_tokenizer(spec: str, train_texts: Iterable[str] | Callable[[], Iterabl
         return train_bpe(train_texts if callable(train_texts) else list(train_texts), vocab_size, out_dir)
     tok = load_tokenizer(spec)
     if out_dir is not None:
-        tok.save_pretrained(str(out_dir))
+        save_tokenizer(tok, out_dir)
     return tok

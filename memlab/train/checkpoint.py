@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from memlab.errors import MemlabError, ModelError
+from memlab.outdir import check_room
 
 CKPT_PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -229,7 +230,7 @@ def save_checkpoint(
     tmp = root / f"{final.name}.tmp{os.getpid()}"
     from memlab.rundir import guarded
 
-    with guarded(f"checkpoint {final.name}", tmp, then=lambda: still_kept(run_dir)):
+    with guarded(f"checkpoint {final.name}", tmp, then=lambda why: still_kept(run_dir, why)):
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -256,13 +257,39 @@ def save_checkpoint(
     return final
 
 
-def still_kept(run_dir: Path) -> str:
+def check_room_for_checkpoint(run_dir: Path, model, start: Path | None) -> None:
+    """Refuse, before any training step, a run folder that cannot take the run's next checkpoint: read-only
+    (the run folder or its ``checkpoints/``), a file size limit below its largest file, or a disk with less free
+    space than one checkpoint. Sizes: the files of ``start`` (the checkpoint a resume continues from), else the
+    weights and AdamW's two fp32 moments per trained parameter."""
+    if start is not None:
+        sizes = [p.stat().st_size for p in Path(start).rglob("*") if p.is_file()]
+    else:
+        sizes = [sum(p.numel() * p.element_size() for p in model.parameters()),
+                 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)]
+    root = Path(run_dir) / "checkpoints"
+    check_room([Path(run_dir)] + ([root] if root.is_dir() else []), max(sizes), sum(sizes), "a checkpoint")
+
+
+def remedy(run_dir: Path, reason: str | None) -> str:
+    """What to do about a storage failure of ``reason`` (:func:`memlab.rundir.storage_failure`'s phrase)."""
+    if reason == "the disk is full":
+        return "free some space"
+    if reason == "a file size limit was reached":
+        return "raise the file size limit (ulimit -f)"
+    if reason and ("read-only" in reason.lower() or "permission" in reason.lower()
+                   or "not permitted" in reason.lower()):
+        return f"make {run_dir} writable"
+    return "fix the cause"
+
+
+def still_kept(run_dir: Path, reason: str | None = None) -> str:
     """What a run whose write failed still holds, and how to go on (the tail of a failed write's line)."""
     try:
         good = newest_intact_checkpoint(run_dir, warn=lambda m: None)
     except MemlabError:
         good = None
-    return (f"the run keeps checkpoint {good.name}; free some space, then continue it with "
+    return (f"the run keeps checkpoint {good.name}; {remedy(run_dir, reason)}, then continue it with "
             f"`memlab train --resume {run_dir}`") if good else "the run has no checkpoint yet"
 
 
@@ -271,7 +298,7 @@ def save_failure(run_dir: Path, what: str, e: BaseException) -> str:
     from memlab.rundir import storage_failure
 
     reason = storage_failure(e) or " ".join(str(e).split())[:120]
-    return f"could not write {what} ({reason}); {still_kept(run_dir)}"
+    return f"could not write {what} ({reason}); {still_kept(run_dir, reason)}"
 
 
 def remove_partial_checkpoints(run_dir: Path) -> None:

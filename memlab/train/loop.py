@@ -90,6 +90,8 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.on_checkpoint: list = []  # called with each checkpoint saved (main process), e.g. a resume's new config
+        self.metrics_mark: int | None = None  # metrics.jsonl's size at the last checkpoint (mark_metrics)
         self.best_eval: float | None = None
         self.last_eval: dict[str, float] = {}
         self._permutation: tuple[int, list[int]] | None = None
@@ -215,6 +217,10 @@ class Trainer:
                 state, tokenizer=self.setup.tokenizer, keep=self.cfg.keep_checkpoints, rank_rng=rngs,
                 scaler=self.acc.scaler,
             )
+            if self.metrics_mark is not None:
+                self.mark_metrics()
+            for hook in self.on_checkpoint:
+                hook(path)
         self.acc.wait_for_everyone()
         return path
 
@@ -242,6 +248,11 @@ class Trainer:
             from memlab.train.metrics import truncate_metrics
 
             truncate_metrics(self.metrics_path, self.step)  # records past the checkpoint go; a torn last line too
+
+    def mark_metrics(self) -> None:
+        """Note ``metrics.jsonl``'s size now, and again at every checkpoint (``metrics_mark``: where a failed
+        resume cuts it back to, :func:`memlab.outdir.cut_back`)."""
+        self.metrics_mark = self.metrics_path.stat().st_size if self.metrics_path.is_file() else 0
 
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ explicitly (``restart``), never a fallback.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -22,6 +23,7 @@ import torch
 
 from memlab.config import ExperimentConfig, config_text, to_dict
 from memlab.errors import MemlabError
+from memlab.outdir import cut_back
 from memlab.registry import trainable_recipe
 from memlab.train import checkpoint as ckpt
 
@@ -127,7 +129,70 @@ def _write(run_dir: Path, name: str, text: str) -> None:
     """Write one file of the run through the guarded path (a failure is one line naming what the run keeps)."""
     from memlab.rundir import write_atomic
 
-    write_atomic(run_dir / name, text, then=lambda: ckpt.still_kept(run_dir))
+    write_atomic(run_dir / name, text, then=lambda why: ckpt.still_kept(run_dir, why))
+
+
+class ResumeRecord:
+    """What a resume changes in a run's record, held back until a checkpoint holds it, so that a resume that fails
+    leaves ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` describing the run's last checkpoint.
+
+    The new ``config.yaml`` (a changed ``train.max_steps``, ...) is written at the resumed run's first checkpoint.
+    A run started over (``--restart``) moves its old ``metrics.jsonl`` and ``summary.json`` aside
+    (``NAME.replaced``) and drops them at that checkpoint. :meth:`undo` (the resume failed): the records logged
+    past the last checkpoint are cut off, and before the first checkpoint the files set aside come back."""
+
+    KEPT = ("metrics.jsonl", "summary.json")
+
+    def __init__(self, run_dir: Path, config: str, restart: bool):
+        self.run_dir, self.config, self.restart = run_dir, config, restart
+        self.aside: list[tuple[Path, Path]] = []
+        self.started_over = self.committed = False
+
+    def set_aside(self) -> None:
+        self.started_over = True
+        for name in self.KEPT:
+            src = self.run_dir / name
+            if src.is_file():
+                os.replace(src, src.with_name(name + ".replaced"))
+                self.aside.append((src.with_name(name + ".replaced"), src))
+
+    def commit(self, _checkpoint: Path | None = None) -> None:
+        """A checkpoint holds the resumed run: its config and record are now the run's."""
+        if self.committed:
+            return
+        self.committed = True
+        old = self.run_dir / "config.yaml"
+        if not old.is_file() or old.read_text() != self.config:
+            _write(self.run_dir, "config.yaml", self.config)
+        for kept, _ in self.aside:
+            kept.unlink(missing_ok=True)
+
+    def undo(self, trainer) -> None:
+        if trainer is not None and trainer.metrics_mark is not None:
+            cut_back(trainer.metrics_path, trainer.metrics_mark)
+        if self.committed:
+            return
+        if self.started_over:
+            for name in self.KEPT:
+                (self.run_dir / name).unlink(missing_ok=True)  # what the failed start-over wrote
+        for kept, src in self.aside:
+            os.replace(kept, src)
+
+
+def _check_room(run_dir: Path, trainer, start: Path | None, state, env) -> None:
+    """The main process checks that the run folder can take a checkpoint (:func:`ckpt.check_room_for_checkpoint`);
+    every process raises its verdict."""
+    err = None
+    if state.is_main_process:
+        try:
+            ckpt.check_room_for_checkpoint(run_dir, trainer.acc.unwrap_model(trainer.model), start)
+        except MemlabError as e:
+            err = str(e)
+    err = env.broadcast(err)
+    if err is not None:
+        e = MemlabError(err)
+        e.quiet = not state.is_main_process
+        raise e
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: bool = False,
@@ -173,29 +238,37 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
         name = env.broadcast(str(start) if start is not None else "")
         start = Path(name) if name else None
-    tracker = None
+    tracker, record, trainer = None, None, None
     try:
         seed_everything(cfg.train.seed)
         recipe = trainable_recipe(cfg.recipe)
         setup = recipe.setup(cfg, run_dir, env=env)
         seed_everything(cfg.train.seed + 7919 * state.process_index)  # dropout / sampling streams per process
         trainer = Trainer(setup, cfg.train, run_dir)
+        _check_room(run_dir, trainer, start, state, env)  # before the resume touches anything, before any step
+        if resume and state.is_main_process:
+            record = ResumeRecord(run_dir, config_text(cfg), restart=start is None)
         if start is not None:
             from memlab.loading import check_saved_class
 
             check_saved_class(start, type(trainer.acc.unwrap_model(trainer.model)),
                               asked=f"model.family: {cfg.model.family} in {run_dir / 'config.yaml'}")
             trainer.resume(start)
-        elif resume and state.is_main_process:  # asked for (--restart) or nothing recorded: start over cleanly
-            for name in ("metrics.jsonl", "summary.json"):
-                (run_dir / name).unlink(missing_ok=True)
-        if state.is_main_process:
+        elif record is not None:  # asked for (--restart) or nothing recorded: start over cleanly
+            record.set_aside()
+        if record is not None:  # the new config, and the old record's removal, wait for a checkpoint
+            trainer.mark_metrics()
+            trainer.on_checkpoint.append(record.commit)
+        elif state.is_main_process:
             _write(run_dir, "config.yaml", config_text(cfg))
+        if state.is_main_process:
             if trackers:
                 tracker = tracking.start(trackers, run_dir, cfg.name, config=to_dict(cfg),
                                          resume_step=trainer.step if resume else None)
                 trainer.tracker = tracker
     except BaseException:
+        if record is not None:
+            record.undo(trainer)
         if lock is not None:
             if resume:
                 lock.release()
@@ -214,6 +287,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
             from memlab.plots import plot_metrics
 
             plot_metrics(run_dir / "metrics.jsonl", run_dir / "plots")
+    except BaseException:
+        if record is not None:  # a resume that fails leaves the record of its last checkpoint
+            record.undo(trainer)
+        raise
     finally:
         if tracker is not None:
             tracker.finish()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memlab.rundir import write_atomic
+
 
 def _f(v, fmt="{:.3g}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) else "-"
@@ -76,4 +78,4 @@ def write_readme(res: dict[str, Any], path: str | Path) -> None:
                 lines.append(f"| {k[:-2].replace('_', ' ')} | {r[k]:.3g} | {r[k] / tot:.1%} |")
             lines += ["", f"Probe of `{r['model']}` with {r['options']}; model load {r['load_s']:.3g}s, "
                           f"total {r['total_s']:.3g}s.", ""]
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")  # whole or not at all

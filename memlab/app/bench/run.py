@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 import warnings
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.outdir import OutputFolder
 
 PARTS = ("flops", "prefill", "generation", "mfu", "probe")
 """Known parts, in run order."""
@@ -36,11 +36,17 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
         raise MemlabError(f"unknown bench part '{unknown[0]}'; known: {', '.join(PARTS)}")
     if prefill_logits not in LOGITS:
         raise MemlabError(f"unknown prefill logits {prefill_logits!r}; choose one of {', '.join(LOGITS)}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise MemlabError(f"bench directory {out} already holds files; choose another --out")
-    (out / "plots").mkdir(parents=True, exist_ok=True)
     dev = device_of(device)
+    with OutputFolder.new(out_dir, "bench") as folder:  # new or empty, locked; a bench that fails leaves none
+        return _run_parts(folder, parts, dev, quick, prefill_lengths, generation_contexts, mfu_steps, mfu_configs,
+                          command, prefill_logits, log)
+
+
+def _run_parts(folder: OutputFolder, parts: list[str], dev, quick: bool, prefill_lengths, generation_contexts,
+               mfu_steps: int, mfu_configs, command: str, prefill_logits: str, log) -> dict[str, Any]:
+    """The parts in run order, into ``folder``: bench.json rewritten whole after each part, then README.md."""
+    out = folder.path
+    folder.subdir("plots")
     warnings.filterwarnings("ignore", category=FutureWarning)
     q = QUICK if quick else {}
     res: dict[str, Any] = {"command": command, "device": str(dev), "torch": torch.__version__,
@@ -80,7 +86,7 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
             r = run_probe_split(dev, quick=quick, log=log)
         r["seconds"] = round(time.perf_counter() - t0, 1)
         res["parts"][part] = r
-        (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
+        folder.write_json("bench.json", res)
     from memlab.app.bench.report import write_readme
 
     write_readme(res, out / "README.md")

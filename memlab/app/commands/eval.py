@@ -39,16 +39,21 @@ def run(args) -> int:
 
     from memlab.devices import resolve_device, running_on
     from memlab.errors import MemlabError
+    from memlab.outdir import OutputFolder
 
+    if args.limit is not None and args.limit < 1:
+        raise MemlabError(f"--limit must be at least 1 (examples per task), got {args.limit}")
     device = resolve_device(args.device)  # an absent device: one error before anything is loaded or written
     command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ""
     out = Path(args.out or f"runs/{'scaling' if args.scaling else 'eval'}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.scaling:
         from memlab.analysis.scaling import format_table, load_sweep_config, run_sweep
 
-        res = run_sweep(load_sweep_config(args.scaling), out)
-        table = format_table(res)
-        (out / "scaling.md").write_text(table + "\n")
+        sweep = load_sweep_config(args.scaling)
+        with OutputFolder.new(out, "scaling") as folder:  # a new folder; a sweep that fails leaves none
+            res = run_sweep(sweep, out)
+            table = format_table(res)
+            folder.write("scaling.md", table + "\n")
         print(table)
         print(f"wrote {out / 'scaling.json'} and {out / 'scaling.png'}")
         return 0
@@ -70,10 +75,26 @@ def run(args) -> int:
     tasks = args.task or TASKS.names()
     for t in tasks:
         TASKS.get(t)  # unknown names: one clear error before loading any model
-    with running_on(device):
-        adapters = [load_adapter(r) for r in args.run]
-        results = evaluate_models(adapters, tasks, opts, log=lambda s: print(s, file=sys.stderr))
-    path = write_results(results, out, command)
+    check_data_is_read(args.data, tasks)
+    with OutputFolder.new(out, "eval") as folder:  # a new folder, locked; an eval that fails leaves none
+        with running_on(device):
+            adapters = [load_adapter(r) for r in args.run]
+            results = evaluate_models(adapters, tasks, opts, log=lambda s: print(s, file=sys.stderr))
+        path = write_results(results, folder, command)
     print(format_table(results))
     print(f"wrote {path}")
     return 0
+
+
+def check_data_is_read(data: str | None, tasks: list[str]) -> None:
+    """A MemlabError when ``--data`` asks for a source (hub, a file) that one of ``tasks`` would not read."""
+    from memlab.errors import MemlabError
+    from memlab.registry import TASKS
+
+    if data in (None, "local"):
+        return
+    ignored = [t for t in tasks if not getattr(TASKS.get(t), "reads_data", True)]
+    if ignored:
+        readers = [t for t in TASKS.names() if getattr(TASKS.get(t), "reads_data", True)]
+        raise MemlabError(f"--data {data} is not read by task {', '.join(ignored)} (it makes its own examples); "
+                          f"give --task for the tasks that read it: {', '.join(readers)}")

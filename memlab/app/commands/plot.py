@@ -14,6 +14,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from memlab.errors import MemlabError
+    from memlab.outdir import OutputFolder
     from memlab.plots import plot_metrics, read_metrics
 
     run_dir = Path(args.run_dir)
@@ -32,6 +33,9 @@ def run(args) -> int:
     unknown = [k for k in keys if k not in logged]
     if unknown:
         raise MemlabError(f"metric '{unknown[0]}' was never logged in {path}; logged: {', '.join(sorted(logged))}")
-    for f in plot_metrics(path, run_dir / "plots", tuple(keys), records=records):
+    # the run's lock: refused while a training process writes into it; a plots/ made here goes again on failure
+    with OutputFolder.existing(run_dir, "run", busy_hint="wait for it to end (a run draws its plots when it ends)") as out:
+        written = plot_metrics(path, out.subdir("plots"), tuple(keys), records=records)
+    for f in written:
         print(f)
     return 0

@@ -6,12 +6,12 @@ directory gets ``eval.json`` (everything) and ``eval.md`` (the table).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.outdir import OutputFolder
 from memlab.app.eval.tasks import TaskOptions, get_task
 
 
@@ -56,10 +56,12 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_results(results: dict[str, Any], out_dir: str | Path, command: str = "") -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps({"command": command, "results": results}, indent=2))
-    table = format_table(results)
-    (out / "eval.md").write_text((f"`{command}`\n\n" if command else "") + table + "\n")
-    return out / "eval.json"
+def write_results(results: dict[str, Any], out: OutputFolder | str | Path, command: str = "") -> Path:
+    """``eval.json`` and ``eval.md``, each written whole, into the eval's folder (a path: a new folder claimed
+    here, refused when it holds files)."""
+    if not isinstance(out, OutputFolder):
+        with OutputFolder.new(out, "eval") as folder:
+            return write_results(results, folder, command)
+    path = out.write_json("eval.json", {"command": command, "results": results})
+    out.write("eval.md", (f"`{command}`\n\n" if command else "") + format_table(results) + "\n")
+    return path
