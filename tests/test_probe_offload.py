@@ -16,7 +16,7 @@ from memlab.probes.loading import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAST = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=48", "n_eval=16",
+FAST = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=32", "n_eval=8", "readouts=[]", "scorers=[]",
         "epochs=1", "n_examples=2", "select_decoder=false", "ci_resamples=200", "device=cpu",
         "encoder_dtype=float32"]
 
@@ -84,6 +84,7 @@ def test_probe_readings_equal_in_memory_and_offloaded(six_blocks, small_corpus, 
                                            f"offload_dir={tmp_path / 'offload'}"], model=str(folder)),
                        tmp_path / "spread")
     assert "disk" in spread.encoder["placement"]["blocks"] and "placement" not in whole.encoder
+    assert "bits_per_chunk" in whole.readings
     for name, reading in whole.readings.items():
         assert spread.readings[name]["value"] == pytest.approx(reading["value"], rel=1e-4, abs=1e-6), name
     assert spread.probe["token_accuracy"] == pytest.approx(whole.probe["token_accuracy"])
