@@ -34,6 +34,20 @@ the training data plus one *other* class whose probability is spread evenly
 over the ``V - K`` unseen ids. :meth:`ProbeDecoder.full_log_probs` gives the
 exact distribution over the whole vocabulary; it is a proper distribution, so
 cross-entropy and H_r stay defined on the full vocabulary V.
+
+Attention (``one_dtype_sdpa``): transformers' SDPA attention with query, key
+and value cast to one dtype first. Under autocast the rotary embedding leaves
+query and key in float32 and value in the autocast dtype; outside
+``torch.func.vmap`` autocast casts all three for SDPA, but vmap's batching
+rule for SDPA bypasses autocast, so a batched group
+(:mod:`memlab.probes.group`) would hand SDPA mixed dtypes. The explicit cast
+is what autocast does, so both paths compute alike. For the same reason the
+conditioning's bias and layer norm run in float32 (the token embeddings'
+dtype) under autocast too, and the norm by elementwise ops (:func:`layer_norm`):
+vmapped, a bf16 bias gradient is summed in another order, CPU layer_norm
+promotes a bf16 input to float32 where one member alone keeps bf16, and
+layer_norm's batching rule rounds otherwise than its kernel. So a batched
+group trains as its members one by one, to float32 rounding, in bf16 too.
 """
 
 from __future__ import annotations
@@ -43,9 +57,34 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from memlab.probes.parts import get_part
+
+ATTENTION = "memlab_one_dtype_sdpa"
+"""The probe decoder body's attention implementation (registered with transformers below)."""
+
+
+def one_dtype_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, with query, key and value (B, H, T, d) in the autocast dtype when autocast is
+    on (as autocast casts SDPA's arguments outside ``torch.func.vmap``), else in value's dtype."""
+    dev = query.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else value.dtype
+    return sdpa_attention_forward(module, query.to(dtype), key.to(dtype), value.to(dtype), attention_mask, **kwargs)
+
+
+def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """``norm(x)`` (x (..., d)) by means and elementwise ops: the same arithmetic under ``torch.func.vmap`` as
+    without it."""
+    mu = x.mean(-1, keepdim=True)  # (..., 1)
+    var = (x - mu).pow(2).mean(-1, keepdim=True)  # (..., 1)
+    return (x - mu) * torch.rsqrt(var + norm.eps) * norm.weight + norm.bias  # (..., d)
+
+
+AttentionInterface.register(ATTENTION, one_dtype_sdpa)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the masks SDPA gets
 
 
 class ProbeDecoderConfig(PretrainedConfig):
@@ -200,7 +239,7 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
                                intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
                                num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads,
                                max_position_embeddings=c.max_len + n_cond, use_cache=False)
-        body_cfg._attn_implementation = "sdpa"
+        body_cfg._attn_implementation = ATTENTION
         self.body = LlamaModel(body_cfg)
         # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
         # control (the same decoder on a constant embedding) start from the same weights whatever the width
@@ -279,7 +318,10 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
         c = self.config
         x = self.body.embed_tokens(ids)  # (B, T, d)
         if cond is None:
-            cond = self.cond_norm(self.cond(zn.to(x.dtype)).view(ids.shape[0], -1, c.hidden_size))  # (B, P or max_len, d)
+            # the bias added and the norm taken in x's dtype (float32 under autocast too), the norm by elementwise
+            # ops: a batched group's vmapped pass then rounds as one member's does (see the module doc)
+            cond = nn.functional.linear(zn.to(x.dtype), self.cond.weight).to(x.dtype) + self.cond.bias
+            cond = layer_norm(cond.view(ids.shape[0], -1, c.hidden_size), self.cond_norm)  # (B, P or max_len, d)
         return self._cond.join(x, cond), cond  # (B, P' + T, d): the registered conditioning
 
     def _head(self, h: torch.Tensor, zn: torch.Tensor) -> torch.Tensor:
