@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import os
 import re
 import shutil
 import struct
@@ -157,9 +158,18 @@ def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype
     return size * sum(t.numel() for t in model.parameters())
 
 
+def _host_share() -> int:
+    """How many processes of this host share its memory (``LOCAL_WORLD_SIZE`` of a distributed launch, else 1)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def free_bytes(device: str | torch.device) -> int | None:
     """Free memory of ``device``: a GPU's (``torch.cuda.mem_get_info``), the host's available memory for the CPU
-    (``MemAvailable``); None where unknown (then the model counts as fitting)."""
+    (``MemAvailable``, split between the processes of a distributed launch on this host); None where unknown
+    (then the model counts as fitting)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return int(torch.cuda.mem_get_info(dev.index if dev.index is not None else torch.cuda.current_device())[0])
@@ -167,14 +177,14 @@ def free_bytes(device: str | torch.device) -> int | None:
         try:
             for line in Path("/proc/meminfo").read_text().splitlines():
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * 1024 // _host_share()
         except (OSError, ValueError, IndexError):
             pass
         try:
             import psutil  # optional: hosts without /proc
         except ImportError:
             return None
-        return int(psutil.virtual_memory().available)
+        return int(psutil.virtual_memory().available) // _host_share()
     return None
 
 

@@ -91,6 +91,25 @@ def test_probe_readings_equal_in_memory_and_offloaded(six_blocks, small_corpus, 
     assert spread.probe["ce"] == pytest.approx(whole.probe["ce"], rel=1e-5)
 
 
+def test_recipe_space_of_a_fitted_probe_places_its_encoder(six_blocks, small_corpus, tmp_path, monkeypatch):
+    """A sentence recipe's frozen space (a fitted probe) whose encoder does not fit is placed by default."""
+    from memlab.models.sentence.spaces import SpaceHandle, load_space
+
+    folder, _ = six_blocks
+    run = tmp_path / "fitted"
+    run_probe(load_options(None, [*FAST, f"corpus={small_corpus}", "control=false"],
+                           model=str(folder)), run)
+    spec = f"probe:{run}"
+    whole = SpaceHandle(load_space(spec), spec)
+    assert "placement" not in whole.space.encoder.describe()
+    size = placement.weights_bytes(str(folder), None, tf.AutoConfig.from_pretrained(folder), torch.float32)
+    monkeypatch.setattr(placement, "free_bytes", lambda device: size)  # the host cannot hold it with room to run
+    spread = SpaceHandle(load_space(spec), spec).to("cpu")
+    assert "disk" in spread.space.encoder.describe()["placement"]["blocks"]
+    sentences = ["It was a fine day.", "Mr. Darcy walked."]
+    torch.testing.assert_close(spread.encode_text(sentences), whole.encode_text(sentences))
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--max-memory", "cpu:lots"], "max_memory"),
     (["--max-memory", "cpu=200MB"], "DEVICE:SIZE"),
