@@ -34,13 +34,15 @@ import time
 import torch
 from torch import nn
 
+from memlab.devices import batched_groups, to_device
 from memlab.errors import MemlabError
 
 BATCHED = "on accelerators"
 """Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one
-pass instead of several small ones saves launches. On a CPU the members run one after another within each step
-(measured faster on 2 cores: docs/probes.md), and each member's arithmetic is then exactly what it would be
-alone, so a probe of a constant embedding equals its cached control to the last bit."""
+pass instead of several small ones saves launches (:func:`memlab.devices.batched_groups` decides; ``MEMLAB_ACCEL``
+forces a side). On a CPU the members run one after another within each step (measured faster on 2 cores:
+docs/probes.md), and each member's arithmetic is then exactly what it would be alone, so a probe of a constant
+embedding equals its cached control to the last bit."""
 
 LOG_EVERY = 10
 """Steps between the host's reads of the losses (the only syncs of the training loop besides the epoch's CE)."""
@@ -114,7 +116,7 @@ class DecoderGroup:
         self.decs, self.opts = [d.to(device) for d in decs], opts
         # a decoder without the prepare/read modes (another registered kind) is run whole, member by member
         self.modes = all(getattr(d, "group_modes", False) for d in self.decs)
-        self.batched = self.modes and (device.type != "cpu" if batched is None else batched)  # see BATCHED
+        self.batched = self.modes and (batched_groups(device) if batched is None else batched)  # see BATCHED
         # the widest member (one with a bag head) runs them all
         self.base = next((d for d in self.decs if getattr(d, "bag", None) is not None), self.decs[0])
         # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
@@ -152,7 +154,7 @@ class DecoderGroup:
     def _batch(self, rows: torch.Tensor, noise: bool):
         """Rows (b,) -> prepared embeddings (G, b, D), ids (G, b, T_b), targets (b, T_b), the batch's CE terms."""
         t_b = max(int(self.lens[rows].max()), 1)  # a host tensor: no sync
-        r = rows.to(self.device, non_blocking=True)
+        r = to_device(rows, self.device)  # pinned, without waiting, where the device has it
         inputs, tc = self.inputs[r, :t_b], self.targets[r, :t_b]  # (b, T_b)
         zn, ids, self._noise = [], [], noise
         for m in self.active:
@@ -259,7 +261,7 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     weights of its best epoch. memlab's optimiser (:func:`memlab.train.loop.make_optimizer`: AdamW,
     ``opts.beta1``/``beta2``, weight decay on matrices) and schedule (:func:`memlab.train.schedule.warmup_cosine`:
     ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``
-    (each member on its own norm); bf16 autocast where the hardware has it.
+    (each member on its own norm); bf16 autocast where the hardware has it (:func:`memlab.devices.probe_autocast`).
     """
     from memlab.probes.train import _bar
     from memlab.train.schedule import warmup_cosine

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from memlab import assets
+from memlab.devices import auto_dtype
 from memlab.errors import ModelError
 from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
@@ -140,17 +141,10 @@ def _space_encoder(spec: str) -> SpaceEncoder:
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
-    """``float32``, ``bfloat16``, ``float16`` or ``auto`` (bf16 on CUDA and on CPUs with native bf16 matmuls)."""
+    """``float32``, ``bfloat16``, ``float16`` or ``auto`` (:func:`memlab.devices.auto_dtype`: bf16 where the device
+    multiplies it natively, a CPU included, else float32)."""
     if name == "auto":
-        if device.startswith("cuda"):
-            from memlab.devices import native_bf16
-
-            return torch.bfloat16 if native_bf16(torch.device(device)) else torch.float32
-        try:
-            flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            flags = ""
-        return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+        return auto_dtype(device)
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in table:
         raise ModelError(f"unknown dtype '{name}'; use auto, float32, bfloat16 or float16")

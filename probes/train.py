@@ -26,6 +26,7 @@ import torch
 
 from memlab.data.corpus import load_corpus, make_splits, require_split, units
 from memlab.data.views import clean_text, token_chunks
+from memlab.devices import probe_autocast
 from memlab.errors import DataError, MemlabError
 from memlab.probes.chunks import fill_pad, mask_of, pick_texts, word_chunks
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
@@ -185,14 +186,9 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
 
 
 def autocast_context(device: torch.device):
-    """bf16 autocast on CUDA and on CPUs that multiply bf16 natively; otherwise no autocast."""
-    import contextlib
-
-    from memlab.probes.loading import resolve_dtype
-
-    if resolve_dtype("auto", str(device)) == torch.bfloat16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """bf16 autocast where the device multiplies bf16 natively, a CPU included; otherwise none
+    (:func:`memlab.devices.probe_autocast`, which decides; ``MEMLAB_ACCEL`` forces a side)."""
+    return probe_autocast(device)
 
 
 def trim(ids: torch.Tensor) -> torch.Tensor:

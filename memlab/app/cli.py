@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from memlab import __version__
+from memlab import __version__, devices
 from memlab.errors import MemlabError
 
 VERBS = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench")
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _quiet_libraries()
     try:
+        devices.forced()  # a wrong MEMLAB_ACCEL is one line before anything runs
         return int(args.func(args) or 0)
     except MemlabError as e:
         if not e.quiet:

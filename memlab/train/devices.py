@@ -9,14 +9,15 @@ and merged) so that every rank reads the same result.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from memlab.devices import best_device, native_bf16  # noqa: F401  (native_bf16: re-exported)
+from memlab import devices
+from memlab.devices import best_device
+from memlab.devices import train_bf16 as native_bf16  # noqa: F401  (re-exported: bf16 as training reads it)
 from memlab.errors import MemlabError
 
 
@@ -27,10 +28,9 @@ def use_cpu(cfg) -> bool:
 
 
 def mixed_precision(choice: str, cpu: bool) -> str:
-    """``auto``: bf16 where the device multiplies it natively, else none; other choices as given."""
-    if choice != "auto":
-        return choice
-    return "bf16" if not cpu and native_bf16() else "no"
+    """``auto``: bf16 on an accelerator that multiplies it natively, else none; other choices as given
+    (:func:`memlab.devices.mixed_precision`, which decides)."""
+    return devices.mixed_precision(choice, torch.device("cpu") if cpu else best_device())
 
 
 def enable_tf32() -> None:
@@ -143,10 +143,9 @@ class SetupEnv:
         return self.process_index == 0
 
     def frozen_autocast(self):
-        """Context for frozen-model precompute: bf16 matrix multiplies where the device does them natively."""
-        if native_bf16(self.device):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """Context for frozen-model precompute: bf16 matrix multiplies on an accelerator that does them natively
+        (:func:`memlab.devices.frozen_autocast`, which decides)."""
+        return devices.frozen_autocast(self.device)
 
     def barrier(self) -> None:
         if self.num_processes > 1:
