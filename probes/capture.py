@@ -365,7 +365,8 @@ class HiddenStateEncoder:
             for h in handles:
                 h.remove()
         m = mask.to(dev)  # every layer's states pooled on one device, wherever its block ran
-        return torch.stack([pool_states(got[i].to(dev).float(), m, self.pool).cpu() for i in layers], 1)  # (B, L, D)
+        pooled = [pool_states(got[i].to(dev).float(), m, self.pool).cpu() for i in layers]  # L x (B, D)
+        return torch.stack(pooled, 1)  # (B, L, D)
 
     def encode_text(self, sentences: list[str]) -> torch.Tensor:
         enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, return_tensors="pt")

@@ -139,9 +139,10 @@ def _header_elements(path: Path, skip: tuple[str, ...]) -> int:
                if k != "__metadata__" and not k.startswith(skip))
 
 
-def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype) -> int:
+def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype) -> int | None:
     """Bytes the model's weights take in ``dtype``: from the safetensors headers of a local folder (a causal LM's
-    head, which the encoder does not read, left out), else counted on a ``meta``-device build of ``config``."""
+    head, which the encoder does not read, left out), else counted on a ``meta``-device build of ``config``;
+    None when neither can be read (the loader then names what is wrong)."""
     from memlab.loading import safetensors_files
 
     size = torch.empty((), dtype=dtype).element_size()
@@ -153,8 +154,11 @@ def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype
             pass  # a damaged header: the loader names it; count the config's weights
     from transformers import AutoModel
 
-    with torch.device("meta"):
-        model = AutoModel.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except Exception:  # noqa: BLE001  (a config transformers cannot build: its load fails with the reason)
+        return None
     return size * sum(t.numel() for t in model.parameters())
 
 
@@ -199,7 +203,7 @@ def _temp_offload_dir() -> str:
     return d
 
 
-def plan(placement: Placement, device: str | torch.device, size: Callable[[], int]) -> dict | None:
+def plan(placement: Placement, device: str | torch.device, size: Callable[[], int | None]) -> dict | None:
     """The ``from_pretrained`` arguments that place a model by accelerate (``device_map``, ``max_memory``,
     ``offload_folder``), or None to load it whole on ``device``; ``size()``: the model's bytes (called only when
     the default decides by size)."""
@@ -210,7 +214,8 @@ def plan(placement: Placement, device: str | torch.device, size: Callable[[], in
         return None
     if placement.device_map is None and budget is None:  # the default: placed only when it does not fit
         free = free_bytes(dev)
-        if free is None or size() <= FIT_SHARE * free:
+        need = size() if free is not None else None
+        if need is None or need <= FIT_SHARE * free:
             return None
         if dev.type == "cpu":  # host memory up to the share, the disk past it (the GPUs stay out of a CPU run)
             budget = {"cpu": int(FIT_SHARE * free)}

@@ -16,9 +16,9 @@ from memlab.probes.loading import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAST = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=32", "n_eval=8", "readouts=[]", "scorers=[]",
-        "epochs=1", "n_examples=2", "select_decoder=false", "ci_resamples=200", "device=cpu",
-        "encoder_dtype=float32"]
+FAST = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=32", "n_eval=8",
+        "readouts=[]", "scorers=[]", "epochs=1", "n_examples=2", "select_decoder=false", "ci_resamples=200",
+        "device=cpu", "encoder_dtype=float32"]
 
 
 @pytest.fixture(scope="module")
