@@ -62,13 +62,33 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return [d / "model.safetensors"] if (d / "model.safetensors").is_file() else []
 
 
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth", "model.ckpt")
+"""Weight files of a saved folder that are Python pickles: never read (unpickling a file can run its code)."""
+
+
+def check_safetensors_weights(folder: str | Path) -> None:
+    """A ModelError naming the file when a local folder holds its weights only as a pickle
+    (``pytorch_model.bin``, sharded or not): memlab reads safetensors and never unpickles weights."""
+    d = Path(folder)
+    if not d.is_dir() or safetensors_files(d):
+        return
+    pickled = [d / n for n in PICKLED_WEIGHTS if (d / n).is_file()] or sorted(d.glob("pytorch_model-*.bin"))
+    if pickled:
+        raise ModelError(f"{pickled[0]}: pickled weights, which memlab does not read (unpickling can run code); "
+                         "save the model as safetensors (save_pretrained with safe_serialization=True, where you "
+                         "trust the file) and give that folder")
+
+
 def _from_pretrained(model_class, folder: str | Path, read_by_tensor: bool, **kw):
     """``model_class.from_pretrained`` of ``folder``; with ``read_by_tensor`` (a local safetensors folder, a
     ``config`` in ``kw``) each tensor is read from its file (``pread``, no memory map), cast and placed before the
     next: host memory holds the model in its load dtype plus one tensor, where a memory-mapped read keeps every
     mapped page of the files resident until the end (the file's size again when the dtype changes)."""
+    check_safetensors_weights(folder)
     files = safetensors_files(folder) if read_by_tensor and kw.get("config") is not None else []
     if not files:
+        if not kw.get("gguf_file"):  # a hub name's cached pickle is refused by transformers itself
+            kw.setdefault("use_safetensors", True)
         return model_class.from_pretrained(str(folder), **kw)
     from safetensors import safe_open
 
@@ -110,7 +130,9 @@ def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bo
     except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
         if not is_read_error(e):
             raise
-        raise ModelError(f"{what}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
+        files = safetensors_files(folder) if Path(folder).is_dir() else []
+        where = what if len(files) != 1 else str(files[0]) if what == str(folder) else f"{what}: {files[0]}"
+        raise ModelError(f"{where}: the saved model cannot be read ({' '.join(str(e).split())[:160]})") from None
     check_weights_fit(what, model_class.__name__ if model_class.__name__ != "AutoModel" else type(model).__name__,
                       info.get("missing_keys") or (), () if allow_unexpected else info.get("unexpected_keys") or (),
                       info.get("mismatched_keys") or ())

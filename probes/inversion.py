@@ -125,6 +125,12 @@ def _words_data(opts: ProbeOptions, encoder):
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
+    if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit:  # no cap asked: the encoder's own, as a note
+        print(f"memlab: note: {cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
+              f"({limit} tokens); each keeps the words that fit (max_chunk_tokens={limit}; lower seq_len to keep "
+              "whole chunks)", file=sys.stderr)
+        opts.max_chunk_tokens = limit  # the report's options and text say how the chunks were cut
+        return _words_data(opts, encoder)
     if cut_tr + cut_ev:
         raise MemlabError(f"{cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
                           f"({encoder.max_length} tokens besides its special tokens); lower seq_len")

@@ -30,6 +30,7 @@ from memlab.devices import probe_autocast
 from memlab.errors import DataError, MemlabError
 from memlab.probes.chunks import fill_pad, mask_of, pick_texts, word_chunks
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
+from memlab.progress import progress_bar
 
 
 def start_token_id(tokenizer) -> int:
@@ -108,12 +109,8 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
 
 
 def _bar(total: int, desc: str, progress: bool | None):
-    import sys
-
-    from tqdm.auto import tqdm
-
-    show = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=total, desc=desc, disable=not show, leave=False, dynamic_ncols=True)
+    """A tqdm bar on a terminal (or ``progress=True``), plain lines in a log (:func:`memlab.progress.progress_bar`)."""
+    return progress_bar(total, desc, progress)
 
 
 def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,

@@ -22,9 +22,10 @@ from typing import Any, Iterator
 
 import torch
 
-from memlab import randomness
+from memlab import interrupts, randomness
 from memlab.devices import fused_adamw, uses_tf32
 from memlab.errors import MemlabError
+from memlab.progress import progress_bar
 from memlab.train import checkpoint as ckpt
 from memlab.flops import measure_matmul_flops, model_flops_utilization  # noqa: F401  (re-exported)
 from memlab.train.devices import check_batch_split, enable_tf32, mixed_precision, use_cpu  # noqa: F401
@@ -222,7 +223,13 @@ class Trainer:
             for hook in self.on_checkpoint:
                 hook(path)
         self.acc.wait_for_everyone()
+        self._keep(path)
         return path
+
+    def _keep(self, path: Path | None) -> None:
+        """What a stop by a signal (SIGINT, SIGTERM: :mod:`memlab.interrupts`) keeps: this checkpoint."""
+        if path is not None:
+            interrupts.keep(f"checkpoint {path} (memlab train --resume {self.run_dir} continues from it)")
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, RNG, callbacks and data position from a checkpoint."""
@@ -241,6 +248,7 @@ class Trainer:
             raise MemlabError(f"{path} holds no RNG state for process {self.acc.process_index}; "
                               "resume with the number of processes the run was saved with")
         ckpt.set_rng_state(ckpt.load_torch(rng_file))
+        self._keep(Path(path))
         if self.acc.scaler is not None and (path / "scaler.pt").is_file():
             self.acc.scaler.load_state_dict(ckpt.load_torch(path / "scaler.pt"))
         if self.acc.is_main_process:
@@ -278,11 +286,9 @@ class Trainer:
         return self._summary(time.perf_counter() - t_start, examples_total, flops_total, matmul)
 
     def _progress_bar(self):
-        from tqdm.auto import tqdm
-
-        show = self.cfg.progress if self.cfg.progress is not None else sys.stderr.isatty()
-        return tqdm(total=self.cfg.max_steps, initial=self.step, disable=not (show and self.acc.is_main_process),
-                    desc="train", dynamic_ncols=True)
+        # a bar on a terminal, plain lines every minute in a log, nothing with train.progress=false
+        return progress_bar(self.cfg.max_steps, "train", self.cfg.progress, initial=self.step, leave=True,
+                            enabled=self.acc.is_main_process)
 
     def _reference_flops(self) -> float:
         """Matmul FLOP/s of this device, the MFU reference (0 when the setup gives no FLOPs per example)."""

@@ -17,8 +17,10 @@ import torch
 from memlab.decoding import beam_search_recompute
 from memlab.errors import ModelError
 from memlab.models.memory.modeling_memory import MemoryModel
+from memlab.paths import resource
 
-PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+PRETRAINED_DIR = resource("checkpoints", "memory_ae-small")
+"""The memory autoencoder shipped with memlab: what ``space:memory_ae`` without a path loads."""
 
 
 class MemorySpace:
@@ -130,7 +132,7 @@ class MemorySpace:
 
 def load(spec: str | None = None, device: str | None = None, **kw) -> MemorySpace:
     """``SPACES.get("memory_ae")(spec)``: ``spec`` is a run directory, a checkpoint or a ``save_pretrained``
-    folder with the tokenizer saved beside the model; ``None`` loads the bundled ``pretrained/`` model."""
+    folder with the tokenizer saved beside the model; ``None`` loads the shipped one (:data:`PRETRAINED_DIR`)."""
     from memlab.loading import load_pretrained, load_run_tokenizer, resolve_model_dir
 
     path = Path(spec) if spec is not None else PRETRAINED_DIR

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from memlab.errors import ModelError
+from memlab.loading import check_safetensors_weights
 from memlab.models.sonar.configuration_sonar import PRESETS, SonarConfig
 from memlab.models.sonar.generation import generate_ids
 from memlab.models.sonar.modeling_sonar import SonarModel
@@ -267,7 +268,8 @@ def load(spec: str | None = None, *, decoder: str | None = None, tokenizer=None,
         enc, dec = (s.strip() for s in spec.split(",", 1))
         return load(enc, decoder=dec, tokenizer=tokenizer, lang=lang, **kw)
     elif (Path(spec) / "config.json").is_file() and json.loads((Path(spec) / "config.json").read_text()).get("model_type") == SonarConfig.model_type:
-        model = SonarModel.from_pretrained(spec).eval()
+        check_safetensors_weights(spec)  # a pickled pytorch_model.bin: one line, never unpickled
+        model = SonarModel.from_pretrained(spec, use_safetensors=True).eval()
         tok = _tokenizer(tokenizer, spec)
         if tokenizer is not None:  # a tokenizer other than the one saved beside the weights
             check_matches_checkpoint(tok, model.config.vocab_size, spec)

@@ -34,6 +34,7 @@ class Needle(Task):
 
     name = "needle"
     description = "needle in a haystack (RULER niah_single): exact match of a 7-digit value, by haystack length"
+    reads_data = False  # its examples are synthesized from the bundled text (--needle-lengths, --seed)
 
     def load(self, opts: TaskOptions) -> list[dict]:
         rng = random.Random(opts.seed)

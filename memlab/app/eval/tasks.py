@@ -134,6 +134,8 @@ class Task:
     needs_scores = False
     """True when the task ranks options by log-likelihood: the runner gives it only adapters whose
     ``can_score`` is True (others get an error entry)."""
+    reads_data = True
+    """False for a task that makes its own examples: ``--data`` other than 'local' is refused for it."""
 
     def load(self, opts: TaskOptions) -> list[dict]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -1,0 +1,76 @@
+"""What one process of a multi-process launch (``accelerate launch``, ``torchrun``, ``memlab launch``) prints
+when it fails.
+
+* An error that every process meets before the process group starts (a bad
+  argument, an unknown config key) is printed by the main process only: the
+  others stay quiet, and wait a moment, so the main process prints before the
+  launcher, seeing one of them end, stops it.
+* A process that loses another one (gloo's "Connection closed by peer", an
+  NCCL error) says so in one line and exits :data:`PEER_LOST`; under
+  ``memlab launch`` (:data:`WRAPPED_ENV` set) it stays quiet, because the
+  launcher names the process that failed and why.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+PEER_LOST = 3
+"""Exit status of a process that stopped because another process of its launch ended."""
+
+WRAPPED_ENV = "MEMLAB_LAUNCH"
+"""Set by ``memlab launch`` in every process it starts."""
+
+QUIET_WAIT_S = 5.0
+"""How long a quiet process waits before it exits (the main process prints first)."""
+
+PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL error", "ProcessGroupGloo",
+               "ProcessGroupNCCL", "gloo/transport")
+"""Phrases of the errors a collective raises when another process of the launch is gone."""
+
+
+def rank() -> int:
+    """This process's rank in its launch (0 outside one)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def world() -> int:
+    """How many processes the launch started (1 outside one)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def wrapped() -> bool:
+    """Whether ``memlab launch`` started this process."""
+    return os.environ.get(WRAPPED_ENV) == "1"
+
+
+def _group_started() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def quiet_on_this_process() -> bool:
+    """True on a process other than the main one of a launch whose process group has not started: an error met
+    there is met by every process (the same arguments), and the main one prints it. Waits a moment first."""
+    if world() <= 1 or rank() == 0 or _group_started():
+        return False
+    time.sleep(QUIET_WAIT_S)
+    return True
+
+
+def peer_lost(e: BaseException) -> str | None:
+    """One line for a collective's failure because another process of the launch ended; None for anything
+    else (outside a launch, always None)."""
+    if world() <= 1:
+        return None
+    text = " ".join(str(e).split())
+    is_dist = any(c.__name__ in ("DistError", "DistBackendError", "DistNetworkError") for c in type(e).__mro__)
+    if not (is_dist or any(p in text for p in PEER_ERRORS)):
+        return None
+    return (f"process {rank()} of {world()} lost another process of the launch ({text[:120]}); it stops too "
+            "(the launcher's report names the process that failed)")
