@@ -7,7 +7,7 @@ import torch
 
 from conftest import one_line_error
 from memlab.app.cli import main
-from memlab.devices import best_device
+from memlab.devices import best_device, pretend
 from memlab.probes.loading import resolve_dtype
 from memlab.probes.options import ProbeOptions, load_options
 
@@ -28,8 +28,9 @@ def test_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, capsys):
 def test_auto_dtype_is_float32_where_bf16_is_not_native():
     flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
     native = "avx512_bf16" in flags or "amx_bf16" in flags
-    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
-    if not torch.cuda.is_available():
-        # no GPU: a cuda device never reads as native bf16 (no emulation)
-        assert resolve_dtype("auto", "cuda") == torch.float32
+    with pretend():  # the hardware's own reading, whatever MEMLAB_ACCEL forces
+        assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+        if not torch.cuda.is_available():
+            # no GPU: a cuda device never reads as native bf16 (no emulation)
+            assert resolve_dtype("auto", "cuda") == torch.float32
     assert resolve_dtype("float16", "cpu") == torch.float16
