@@ -152,6 +152,7 @@ def save_folder(final: Path, save: Callable[[Path], None], what: str) -> bool:
         final.parent.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
+        tmp.mkdir()
         save(tmp)
         try:
             os.replace(tmp, final)
@@ -172,6 +173,7 @@ def save_files(folder: Path, save: Callable[[Path], None], what: str) -> None:
     with guarded(what, tmp, name_in=(tmp, folder)):
         if tmp.exists():
             shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
         save(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for f in sorted(tmp.rglob("*")):
