@@ -262,6 +262,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ProbeOptio
               "patience", "ci_resamples", "encode_batch_size"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
+    if opts.threads is not None and opts.threads < 1:
+        raise ConfigError(f"'threads' must be >= 1 (torch CPU threads; unset: torch's own), got {opts.threads}")
     if not train_sizes(opts) or min(train_sizes(opts)) < 1:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
     if opts.hidden_size % opts.num_heads:

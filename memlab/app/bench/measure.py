@@ -12,10 +12,16 @@ from typing import Callable
 import numpy as np
 import torch
 
+from memlab.devices import resolve_device
+
 
 def sync(device: torch.device | str | None = None) -> None:
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+    """Wait for the device's queued work (CUDA, MPS) so that a timer reads the work, not its launch."""
+    kind = None if device is None else torch.device(device).type
+    if torch.cuda.is_available() and kind in (None, "cuda"):
         torch.cuda.synchronize()
+    elif kind == "mps":
+        torch.mps.synchronize()
 
 
 class PeakMemory:
@@ -85,6 +91,6 @@ def cost_exponent(lengths, costs) -> float:
 
 
 def device_of(name: str | None = None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``--device`` of ``memlab bench``: None or auto is the best device present; a device this machine lacks is
+    refused (:func:`memlab.devices.resolve_device`)."""
+    return resolve_device(name or "auto")

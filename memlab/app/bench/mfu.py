@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memlab.paths import configs_dir
+
 DEFAULT_CONFIGS = {
     "token_lm": "configs/token_lm/small.yaml",
     "memory": "configs/memory/ae_small.yaml",
@@ -24,7 +26,8 @@ DEFAULT_CONFIGS = {
     "lcm_mse": "configs/lcm/mse_austen_memory_ae.yaml",
     "lcm_diffusion": "configs/lcm/diffusion_austen_memory_ae.yaml",
 }
-"""Family label -> the small config whose MFU is measured (skipped when the file is absent)."""
+"""Family label -> the small config whose MFU is measured (skipped when the file is absent); a path under
+``configs/`` names a shipped config, read from the installed package whatever the working folder."""
 
 FALLBACK_CONFIGS = {
     "sonar_llm": "configs/sonar_llm/toy.yaml",
@@ -57,6 +60,7 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
         fallbacks = FALLBACK_CONFIGS if configs is None else {}
     half = max(1, steps // 2)
     for label, path in (configs or DEFAULT_CONFIGS).items():
+        path = config_path(path)
         if not Path(path).is_file():
             results[label] = {"skipped": f"{path} not found"}
             continue
@@ -76,7 +80,7 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
                     raise
                 fallback = {"fallback_from": path, "fallback_reason": str(e).splitlines()[0][:200]}
                 log(f"mfu {label}: {path} cannot run here ({fallback['fallback_reason']}); measuring {fallbacks[label]}")
-                path = fallbacks[label]
+                path = config_path(fallbacks[label])
                 summary = run_experiment(load_config(path, ov), run_dir)
         except (MemlabError, RuntimeError) as e:
             results[label] = {"error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}", "config": path, **fallback}
@@ -91,3 +95,13 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
         results[label] = res
         log(f"mfu {label}: steady {res['mfu_steady']}, run {res['mfu_run']}, matmul {res['matmul_flops_per_s']}")
     return results
+
+
+def config_path(path: str | Path) -> str:
+    """``path`` where that file exists (absolute, or relative to the working folder); else a relative path is read
+    as a shipped config (``configs/token_lm/small.yaml`` or ``token_lm/small.yaml``) in the installed package."""
+    p = Path(path)
+    if p.is_file() or p.is_absolute():
+        return str(p)
+    shipped = configs_dir().joinpath(*(p.parts[1:] if p.parts and p.parts[0] == "configs" else p.parts))
+    return str(shipped) if shipped.is_file() else str(p)

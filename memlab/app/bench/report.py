@@ -12,10 +12,16 @@ def _f(v, fmt="{:.3g}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
 
+def _device(res: dict[str, Any]) -> str:
+    """The device the parts ran on, with the GPU's name where it differs from the device's."""
+    name = res.get("device_name")
+    return res["device"] if not name or name == res["device"].split(":")[0] else f"{res['device']} ({name})"
+
+
 def write_readme(res: dict[str, Any], path: str | Path) -> None:
     P = res["parts"]
     lines = ["# memlab bench", "", f"Command: `{res.get('command') or 'memlab bench'}`", "",
-             f"Device: {res['device']} ({res['threads']} threads), torch {res['torch']}, {res['machine']}, "
+             f"Device: {_device(res)} ({res['threads']} threads), torch {res['torch']}, {res['machine']}, "
              f"started {res['started']}.", "",
              "Timings on a shared machine are noisy: read the ratios measured side by side in this run.", ""]
     if "flops" in P:

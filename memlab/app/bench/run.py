@@ -49,7 +49,8 @@ def _run_parts(folder: OutputFolder, parts: list[str], dev, quick: bool, prefill
     folder.subdir("plots")
     warnings.filterwarnings("ignore", category=FutureWarning)
     q = QUICK if quick else {}
-    res: dict[str, Any] = {"command": command, "device": str(dev), "torch": torch.__version__,
+    res: dict[str, Any] = {"command": command, "device": str(dev), "device_name": device_name(dev),
+                           "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "machine": platform.platform(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "parts": {}}
     for part in [p for p in PARTS if p in parts]:
@@ -91,3 +92,8 @@ def _run_parts(folder: OutputFolder, parts: list[str], dev, quick: bool, prefill
 
     write_readme(res, out / "README.md")
     return res
+
+
+def device_name(dev: torch.device) -> str:
+    """What the parts ran on, as the hardware names it: the GPU's name, else the device type."""
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type

@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
                                    "README.md table into --out. Parts: " + ", ".join(PARTS) + ".")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts (default: all)")
     p.add_argument("--out", default=None, help="run directory (default runs/bench-TIMESTAMP); must be new")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="where the parts run: auto (default: the best present: CUDA, MPS, "
+                                                 "else CPU), cpu, cuda, cuda:N or mps; bench.json records it")
     p.add_argument("--quick", action="store_true", help="tiny sizes: check the harness, numbers mean nothing")
     p.add_argument("--prefill-lengths", default=None, help="comma-separated token counts (default 1k..32k)")
     p.add_argument("--prefill-logits", default="last", choices=["last", "all"],

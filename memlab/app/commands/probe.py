@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memlab.app.commands import check_threads
+
 FLAGS = {  # flag -> (ProbeOptions field, type, help)
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
     "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
@@ -80,6 +82,7 @@ def run(args) -> int:
 
     from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve
 
+    check_threads(args.threads)
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
     kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress,
               calibrate=args.calibrate, layers=args.layers, layers_sequence=args.layers_sequence or None)

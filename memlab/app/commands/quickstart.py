@@ -3,6 +3,8 @@ beside the calibration encoders, on the same held-out text."""
 
 from __future__ import annotations
 
+from memlab.app.commands import check_threads
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("quickstart", help="the README's first command: compare what models remember (offline, minutes)",
@@ -29,6 +31,7 @@ def run(args) -> int:
 
     from memlab.app.quickstart import run_quickstart
 
+    check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
 
