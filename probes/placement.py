@@ -134,6 +134,8 @@ def _header_elements(path: Path, skip: tuple[str, ...]) -> int:
     """Number of weights in a safetensors file (its JSON header alone is read), keys under ``skip`` left out."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
+        if n > path.stat().st_size - 8:  # a damaged length: never allocate what the file cannot hold
+            raise ValueError(f"{path}: safetensors header longer than the file")
         header = json.loads(f.read(n))
     return sum(math.prod(v["shape"]) for k, v in header.items()
                if k != "__metadata__" and not k.startswith(skip))
