@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         lost = launched.peer_lost(e)  # another process of a launch ended: gloo's or NCCL's error, as one line
         if lost is not None:
             if not launched.wrapped():  # under `memlab launch` the launcher names the process that failed
-                print(f"memlab: error: {lost}", file=sys.stderr)
+                print(f"memlab: stopped: {lost}", file=sys.stderr)  # not the error: that is the failed one's line
             return launched.PEER_LOST
         reason = storage_failure(e, writes_only=True)
         if reason is None:

@@ -80,17 +80,28 @@ def first_failure(failures: dict) -> tuple[int, object]:
     return (causes or ordered)[0]
 
 
+def quiet_launcher_logs() -> None:
+    """The elastic agent's own log lines ("failed (exitcode: 2)", "Received 15 death signal"): replaced by the
+    line :func:`run` prints. Its modules give each logger its own level (``LOGLEVEL``, read as they load)."""
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith(("torch.distributed", "accelerate")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def run(args) -> int:
     import sys
 
+    quiet_launcher_logs()
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    quiet_launcher_logs()  # again, for the loggers that the imports above made
     launcher, verb = split_argv(list(args.argv))
     parsed = launch_command_parser().parse_args([*launcher, "-m", "memlab.app.cli", *verb])
     os.environ[WRAPPED_ENV] = "1"  # the processes leave naming the failed one to this launcher
-    for name in ("torch.distributed", "accelerate"):  # the agent's own log lines and tracebacks: replaced below
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    quiet_launcher_logs()
     try:
         launch_command(parsed)
     except ChildFailedError as e:
@@ -101,6 +112,8 @@ def run(args) -> int:
             print(f"memlab: error: {line}", file=sys.stderr)
         code = failure.exitcode
         return code if code > 0 else 128 - code
+    except SignalException as e:  # the launcher itself stopped (Ctrl-C): each process printed what it kept
+        return 128 + int(e.sigval)
     except subprocess.CalledProcessError as e:  # one process (simple launcher): it printed its own line
         return e.returncode if e.returncode > 0 else 128 - e.returncode
     return 0
