@@ -250,6 +250,7 @@ def test_negative_threads_are_refused_in_one_line(tmp_path, capsys):
 def test_auto_mixed_precision_takes_bf16_only_where_it_is_native(monkeypatch):
     from memlab.train import devices
 
+    monkeypatch.delenv("MEMLAB_ACCEL", raising=False)  # the hardware's own choice
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # says yes under emulation too
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
