@@ -125,7 +125,8 @@ def _words_data(opts: ProbeOptions, encoder):
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
-    if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit:  # no cap asked: the encoder's own, as a note
+    default_len = opts.seq_len == ProbeOptions.seq_len  # a length the user chose is refused below, never cut
+    if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit and default_len:  # the encoder's cap, as a note
         print(f"memlab: note: {cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
               f"({limit} tokens); each keeps the words that fit (max_chunk_tokens={limit}; lower seq_len to keep "
               "whole chunks)", file=sys.stderr)

@@ -152,7 +152,7 @@ def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype
     if files and all(f.is_file() for f in files):
         try:
             return size * sum(_header_elements(f, ("lm_head.",)) for f in files)
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, struct.error):
             pass  # a damaged header: the loader names it; count the config's weights
     from transformers import AutoModel
 
