@@ -20,7 +20,8 @@ runs at tiny sizes, which is what CI runs. Checks:
 - ``smollm2``: ``memlab probe --model smollm2`` with no device flag (``--tiny``: a few chunks, one epoch);
   skipped, not failed, where the smollm2 asset is not installed.
 
-The checks without a device flag must land on the checked device by themselves (their reports name it). Without
+The checks without a device flag must land on the best device present by themselves: every model forward in
+them runs there, and their reports name it. Without
 a CUDA GPU (and without ``--device cpu``) it prints one line and exits 2.
 """
 
@@ -32,7 +33,9 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2")
@@ -172,13 +175,45 @@ def check_device(reports: list[Path], expected: str) -> None:
             raise RuntimeError(f"{r.parent.name} ran on {dev}, not on {expected} (its default device)")
 
 
+@contextmanager
+def forwards_by_device() -> Iterator[dict[str, int]]:
+    """Within the block, how many forward calls of modules holding parameters ran on each device type."""
+    import torch
+
+    seen: dict[str, int] = {}
+
+    def hook(module, args):
+        p = next(module.parameters(recurse=False), None)
+        if p is not None:
+            seen[p.device.type] = seen.get(p.device.type, 0) + 1
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def check_forwards(seen: dict[str, int], expected: str) -> None:
+    """Every module forward counted by :func:`forwards_by_device` ran on ``expected`` (a device type)."""
+    if not seen.get(expected):
+        raise RuntimeError(f"no model ran on {expected}")
+    other = {k: v for k, v in seen.items() if k != expected}
+    if other:
+        raise RuntimeError("models ran off " + expected + ": " + ", ".join(f"{n} forward calls on {k}"
+                                                                           for k, n in sorted(other.items())))
+
+
 def run_flagless(part: str, argv: list[str], run_dir: Path, expected: str) -> tuple[float | None, float | None]:
-    """``memlab quickstart`` or ``memlab probe --model smollm2`` as a user types them: no device flag; each probe
-    must have run on ``expected``; (encoder tokens/s, None) of a single probe."""
+    """``memlab quickstart`` or ``memlab probe --model smollm2`` as a user types them: no device flag; every model
+    (encoders, decoders, read-outs) must have run on ``expected`` and each report name it; (encoder tokens/s, None)
+    of a single probe."""
     from memlab.app.cli import main
 
-    if main(argv) != 0:
-        raise RuntimeError(f"memlab {argv[0]} failed (its error is printed above)")
+    with forwards_by_device() as seen:
+        if main(argv) != 0:
+            raise RuntimeError(f"memlab {argv[0]} failed (its error is printed above)")
+    check_forwards(seen, expected)
     reports = sorted(run_dir.glob("entries/*/report.json")) if part == "quickstart" else [run_dir / "report.json"]
     check_device([r for r in reports if r.is_file()], expected)
     return (None, None) if part == "quickstart" else run_probe_rate(run_dir, None, None)

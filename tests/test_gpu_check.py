@@ -102,6 +102,35 @@ def test_tiny_mode_runs_every_check_on_the_cpu(tmp_path, capsys):
     assert "FAILED" not in out and out.count(" ok\n") == expected, out
 
 
+def test_the_flagless_checks_name_a_model_that_ran_off_the_device():
+    gc = _script()
+    cpu, meta = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta")
+    with gc.forwards_by_device() as seen:
+        cpu(torch.ones(1, 2))
+    gc.check_forwards(seen, "cpu")
+    with pytest.raises(RuntimeError, match="no model ran on cuda"):
+        gc.check_forwards(seen, "cuda")
+    with gc.forwards_by_device() as seen:
+        cpu(torch.ones(1, 2))
+        meta(torch.ones(1, 2, device="meta"))
+        meta(torch.ones(1, 2, device="meta"))
+    with pytest.raises(RuntimeError, match="models ran off cpu: 2 forward calls on meta"):
+        gc.check_forwards(seen, "cpu")
+    cpu(torch.ones(1, 2))  # the hook is gone after the block
+    assert seen == {"cpu": 1, "meta": 2}
+
+
+def test_a_report_must_name_the_checked_device(tmp_path):
+    gc = _script()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text('{"options": {"device": "cuda:0"}}')
+    gc.check_device([tmp_path / "a" / "report.json"], "cuda")
+    with pytest.raises(RuntimeError, match="a ran on cuda:0, not on cpu"):
+        gc.check_device([tmp_path / "a" / "report.json"], "cpu")
+    with pytest.raises(RuntimeError, match="no report.json"):
+        gc.check_device([], "cpu")
+
+
 def test_sonar_toy_presets_are_checked():
     from memlab.errors import ModelError
     from memlab.space import build_space
