@@ -120,6 +120,10 @@ class TrainConfig:
     pays off where Python and element-wise work weigh on a small model's step. Losses that call other
     methods or submodules than the model's own ``forward`` (the memory family's objectives, the token LM's
     block-wise loss through its base model) are not affected."""
+    compile_backend: str = "inductor"
+    """The ``torch.compile`` backend when ``compile`` is on: ``inductor`` (generated kernels, the fast one),
+    ``aot_eager`` (traced forward and backward graphs run by eager kernels: no C++ or Triton compilation,
+    for checking that a model compiles) or any other name ``torch._dynamo.list_backends`` knows."""
     progress: bool | None = None
     """Show a progress bar (default: only on a TTY)."""
     log_with: list[str] | str | None = None
@@ -376,6 +380,12 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     for k, ok in checks.items():
         if not ok:
             raise ConfigError(f"'train.{k}' is out of range: {getattr(t, k)}")
+    if t.compile_backend != "inductor":
+        from torch._dynamo import list_backends  # deferred: importing dynamo takes seconds
+
+        if t.compile_backend not in list_backends(exclude_tags=()):
+            raise ConfigError(f"'train.compile_backend' {t.compile_backend!r} is not a torch.compile backend "
+                              "(inductor, aot_eager, eager, ...)")
     from memlab.tracking import parse_log_with
 
     parse_log_with(t.log_with)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,18 @@ def one_line_error(capsys) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("memlab: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+def kill_after(run: Path, step: int, dst: Path) -> Path:
+    """A copy of the finished run ``run`` at ``dst`` as a kill right after its step-``step`` checkpoint would leave
+    it: later checkpoints, the summary and the plots gone, later metrics records still there."""
+    shutil.copytree(run, dst)
+    for ck in (dst / "checkpoints").glob("step-*"):
+        if int(ck.name.split("-")[1]) > step:
+            shutil.rmtree(ck)
+    (dst / "summary.json").unlink()
+    shutil.rmtree(dst / "plots", ignore_errors=True)
+    return dst
 
 
 def write_config(path: Path, corpus: Path, **sections) -> Path:

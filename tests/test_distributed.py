@@ -6,16 +6,15 @@ Each run is tiny (a few steps of a shipped toy config) and shared by the asserti
 (module-scoped fixtures): the 1-process reference runs in this process, the 2-process ones under
 ``accelerate launch``. A "killed" run is the 2-process run's directory as a kill right after a checkpoint
 leaves it (later checkpoints, the summary and the plots gone, later metrics records still there); resuming
-it must rebuild the uninterrupted run's final weights bit for bit. The default suite runs one case per
-family (about 4 minutes on a busy 2-core machine); the extra cases (memory resume, frozen encoder with the
-combined objective, SONAR-LLM with a trained decoder) are marked ``slow``.
+it must rebuild the uninterrupted run's final weights bit for bit. The default suite runs one case of each
+behaviour (the token LM's are in tests/test_train.py); the extra cases (memory resume, frozen encoder with the
+combined objective, SONAR-LLM with a trained decoder, LCM-MSE beside LCM diffusion) are marked ``slow``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import kill_after
 from memlab.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,17 +76,6 @@ def assert_same_curves(one: Path, two: Path, steps: int) -> None:
                 if k in x:
                     assert y[k] == pytest.approx(x[k], rel=REL), (split, x["step"], k)
     assert _records(one, "train")[-1]["step"] == steps
-
-
-def kill_after(run: Path, step: int, dst: Path) -> Path:
-    """``run`` as a kill right after its step-``step`` checkpoint would leave it."""
-    shutil.copytree(run, dst)
-    for ck in (dst / "checkpoints").glob("step-*"):
-        if int(ck.name.split("-")[1]) > step:
-            shutil.rmtree(ck)
-    (dst / "summary.json").unlink()
-    shutil.rmtree(dst / "plots", ignore_errors=True)
-    return dst
 
 
 def assert_resumes_exactly(two: Path, step: int, tmp: Path) -> None:
@@ -172,7 +161,10 @@ def test_sonar_llm_unfrozen_decoder_two_processes_match_one_and_resume_exactly(t
     assert_resumes_exactly(two, 2, tmp_path)
 
 
+@pytest.mark.slow  # the LCM recipe on 2 processes: the diffusion case below covers it, with evaluation and resume
 def test_lcm_mse_two_processes_match_one(tmp_path):
+    """LCM-MSE on 2 processes. Its recipe and loss are the diffusion family's (``LCMLoss``), which
+    ``test_lcm_diffusion_two_processes_match_one_with_evaluation_and_resume_exactly`` runs in the default suite."""
     one, two = _pair(tmp_path, CONFIGS / "lcm/mse_toy.yaml", "train.max_steps=4", "train.save_every=4")
     assert_same_curves(one, two, 4)
     assert "next_sentence_ce" in _records(two, "eval")[0]

@@ -86,7 +86,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.model, self.optimizer = self.acc.prepare(setup.model, self.optimizer)
         if cfg.compile:
-            self.model.compile(dynamic=True)  # in place: the module and its state-dict keys stay as they are
+            # in place: the module and its state-dict keys stay as they are
+            self.model.compile(dynamic=True, backend=cfg.compile_backend)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
