@@ -203,8 +203,7 @@ def decode_stats(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_
     """The target decoder reading vectors ``y`` (M, D') of chunks ``ids`` (M, T', in the tokenizer its decoder
     rebuilds: :func:`label_ids`) teacher-forced: per chunk the NLL (nats) and argmax hits over its labels, and how
     many labels."""
-    from memlab.probes.chunks import fill_pad, mask_of
-    from memlab.probes.train import trim
+    from memlab.probes.chunks import fill_pad, mask_of, trim
 
     pad = getattr(decoder_tokenizer(space), "pad_token_id", None) or 0
     nll, hits, tokens = [], [], []
@@ -249,7 +248,8 @@ def _mean(x: list[float]) -> float:
 
 def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = True) -> dict:
     """Fit the map on the training pairs, decode the held-out chunks through it (see the module doc)."""
-    from memlab.probes import train as T
+    from memlab.probes.cache import cached_encode
+    from memlab.probes.train import Timer
 
     if context is None or context.texts_train is None or context.texts_eval is None:
         raise ModelError("the align read-out needs the chunk texts (a ReadoutContext, memlab.probes.parts)")
@@ -262,15 +262,15 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
     lab_ev = label_ids(target, texts_ev, ids_ev)  # (M, T''): what its decoder rebuilds
     key = {"align_target": target_spec(spec)}
     cache = context.option("cache_dir", None)
-    with T.Timer() as t_enc:
-        y_tr, _ = T.cached_encode(target, ids_tr, key, cache, desc="align: target memories")  # (N, D')
-        y_own, _ = T.cached_encode(target, ids_ev, key, cache, desc="align: target memories") if own else (None, 0)
-    with T.Timer() as t_fit:
+    with Timer() as t_enc:
+        y_tr, _ = cached_encode(target, ids_tr, key, cache, desc="align: target memories")  # (N, D')
+        y_own, _ = cached_encode(target, ids_ev, key, cache, desc="align: target memories") if own else (None, 0)
+    with Timer() as t_fit:
         ridge = fit_ridge(z_train, y_tr)
         y_hat = ridge.predict(z_eval)  # (M, D')
     space, shape = target.space, tuple(target.space.encode_text(["a"]).shape[1:])
     prior_y = ridge.bias.float().expand(m, -1).contiguous()  # (M, D'): the map of a constant embedding
-    with T.Timer() as t_dec:
+    with Timer() as t_dec:
         got, base = decode_stats(space, y_hat, lab_ev, shape), decode_stats(space, prior_y, lab_ev, shape)
         tf1, prior_tf1 = greedy_tf1(space, y_hat, lab_ev, shape), greedy_tf1(space, prior_y, lab_ev, shape)
         mine = decode_stats(space, y_own, lab_ev, shape) if own else None

@@ -12,14 +12,25 @@ tokenizer (the text then differs from model to model; no padding).
 A chunk tensor ``(N, T)`` holds token ids with :data:`PAD` after each chunk's
 last token; :func:`mask_of` gives its real positions and :func:`fill_pad` the
 ids a model reads (pads replaced by a real id, masked out).
+
+Everything that cuts the probe's text lives here: the corpus's splits, the
+chunks of words (or tokens) drawn from them, their cap in tokens, their ids in
+each tokenizer (:func:`probe_data`, the first step of a probe run after the
+encoder is loaded) and how the report describes them.
 """
 
 from __future__ import annotations
 
+import sys
+from functools import lru_cache
+
 import numpy as np
 import torch
 
-from memlab.errors import DataError
+from memlab.data.corpus import describe_splits, load_corpus, make_splits, require_split, units
+from memlab.data.views import clean_text, token_chunks
+from memlab.errors import DataError, MemlabError
+from memlab.probes.loading import load_tokenizer
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
@@ -117,3 +128,176 @@ def rendering(texts: list[str], ids: torch.Tensor, tokenizer) -> str:
         return "lowercased (the tokenizer drops case: the bits do not count it)"
     same = sum(a == b for a, b in zip(back, orig)) / max(len(orig), 1)
     return f"normalised by the tokenizer ({same:.0%} of the chunks decode to their text exactly)"
+
+
+def train_sizes(opts) -> list[int]:
+    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
+    n = opts.n_train
+    return list(n) if isinstance(n, (list, tuple)) else [n]
+
+
+def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
+    """(B, T) -> (B, T): the start id, then the tokens up to T-1 (teacher forcing)."""
+    start = torch.full_like(ids[:, :1], start_id)  # (B, 1)
+    return torch.cat([start, ids[:, :-1]], dim=1)  # (B, T)
+
+
+def trim(ids: torch.Tensor) -> torch.Tensor:
+    """(b, T) chunk ids -> (b, T_b): without the columns that are padding in every row (a host tensor: no sync)."""
+    n = int(mask_of(ids).sum(1).max()) if ids.numel() else 0
+    return ids[:, : max(n, 1)]
+
+
+@lru_cache(maxsize=2)
+def _splits(corpus: str) -> dict:
+    """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
+    seed 0: memlab's default data settings, read once per process."""
+    return make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
+
+
+@lru_cache(maxsize=2)
+def _split_texts(corpus: str) -> dict[str, list[str]]:
+    """Cleaned texts of each split of a corpus."""
+    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus).items()}
+
+
+def split_description(corpus: str) -> str:
+    """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
+    return describe_splits(_splits(corpus))
+
+
+def _texts_of(corpus: str, split: str) -> list[str]:
+    splits = _split_texts(corpus)
+    if split not in splits:
+        raise DataError(f"unknown split '{split}'; use train, validation or test")
+    if not splits[split]:  # names the empty split and how the corpus was cut
+        require_split(_splits(corpus), split, corpus)
+    return splits[split]
+
+
+def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
+                at_most: bool = False) -> list[str]:
+    """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
+    (``at_most``: all there are when the split holds fewer than ``n``)."""
+    chosen = pick_texts(_texts_of(corpus, split), 7 * words * n * 2, seed)  # about 6 characters a word, twice
+    return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
+
+
+def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
+                 at_most: bool = False) -> torch.Tensor:
+    """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
+    (``at_most``: all there are when the split holds fewer than ``n``).
+
+    Splits are memlab's (chapter units, 5 % validation and 5 % test, seed 0),
+    so ``test`` is text no model trained by ``memlab train`` on the default
+    data settings has seen. Units are read in a seeded order until there are
+    enough tokens, and ``n`` chunks are drawn from them.
+    """
+    texts = _texts_of(corpus, split)
+    chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
+    try:
+        chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
+    except DataError as e:  # not one chunk: nothing to score or train on
+        raise DataError(f"the {split} split of '{corpus}' holds no chunk of {seq_len} tokens ({e})") from None
+    if chunks.shape[0] < n and not at_most:
+        raise DataError(f"the {split} split of '{corpus}' holds only {chunks.shape[0]} chunks of {seq_len} tokens; "
+                        f"{n} asked")
+    pick = torch.from_numpy(np.random.default_rng(seed + 1).permutation(chunks.shape[0])[:n])
+    return chunks[pick]  # (n, T)
+
+
+def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
+         max_chunk_tokens: int | None, counter) -> tuple[list[str], list[str]]:
+    """The training and held-out chunk texts, each capped at ``max_chunk_tokens`` of ``counter`` when given."""
+    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed)
+    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True)
+    if max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
+        texts_tr, texts_ev = (cap_tokens(x, counter, max_chunk_tokens) for x in (texts_tr, texts_ev))
+    return texts_tr, texts_ev
+
+
+@lru_cache(maxsize=4)
+def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
+                 max_chunk_tokens: int | None, chunk_tokenizer: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """:func:`_cut` with the counting tokenizer named (``chunk_tokenizer``), once per process: the entries of a
+    comparison (``memlab quickstart``) read the same chunk texts, so they are cut once."""
+    counter = load_tokenizer(chunk_tokenizer) if max_chunk_tokens is not None else None
+    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter)
+    return tuple(tr), tuple(ev)
+
+
+def _words_data(opts, encoder):
+    args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
+            opts.max_chunk_tokens)
+    if opts.max_chunk_tokens is None or opts.chunk_tokenizer:
+        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer))
+    else:  # capped in the encoder's own tokenizer
+        texts_tr, texts_ev = _cut(*args, encoder.tokenizer)
+    limit = None if getattr(encoder, "resizable", False) else encoder.max_length
+    tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
+    ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
+    default_len = opts.seq_len == type(opts).seq_len  # a length the user chose is refused below, never cut
+    if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit and default_len:  # the encoder's cap, as a note
+        print(f"memlab: note: {cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
+              f"({limit} tokens); each keeps the words that fit (max_chunk_tokens={limit}; lower seq_len to keep "
+              "whole chunks)", file=sys.stderr)
+        opts.max_chunk_tokens = limit  # the report's options and text say how the chunks were cut
+        return _words_data(opts, encoder)
+    if cut_tr + cut_ev:
+        raise MemlabError(f"{cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
+                          f"({encoder.max_length} tokens besides its special tokens); lower seq_len")
+    t = max(tr.shape[1], ev.shape[1])
+    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
+    return pad(tr), pad(ev), texts_tr, texts_ev, cut_tr + cut_ev
+
+
+def probe_data(opts, encoder):
+    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), how
+    the text was cut (``report.text``; ``chars``: characters of each held-out chunk, ``_texts``: the training and
+    held-out chunk texts)."""
+    tok = encoder.tokenizer
+    if opts.chunk_by == "tokens":
+        if encoder.max_length is not None and opts.seq_len > encoder.max_length:
+            raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
+                              "tokens besides its special tokens)")
+        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
+        eval_ids = probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
+                                  at_most=True)
+        texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
+        texts_tr = tok.batch_decode(rows(train_ids), skip_special_tokens=True)
+        chars = chunk_chars(eval_ids, tok)
+        render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
+    else:
+        train_ids, eval_ids, texts_tr, texts, cut = _words_data(opts, encoder)
+        chars, render = [len(x) for x in texts], rendering(texts, eval_ids, tok)
+    note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
+    if note:
+        print(f"memlab: warning: {note}", file=sys.stderr)
+    n_tok = mask_of(eval_ids).sum(1).float()  # (M,)
+    per_chunk = f"{opts.seq_len} {opts.chunk_by}"
+    if opts.max_chunk_tokens is not None:
+        per_chunk += (f", trailing words dropped to fit {opts.max_chunk_tokens} tokens of "
+                      f"{opts.chunk_tokenizer or 'its own tokenizer'}")
+    text = {"chunk_by": opts.chunk_by, "per_chunk": per_chunk,
+            "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
+            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars,
+            "_texts": (texts_tr, texts)}
+    return train_ids, eval_ids, text  # (N, T), (M, T)
+
+
+PRIVATE_TEXT = ("chars", "_texts")
+"""Keys of probe_data's ``text`` that the report leaves out (per-chunk characters, the chunk texts)."""
+
+
+def public_text(text: dict) -> dict:
+    """``text`` as the report holds it (without :data:`PRIVATE_TEXT`)."""
+    return {k: v for k, v in text.items() if k not in PRIVATE_TEXT}
+
+
+def eval_note(opts, eval_ids: torch.Tensor) -> str | None:
+    """What the report says when the held-out split holds fewer chunks than ``n_eval`` (None when it does not)."""
+    m = int(eval_ids.shape[0])
+    if m >= opts.n_eval:
+        return None
+    return (f"n_eval={opts.n_eval} asked, but the {opts.eval_split} split of '{opts.corpus}' holds {m} chunks of "
+            f"{opts.seq_len} {opts.chunk_by}: all {m} are scored")

@@ -34,8 +34,12 @@ import time
 import torch
 from torch import nn
 
-from memlab.devices import batched_groups, to_device
+from memlab.devices import batched_groups, probe_autocast, to_device
 from memlab.errors import MemlabError
+from memlab.probes.chunks import fill_pad, mask_of, shift_right
+from memlab.progress import progress_bar
+from memlab.train.loop import make_optimizer
+from memlab.train.schedule import warmup_cosine
 
 BATCHED = "on accelerators"
 """Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one
@@ -46,6 +50,12 @@ embedding equals its cached control to the last bit."""
 
 LOG_EVERY = 10
 """Steps between the host's reads of the losses (the only syncs of the training loop besides the epoch's CE)."""
+
+
+def autocast_context(device: torch.device):
+    """bf16 autocast where the device multiplies bf16 natively, a CPU included; otherwise none
+    (:func:`memlab.devices.probe_autocast`, which decides; ``MEMLAB_ACCEL`` forces a side)."""
+    return probe_autocast(device)
 
 
 def _device_rng(device: torch.device):
@@ -105,9 +115,6 @@ class DecoderGroup:
     the device, indexed by row."""
 
     def __init__(self, decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, batched: bool | None = None):
-        from memlab.probes.chunks import fill_pad, mask_of
-        from memlab.probes.train import autocast_context, shift_right
-
         for d, z in zip(decs, zs):
             if z.shape[1] != d.config.embed_dim:
                 raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width "
@@ -139,8 +146,6 @@ class DecoderGroup:
         self._build(stacked, None)
 
     def _build(self, stacked: list[torch.Tensor], old_state: list[dict] | None) -> None:
-        from memlab.train.loop import make_optimizer
-
         self.params = nn.ParameterList([nn.Parameter(t.clone()) for t in stacked])
         self.opt = make_optimizer(self.params, self.opts, self.device, batch_dims=1)
         if old_state is not None:  # each member keeps its own moments
@@ -263,9 +268,6 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``
     (each member on its own norm); bf16 autocast where the hardware has it (:func:`memlab.devices.probe_autocast`).
     """
-    from memlab.probes.train import _bar
-    from memlab.train.schedule import warmup_cosine
-
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(opts.seed)
     rows_tr, rows_val = held_back_rows(ids.shape[0], opts.val_fraction, gen)
@@ -276,7 +278,7 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     g_all = len(decs)
     hist, best, bad, best_w = [[] for _ in decs], [float("inf")] * g_all, [0] * g_all, [None] * g_all
     ran = [0] * g_all
-    step, bar = 0, _bar(total, desc, progress)
+    step, bar = 0, progress_bar(total, desc, progress)
     while step < total and group.active:
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, bs):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from memlab.errors import ConfigError
 from memlab.probes import placement
+from memlab.probes.chunks import train_sizes
 
 CHUNK_BY = ("words", "tokens")
 EXPERIMENT_KEYS = ("name", "recipe", "options")
@@ -191,12 +192,6 @@ class ProbeOptions:
     """Progress bars (default: on a TTY)."""
     threads: int | None = None
     """torch CPU threads (default: torch's own); 1 is fastest for small decoders on a busy machine."""
-
-
-def train_sizes(opts: ProbeOptions) -> list[int]:
-    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
-    n = opts.n_train
-    return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:

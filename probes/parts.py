@@ -39,6 +39,8 @@ Contracts (``impl``):
 
 from __future__ import annotations
 
+import inspect
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -90,13 +92,29 @@ class ReadoutContext:
 
 def takes_context(impl) -> bool:
     """Whether a read-out's ``f`` accepts the ``context`` keyword."""
-    import inspect
-
     try:
         params = inspect.signature(impl).parameters
     except (TypeError, ValueError):
         return False
     return "context" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def readout_context(opts, tok, texts, dim: int | None = None) -> ReadoutContext:
+    """The :class:`ReadoutContext` of chunks whose texts are ``texts`` (train, held-out; None: unknown)."""
+    tr, ev = texts if texts is not None else (None, None)
+    return ReadoutContext(texts_train=tr, texts_eval=ev, tokenizer=tok, dim=dim, opts=opts)
+
+
+def fit_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow", context=None,
+                device: str = "cpu") -> dict:
+    """The registered read-out ``name`` (default the bag of words) fitted on ``device`` and scored, with its seconds;
+    a read-out that takes a ``context`` keyword gets ``context`` (:class:`ReadoutContext`)."""
+    impl = get_part("readout", name).impl
+    kw = {"context": context} if takes_context(impl) else {}
+    t0 = time.perf_counter()
+    out = impl(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device, **kw)
+    out["seconds"] = time.perf_counter() - t0
+    return out
 
 
 def check_readouts(opts, context: ReadoutContext) -> None:

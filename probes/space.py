@@ -21,7 +21,7 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes.capture import right_pad
 from memlab.probes.decoder import ProbeDecoder
-from memlab.probes.train import shift_right
+from memlab.probes.chunks import shift_right
 
 
 class FittedProbe:

@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 
 from memlab.errors import ModelError
-from memlab.probes import train as T
-from memlab.probes.fit import fit_readings
-from memlab.probes.inversion import control_key, encode_data, public_text, setup
+from memlab.probes.cache import encode_data
+from memlab.probes.chunks import public_text
+from memlab.probes.parts import readout_context
+from memlab.probes.run import control_key, fit_one, setup
+from memlab.probes.train import Timer
 
 
 def _row(fit: dict) -> dict:
@@ -109,7 +111,7 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
-    with T.Timer() as t_enc:
+    with Timer() as t_enc:
         z_tr = encode_layers(encoder, train_ids, idx, opts.encode_batch_size)  # (N, L, D)
         z_ev = encode_layers(encoder, eval_ids, idx, opts.encode_batch_size)  # (M, L, D)
     if not opts.readouts and not sequence:
@@ -119,8 +121,8 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
-        fit = fit_readings(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                           sequence=sequence, bow=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
+        fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
+                      sequence=sequence, fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
         rows.append({"layer": layer, **_row(fit)})
         log(f"layer {layer}: {fit['retention']}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
@@ -153,7 +155,6 @@ def _compared(opts, encoder, train_ids, eval_ids, text, targets) -> list[tuple]:
     method of ``opts.compare`` (:mod:`memlab.probes.compare`), its read-out checked before anything is encoded."""
     if opts.compare is None:
         return [(None, opts, targets)]
-    from memlab.probes.fit import readout_context
     from memlab.probes.options import compared
     from memlab.probes.parts import check_readouts
     from memlab.probes.targets import make_targets
@@ -174,7 +175,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     # chunks come in a seeded random order: a prefix is a sample
     encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
-    with T.Timer() as t_enc:
+    with Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
     rows = []
     for n in sizes:
@@ -182,8 +183,8 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             o = replace(m, n_train=n, calibrate=False)
             t = tgm.first(n)
             key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
-            fit = fit_readings(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
-                               sequence=o.sequence, bow=bool(o.readouts), chars=text["chars"],
+            fit = fit_one(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
+                          sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text["chars"],
                                texts=(text["_texts"][0][:n], text["_texts"][1]))
             rows.append({"n_train": n, **_row(fit)})
             r = rows[-1]

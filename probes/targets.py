@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from memlab.errors import DataError
+from memlab.probes.chunks import PAD, mask_of, rendering, tokenize_chunks
 
 MAX_UNK_SHARE = 0.05
 MIN_ROUND_TRIP = 0.5
@@ -51,8 +52,6 @@ class Targets:
     def describe(self, texts: list[str]) -> dict:
         """The report's ``text.targets``: whose tokenizer, its size, the held-out target tokens and their rendering,
         and how often the training targets hold them (``seen_in_training``)."""
-        from memlab.probes.chunks import mask_of, rendering
-
         n = mask_of(self.eval_ids).sum(1).float()  # (M,)
         return {"tokenizer": self.name, "vocab_size": len(self.tokenizer), "n_tokens": int(n.sum()),
                 "mean_tokens": float(n.mean()), "max_tokens": int(self.eval_ids.shape[1]),
@@ -104,8 +103,6 @@ def check_encodes(tokenizer, texts: list[str], ids: list[list[int]], what: str) 
 def make_targets(opts, encoder, train_ids, eval_ids, texts_tr: list[str] | None, texts_ev: list[str] | None,
                  ) -> Targets:
     """The decoder's targets: the encoder's chunks, or the chunk texts in the decoder's own tokenizer."""
-    from memlab.probes.chunks import PAD, tokenize_chunks
-
     tok = decoder_tokenizer(opts)
     if tok is None:
         return Targets(encoder.tokenizer, train_ids, eval_ids, "the encoder's")

@@ -1,4 +1,10 @@
-"""Probe data, the embedding cache, decoder training and evaluation.
+"""Fit the probe's decoders: build them, train them as one group, score them on the held-out chunks.
+
+:func:`fit_decoders` is the probe run's decoder step: the probe decoder, with ``select_decoder`` the plain decoder
+beside it, and the control (the same decoder on a constant embedding) are built from the same seed and trained
+together by :func:`memlab.probes.group.train_decoders` (one loop: the same batches, optimiser, schedule and early
+stopping for each); the kept one is scored by :func:`evaluate` and the reconstruction scorers
+(:mod:`memlab.probes.scores`).
 
 Definitions (all on held-out chunks, nats, over the full vocabulary V of the
 probed model's tokenizer):
@@ -14,23 +20,19 @@ probed model's tokenizer):
 
 from __future__ import annotations
 
-import hashlib
-import json
+import copy
 import math
 import time
-from functools import lru_cache
-from pathlib import Path
+from dataclasses import replace
 
-import numpy as np
 import torch
 
-from memlab.data.corpus import load_corpus, make_splits, require_split, units
-from memlab.data.views import clean_text, token_chunks
-from memlab.devices import probe_autocast
-from memlab.errors import DataError, MemlabError
-from memlab.probes.chunks import fill_pad, mask_of, pick_texts, word_chunks
+from memlab.errors import DataError
+from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
-from memlab.progress import progress_bar
+from memlab.probes.group import autocast_context, train_decoders  # noqa: F401  (autocast_context re-exported)
+from memlab.probes.parts import DecoderKind, get_part, split_name
+from memlab.probes.scores import reconstruction_scores
 
 
 def start_token_id(tokenizer) -> int:
@@ -42,127 +44,8 @@ def start_token_id(tokenizer) -> int:
     return 0
 
 
-def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
-    """(B, T) -> (B, T): the start id, then the tokens up to T-1 (teacher forcing)."""
-    start = torch.full_like(ids[:, :1], start_id)  # (B, 1)
-    return torch.cat([start, ids[:, :-1]], dim=1)  # (B, T)
-
-
-@lru_cache(maxsize=2)
-def _splits(corpus: str) -> dict:
-    """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
-    seed 0: memlab's default data settings, read once per process."""
-    return make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
-
-
-@lru_cache(maxsize=2)
-def _split_texts(corpus: str) -> dict[str, list[str]]:
-    """Cleaned texts of each split of a corpus."""
-    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus).items()}
-
-
-def split_description(corpus: str) -> str:
-    """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
-    from memlab.data.corpus import describe_splits
-
-    return describe_splits(_splits(corpus))
-
-
-def _texts_of(corpus: str, split: str) -> list[str]:
-    splits = _split_texts(corpus)
-    if split not in splits:
-        raise DataError(f"unknown split '{split}'; use train, validation or test")
-    if not splits[split]:  # names the empty split and how the corpus was cut
-        require_split(_splits(corpus), split, corpus)
-    return splits[split]
-
-
-def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                at_most: bool = False) -> list[str]:
-    """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
-    (``at_most``: all there are when the split holds fewer than ``n``)."""
-    chosen = pick_texts(_texts_of(corpus, split), 7 * words * n * 2, seed)  # about 6 characters a word, twice
-    return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
-
-
-def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                 at_most: bool = False) -> torch.Tensor:
-    """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
-    (``at_most``: all there are when the split holds fewer than ``n``).
-
-    Splits are memlab's (chapter units, 5 % validation and 5 % test, seed 0),
-    so ``test`` is text no model trained by ``memlab train`` on the default
-    data settings has seen. Units are read in a seeded order until there are
-    enough tokens, and ``n`` chunks are drawn from them.
-    """
-    texts = _texts_of(corpus, split)
-    chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
-    try:
-        chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
-    except DataError as e:  # not one chunk: nothing to score or train on
-        raise DataError(f"the {split} split of '{corpus}' holds no chunk of {seq_len} tokens ({e})") from None
-    if chunks.shape[0] < n and not at_most:
-        raise DataError(f"the {split} split of '{corpus}' holds only {chunks.shape[0]} chunks of {seq_len} tokens; "
-                        f"{n} asked")
-    pick = torch.from_numpy(np.random.default_rng(seed + 1).permutation(chunks.shape[0])[:n])
-    return chunks[pick]  # (n, T)
-
-
-def _bar(total: int, desc: str, progress: bool | None):
-    """A tqdm bar on a terminal (or ``progress=True``), plain lines in a log (:func:`memlab.progress.progress_bar`)."""
-    return progress_bar(total, desc, progress)
-
-
-def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
-               desc: str = "encode") -> torch.Tensor:
-    """Run the frozen encoder once over full chunks ``(N, T)`` -> embeddings ``(N, D)`` float32."""
-    out = []
-    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
-    bar = _bar(ids.shape[0], desc, progress)
-    # an encoder that masks its padding (a transformers model) reads chunks of like length together, each batch
-    # cut to its longest chunk: no compute on padding; others (a space of fixed length) read the chunks as given
-    cut = getattr(encoder, "masks_padding", False)
-    order = torch.sort(mask_of(ids).sum(1), stable=True).indices if cut else torch.arange(ids.shape[0])  # (N,)
-    with torch.no_grad():
-        for i in range(0, ids.shape[0], batch_size):
-            b = ids[order[i : i + batch_size]]  # (b, T), PAD after each chunk's tokens
-            b = trim(b) if cut else b  # (b, T_b)
-            out.append(encoder.encode(fill_pad(b, pad_id), mask_of(b).long()))  # (b, D)
-            bar.update(b.shape[0])
-    bar.close()
-    z = torch.empty(ids.shape[0], out[0].shape[1], dtype=out[0].dtype) if out else torch.zeros(0, 0)  # (N, D)
-    z[order] = torch.cat(out)  # back in the chunks' order
-    if not torch.isfinite(z).all():
-        raise MemlabError(f"{getattr(encoder, 'name', 'the encoder')} gave non-finite embeddings")
-    return z
-
-
-def content_hash(key: dict, *tensors: torch.Tensor) -> str:
-    """sha256 of a JSON-able ``key`` and the bytes of ``tensors``: what a cached result depends on."""
-    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
-    for t in tensors:
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
-def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
-    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids (safetensors: one file,
-    or shards and an index when large, :mod:`memlab.data.chunkcache`)."""
-    if not cache_dir:
-        return encode_all(encoder, ids, **kw), False
-    from memlab.data.chunkcache import read_chunk_embeddings, write_chunk_embeddings
-
-    path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
-    z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)
-    if z is not None:
-        return z, True
-    z = encode_all(encoder, ids, **kw)
-    write_chunk_embeddings(path, z, ids)
-    return z, False
-
-
 def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for :class:`~memlab.probes.inversion.ProbeOptions` ``opts`` (its decoder fields and seed);
+    """A fresh decoder for :class:`~memlab.probes.options.ProbeOptions` ``opts`` (its decoder fields and seed);
     ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
     torch.manual_seed(opts.seed)
     v = len(tokenizer)
@@ -174,28 +57,10 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
                              max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
                              inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
                              input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
-    from memlab.probes.parts import DecoderKind, get_part, split_name
-
     part = get_part("decoder", opts.decoder)
     if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
         return part.impl.build(cfg, split_name(opts.decoder)[1], {o: getattr(opts, o) for o in part.options})
     return part.impl(cfg)
-
-
-def autocast_context(device: torch.device):
-    """bf16 autocast where the device multiplies bf16 natively, a CPU included; otherwise none
-    (:func:`memlab.devices.probe_autocast`, which decides; ``MEMLAB_ACCEL`` forces a side)."""
-    return probe_autocast(device)
-
-
-def trim(ids: torch.Tensor) -> torch.Tensor:
-    """(b, T) chunk ids -> (b, T_b): without the columns that are padding in every row (a host tensor: no sync)."""
-    n = int(mask_of(ids).sum(1).max()) if ids.numel() else 0
-    return ids[:, : max(n, 1)]
-
-
-def start_token_id_from(dec: ProbeDecoder) -> int:
-    return int(dec.config.start_id)
 
 
 @torch.no_grad()
@@ -207,7 +72,7 @@ def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: 
     device = next(dec.parameters()).device
     v, t_all = dec.config.vocab_size, ids.shape[1]
     nll_c, hit_c, hit_pos = [], [], []
-    start = start_token_id_from(dec)
+    start = int(dec.config.start_id)
     for i in range(0, ids.shape[0], batch_size):
         zb, tb = z[i : i + batch_size].to(device), trim(ids[i : i + batch_size]).to(device)  # (b, D), (b, T_b)
         logits = dec(zb, shift_right(fill_pad(tb), start)).float()  # (b, T_b, C)
@@ -245,3 +110,94 @@ class Timer:
 
     def __exit__(self, *a):
         self.seconds = time.perf_counter() - self.t0
+
+
+def _held_back_ce(history: list[dict]) -> float:
+    best = [h["best_val_ce"] for h in history if "best_val_ce" in h]
+    return best[-1] if best else float("inf")
+
+
+def _new_decoder(opts, tok, train_ids, z_train):
+    dec = build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
+    dec.set_normalization(z_train)
+    return dec
+
+
+def _scored(dec, opts, tok, z_eval, eval_ids) -> dict:
+    metrics = evaluate(dec, z_eval, eval_ids)
+    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers))
+    return metrics
+
+
+def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool = False, cache: dict | None = None,
+                 key: str | None = None, owner: str | None = None, desc: str = "probe decoder",
+                 batched: bool | None = None) -> dict:
+    """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.group`: one batched
+    pass, the same batches, each its own optimiser state and early stopping):
+
+    * the probe decoder on (z_train, train_ids);
+    * with ``select_decoder`` (and a bag head, and a held-back share) the plain decoder (no bag head, input dropout
+      ``plain_input_dropout``): the one with the lower held-back CE is kept. The bag head reads content a
+      positional read-out cannot learn from few chunks; it slows the positional read-out of an embedding that
+      keeps every position (measurements: docs/results/probes.md). Choosing on held-back chunks keeps the held-out reading honest; only the kept one is scored;
+    * with ``control`` the control: the same decoder on the mean training embedding for every chunk. It depends on
+      the token data and decoder options only (the decoder's standardisation turns the mean into exact zeros), so
+      probes of the same chunks share one through ``cache`` (keyed by ``key``); when cached it is not trained.
+
+    Returns ``{"probe": (decoder, held-out metrics, history, seconds), "control": (metrics, history, seconds, name
+    of the probe that trained it or None) or None}``; ``metrics["decoder_choice"]`` says which decoder was kept
+    and why. Seconds: the group's, split over its members by the steps each ran.
+    """
+    selects = opts.select_decoder and opts.bag_head and opts.val_fraction > 0  # a plain decoder to choose from
+    if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not selects and (
+            cache[key][3].config.embed_dim == z_train.shape[1]):  # a control of the same width: its very decoder
+        # a constant embedding standardises to the control's exact zeros, and the probe starts from the control's
+        # weights, batches and noise: its run is the cached control's, bit for bit (tests/test_probe_group.py)
+        metrics, hist_c, owner_, dec_c = cache[key]
+        dec_c = copy.deepcopy(dec_c)
+        dec_c.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
+        same = {**metrics, "run": "the cached control's (a constant embedding)"}
+        return {"probe": (dec_c, same, list(hist_c), 0.0), "control": (metrics, hist_c, 0.0, owner_)}
+    members = {"probe": (opts, z_train, z_eval)}
+    if selects:
+        members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
+    cached = control and cache is not None and key in cache
+    if control and not cached:
+        const = z_train.mean(0, keepdim=True)  # (1, D)
+        members["control"] = (opts, const.expand_as(z_train), const.expand_as(z_eval))
+    decs = {k: _new_decoder(o, tok, train_ids, zt) for k, (o, zt, _) in members.items()}
+    what = " and ".join(members) + (" decoders" if len(members) > 1 else " decoder")
+    hists, secs = train_decoders(list(decs.values()), [zt for _, zt, _ in members.values()], train_ids, opts,
+                                 progress=opts.progress, desc=desc if len(members) == 1 else what, batched=batched)
+    hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
+    kept = "probe"
+    if "plain" in members:
+        ce, ce2 = _held_back_ce(hist["probe"]), _held_back_ce(hist["plain"])
+        kept = "plain" if ce2 < ce else "probe"
+        choice = {"bag_head": ce, "plain": ce2, "kept": "plain" if kept == "plain" else "bag_head",
+                  "definition": "held-back CE (nats) of the decoder with the bag head and of the plain decoder (no "
+                                f"bag head, input dropout {opts.plain_input_dropout}); the lower is kept"}
+    m = _scored(decs[kept], members[kept][0], tok, z_eval, eval_ids)
+    if "plain" in members:
+        m["decoder_choice"] = choice
+    out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
+    if cached:
+        metrics, hist_c, owner_, _ = cache[key]
+        out["control"] = (metrics, hist_c, 0.0, owner_)
+    elif control:
+        mc = _scored(decs["control"], opts, tok, members["control"][2], eval_ids)
+        if cache is not None:
+            cache[key] = (mc, hist["control"], owner, decs["control"])
+        out["control"] = (mc, hist["control"], secs["control"], None)
+    return out
+
+
+def _is_constant(z_train: torch.Tensor, z_eval: torch.Tensor) -> bool:
+    """Whether every training and held-out embedding is one and the same vector."""
+    first = z_train[:1]  # (1, D)
+    return bool((z_train == first).all()) and bool((z_eval == first).all())
+
+
+def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
+    """:func:`fit_decoders` without a control: (decoder, metrics, history, seconds)."""
+    return fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, desc=desc)["probe"]

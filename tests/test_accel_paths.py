@@ -20,7 +20,7 @@ from memlab.config import TrainConfig
 from memlab.errors import MemlabError
 from memlab.probes.capture import HiddenStateEncoder
 from memlab.probes.group import DecoderGroup, train_decoders
-from memlab.probes.inversion import load_options, run_probe
+from memlab.probes.run import load_options, run_probe
 from memlab.probes.loading import resolve_dtype
 from memlab.probes.train import autocast_context
 from memlab.registry import FAMILIES

@@ -310,7 +310,7 @@ def test_probe_refuses_an_unusable_cache_dir_before_compute(tiny_llama, tmp_path
 
 def test_a_damaged_or_foreign_probe_cache_file_is_named_and_rebuilt(tiny_llama, tmp_path, capsys):
     from memlab.probes.loading import load_encoder
-    from memlab.probes.train import cached_encode
+    from memlab.probes.cache import cached_encode
 
     enc = load_encoder(str(tiny_llama))
     gen = torch.Generator().manual_seed(0)

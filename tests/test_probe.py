@@ -11,7 +11,7 @@ import transformers as tf
 
 from memlab.app.cli import main
 from memlab.errors import MemlabError
-from memlab.probes.inversion import ProbeOptions, load_options, run_probe
+from memlab.probes.run import ProbeOptions, load_options, run_probe
 from memlab.testing import check_embedding_space
 
 SHORT = ["Mr. Darcy.", "It was fine.", "They set out."]

@@ -90,7 +90,7 @@ def test_a_constant_embedding_reads_nothing_through_the_map(tmp_path):
 
 
 def test_random_embeddings_add_no_bits():
-    from memlab.probes import train as T
+    from memlab.probes import chunks as T
     from memlab.probes.chunks import cap_tokens
     from memlab.probes.intervals import readings
     from memlab.probes.loading import load_tokenizer

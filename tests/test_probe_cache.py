@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import memlab.data.chunkcache as cc
-from memlab.probes.inversion import load_options, run_probe
+from memlab.probes.run import load_options, run_probe
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=64", "n_eval=16",
         "epochs=1", "n_examples=2"]

@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 
 from memlab.app.cli import main
-from memlab.probes.inversion import load_options, run_probe
+from memlab.probes.run import ProbeOptions, load_options, run_probe
 from memlab.probes.synthetic import SyntheticEncoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -161,7 +161,6 @@ def test_calibrate_option_runs_positive_controls(tiny_llama, small_corpus):
 
 @pytest.mark.parametrize("select", [True, False])
 def test_decoder_selection_keeps_the_lower_held_back_ce(tokenizer, small_corpus, select):
-    from memlab.probes.fit import PLAIN_INPUT_DROPOUT
 
     over = [o for o in SMALL if not o.startswith(("inputs", "bag_head", "epochs", "patience"))]
     opts = load_options(None, over + ["inputs=teacher", "bag_head=true", "epochs=4", "patience=4",
@@ -176,6 +175,6 @@ def test_decoder_selection_keeps_the_lower_held_back_ce(tokenizer, small_corpus,
     assert choice["kept"] == ("plain" if choice["plain"] < choice["bag_head"] else "bag_head")
     kept_plain = choice["kept"] == "plain"
     assert bool(dec.config.bag_head) is not kept_plain and r["decoder"]["bag_head"] is not kept_plain
-    assert dec.config.input_dropout == (PLAIN_INPUT_DROPOUT if kept_plain else 0.0)
+    assert dec.config.input_dropout == (ProbeOptions.plain_input_dropout if kept_plain else 0.0)
     best = min(h["best_val_ce"] for h in r["history"]["probe"] if "best_val_ce" in h)
     assert best == pytest.approx(min(choice["plain"], choice["bag_head"]))  # the kept decoder's own history

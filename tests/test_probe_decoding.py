@@ -7,7 +7,7 @@ import torch
 
 from memlab.errors import ConfigError
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
-from memlab.probes.inversion import ProbeOptions, validate
+from memlab.probes.options import ProbeOptions, validate
 from memlab.probes.scores import reconstruct_ids
 
 V = 12

@@ -160,7 +160,7 @@ def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
 def test_a_constant_embedding_reuses_the_cached_control_run():
     """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
     decoder and metrics, without training again; trained anew it gives the same CE to the last bit."""
-    from memlab.probes.fit import fit_decoders
+    from memlab.probes.train import fit_decoders
 
     class Tok(_Tok):
         def batch_decode(self, rows, skip_special_tokens=True):

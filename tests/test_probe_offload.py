@@ -11,7 +11,7 @@ from conftest import one_line_error
 from memlab.app.cli import main
 from memlab.errors import ConfigError
 from memlab.probes import placement
-from memlab.probes.inversion import load_options, run_probe
+from memlab.probes.run import load_options, run_probe
 from memlab.probes.loading import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")

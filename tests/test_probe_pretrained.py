@@ -13,9 +13,9 @@ import torch
 
 from memlab.app.cli import main
 from memlab.errors import ModelError
-from memlab.probes import train as T
+from memlab.probes import chunks, train as T
 from memlab.probes.group import train_decoder
-from memlab.probes.inversion import load_options
+from memlab.probes.options import load_options
 from memlab.probes.pretrained import LM_PREFIX, WEIGHTS, PretrainedDecoder
 from tests.conftest import one_line_error
 
@@ -42,7 +42,7 @@ def _trained(corpus, **kw):
 
     opts = _opts(corpus, **kw)
     tok = load_tokenizer(str(TOY))
-    texts = T.probe_texts(4, 24, "train", str(corpus))
+    texts = chunks.probe_texts(4, 24, "train", str(corpus))
     from memlab.probes.chunks import tokenize_chunks
 
     ids, _ = tokenize_chunks(texts, tok)  # (24, T)
@@ -64,7 +64,7 @@ def test_probe_end_to_end_targets_in_the_decoders_tokenizer(tiny_llama, small_co
     rep = json.loads((out / "report.json").read_text())
     tg = rep["text"]["targets"]
     enc_tok, dec_tok = load_tokenizer(str(tiny_llama)), load_tokenizer(str(TOY))
-    texts = T.probe_texts(4, 12, "test", str(small_corpus), at_most=True)
+    texts = chunks.probe_texts(4, 12, "test", str(small_corpus), at_most=True)
     n_dec = sum(len(x) for x in dec_tok(texts, add_special_tokens=False)["input_ids"])
     n_enc = sum(len(x) for x in enc_tok(texts, add_special_tokens=False)["input_ids"])
     assert tg["tokenizer"] == str(TOY) and tg["vocab_size"] == len(dec_tok) != len(enc_tok)
@@ -119,7 +119,7 @@ def test_lora_trains_only_its_adapters_and_the_map(small_corpus, tmp_path):
 
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
-    x = T.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
 
 
@@ -137,7 +137,7 @@ def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_pa
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
     assert back.config.map_hidden == 12
-    x = T.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     # a control (a constant embedding, standardised to zeros) gets prompts with a spread all the same
     with torch.no_grad():
@@ -153,7 +153,7 @@ def test_a_probe_and_its_control_start_alike_whatever_the_embeddings_width(small
     from memlab.probes.loading import load_tokenizer
 
     tok = load_tokenizer(str(TOY))
-    ids, _ = tokenize_chunks(T.probe_texts(4, 8, "train", str(small_corpus)), tok)  # (8, T)
+    ids, _ = tokenize_chunks(chunks.probe_texts(4, 8, "train", str(small_corpus)), tok)  # (8, T)
     prompts = []
     for width in (6, 10):
         dec = T.build_decoder(width, tok, ids, _opts(small_corpus, **extra))
@@ -180,7 +180,7 @@ def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
     ptrs = {v.data_ptr() for k, v in after.items() if k.startswith(LM_PREFIX)}
     assert len([k for k in saved if k.startswith(LM_PREFIX)]) == len(ptrs)  # every LM tensor, a tied one once
     back = load_decoder(tmp_path / "dec")
-    x = T.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     assert not torch.allclose(back(z[:4], x), _trained(small_corpus)[0].eval()(z[:4], x), atol=1e-3)
 

@@ -22,7 +22,7 @@ def test_seen_in_training_counts_occurrences_by_hand():
 
 
 def test_report_says_how_often_training_holds_the_targets(tmp_path):
-    from memlab.probes.inversion import probe
+    from memlab.probes.run import probe
 
     rep = probe(model="synthetic:concat", out=tmp_path / "p", n_train=48, n_eval=12, seq_len=8, epochs=1,
                 hidden_size=16, num_layers=1, num_heads=2, batch_size=16, control=False, readouts=[],
@@ -34,12 +34,12 @@ def test_report_says_how_often_training_holds_the_targets(tmp_path):
 
 def test_chunk_texts_are_cut_once_per_process_for_the_same_options(monkeypatch):
     """Entries of one comparison read the same chunk texts: the second probe of the same options cuts nothing."""
-    from memlab.probes import chunks, inversion
+    from memlab.probes import chunks
     from memlab.probes.options import ProbeOptions
     from memlab.probes.synthetic import load_synthetic
     from memlab.paths import resource
 
-    inversion._cut_by_name.cache_clear()
+    chunks._cut_by_name.cache_clear()
     calls = []
     real = chunks.cap_tokens
     monkeypatch.setattr(chunks, "cap_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -47,12 +47,12 @@ def test_chunk_texts_are_cut_once_per_process_for_the_same_options(monkeypatch):
     opts = ProbeOptions(model="synthetic:concat", seq_len=8, n_train=30, n_eval=6, max_chunk_tokens=10,
                         chunk_tokenizer=tok)
     enc = load_synthetic("synthetic:concat", max_len=16)
-    first = inversion._words_data(opts, enc)
+    first = chunks._words_data(opts, enc)
     assert len(calls) == 2  # training and held-out texts
-    second = inversion._words_data(opts, enc)
+    second = chunks._words_data(opts, enc)
     assert len(calls) == 2 and second[2] == first[2] and second[3] == first[3]
     assert torch.equal(second[0], first[0])
     second[2].append("changed")  # a caller's list is its own
-    assert inversion._words_data(opts, enc)[2] == first[2][:30] and len(first[2]) == 30
-    inversion._words_data(ProbeOptions(**{**opts.__dict__, "seed": 1}), enc)  # other options: cut again
+    assert chunks._words_data(opts, enc)[2] == first[2][:30] and len(first[2]) == 30
+    chunks._words_data(ProbeOptions(**{**opts.__dict__, "seed": 1}), enc)  # other options: cut again
     assert len(calls) == 4

@@ -44,7 +44,7 @@ def test_probe_chunks_fit_the_counting_tokenizer(tiny_llama, tokenizer, small_co
     rep = json.loads((out / "report.json").read_text())
     assert rep["text"]["max_tokens"] <= 10 and "fit 10 tokens of" in rep["text"]["per_chunk"]
     # without the cap the same 16-word chunks are longer than 10 tokens
-    from memlab.probes import train as T
+    from memlab.probes import chunks as T
 
     texts = T.probe_texts(16, 8, "test", str(small_corpus), 0, at_most=True)
     ids, _ = tokenize_chunks(texts, tokenizer)
@@ -82,7 +82,7 @@ def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, 
     import torch
 
     from memlab.probes.loading import load_encoder
-    from memlab.probes.train import encode_all
+    from memlab.probes.cache import encode_all
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     texts = ["Emma", "It is a truth universally acknowledged", "short one", "a single man in possession of a good",

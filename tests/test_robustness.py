@@ -61,12 +61,12 @@ def test_one_large_text_file_is_cut_into_blocks_and_trains(one_file, tmp_path, s
 
 def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
     from memlab.data.tokenizer import train_bpe
-    from memlab.probes.train import probe_chunks
+    from memlab.probes.chunks import probe_chunks
 
     tok = train_bpe([one_file.read_text()], 300)
     ids = probe_chunks(tok, 16, 8, "test", str(one_file), 0)
     assert ids.shape == (8, 16)
-    from memlab.probes.train import split_description
+    from memlab.probes.chunks import split_description
 
     assert "paragraph blocks" in split_description(str(one_file))
     # and `memlab probe --corpus book.txt` runs end to end
@@ -86,7 +86,7 @@ def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
 
 
 def test_an_empty_split_is_named(tmp_path):
-    from memlab.probes.train import probe_chunks
+    from memlab.probes.chunks import probe_chunks
     from memlab.data.tokenizer import train_bpe
 
     f = tmp_path / "tiny.txt"
@@ -192,7 +192,7 @@ def test_a_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, small
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert main(["train", "--resume", str(run), "train.max_steps=4"]) == 0
-    from memlab.probes.inversion import load_options, run_probe
+    from memlab.probes.run import load_options, run_probe
 
     probe_dir = tmp_path / "probe"
     holder = _holder(probe_dir, fresh=True)  # a probe writing into it

@@ -260,7 +260,7 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     directory is new or empty (:class:`memlab.outdir.OutputFolder`): a quickstart that fails removes what it made.
     """
     from memlab.config import apply_overrides
-    from memlab.probes.inversion import load_options, run_probe
+    from memlab.probes.run import load_options, run_probe
 
     entries = entries if entries is not None else default_entries()
     names = [e.name for e in entries]
@@ -286,7 +286,7 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
                    folder: OutputFolder) -> dict:
     """The quickstart's work inside its claimed folder: probe each entry, then write table.md, the plot and
     summary.json."""
-    from memlab.probes.inversion import load_options, run_probe
+    from memlab.probes.run import load_options, run_probe
 
     run_dir, progress = folder.path, ctx.progress
     rows, reports, controls = [], {}, {}

@@ -13,7 +13,7 @@ from typing import Any
 def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm", n_train: int = 512,
                     epochs: float = 2.0, out_dir=None) -> dict[str, Any]:
     try:
-        from memlab.probes.inversion import load_options, run_probe
+        from memlab.probes.run import load_options, run_probe
     except ImportError:
         return {"skipped": "memlab.probes is not installed"}
     from memlab.errors import MemlabError

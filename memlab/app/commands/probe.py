@@ -77,7 +77,7 @@ def run(args) -> int:
     import time
 
     from memlab.errors import ConfigError
-    from memlab.probes.inversion import load_options, run_probe
+    from memlab.probes.run import load_options, run_probe
     from memlab.probes.report import format_summary
 
     from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve

@@ -1,0 +1,131 @@
+"""Calibration: does the probe read what is there? Positive controls of known content.
+
+A probe of a synthetic encoder (:mod:`memlab.probes.synthetic`) is checked against what it must read
+(``concat``: token accuracy >= 0.99; ``bag``: token-set F1 of the bag-of-words read-out >= 0.9;
+``constant``: the interval of its information gain holds 0; with the alignment read-out also
+:func:`check_align`). With ``calibrate=True`` a probe of any model also fits the same decoder on
+``synthetic:concat`` codes and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks in the
+model's own tokenizer: when these positive controls fail, the report says that the probe could not see, not that
+the model forgot (``report["calibration"]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.probes.chunks import fill_pad, mask_of
+from memlab.probes.parts import fit_readout
+from memlab.probes.synthetic import SyntheticEncoder
+from memlab.probes.train import fit_selected
+
+
+EXPECT = {"concat": ("token_accuracy", 0.99), "bag": ("bow_token_set_f1", 0.9), "constant": ("information_gain", 0.01)}
+"""What a working probe reads from each synthetic encoder: (metric, threshold). For ``bag`` the set is read by the
+bag-of-words read-out: its top-k at the chunk's own k is a token-set F1 (precision = recall there); a decoder
+that emits every position at once cannot spread an order-free set over positions (it repeats the likeliest
+token), so its TF1 is reported but not the test."""
+
+
+def _check(control: str, metric: str, value, passed: bool, needs: str, **extra) -> dict:
+    return {"control": control, "metric": metric, "value": value, "needs": needs, "passed": passed, **extra}
+
+
+def _verdict(checks: list[dict]) -> dict:
+    return {"status": "passed" if all(c["passed"] for c in checks) else "failed", "checks": checks}
+
+
+ALIGN_SLACK = 0.05
+"""The alignment read-out's positive control: of a synthetic encoder that keeps every token (``concat``) it reads at
+least its target's own reading of the same chunks less this much (the map loses no more); of ``constant`` its gain's
+interval holds 0."""
+
+
+def check_align(kind: str, readings: dict) -> list[dict]:
+    """The alignment read-out's checks on a synthetic encoder (:data:`ALIGN_SLACK`); none when it was not fitted."""
+    a = (readings.get("readouts") or {}).get("align")
+    if not a or kind == "bag":  # a bag keeps no order: what a target that reads sequences makes of it is not known
+        return []
+    name = f"synthetic:{kind} (align read-out into {a.get('target', 'its target')})"
+    if kind == "constant":
+        r = (readings.get("readings") or {}).get("align_gain")
+        if r is None:
+            return []
+        return [_check(name, "align gain", r["value"], r["low"] <= 0.0 <= r["high"], "its interval holds 0",
+                       interval=[r["low"], r["high"]])]
+    own = (a.get("own") or {}).get("recovered")
+    if own is None:
+        return []
+    return [_check(name, "recovered", a["recovered"], a["recovered"] >= own - ALIGN_SLACK,
+                   f"recovered >= its target's own {own:.3f} - {ALIGN_SLACK}", own=own, r2=a["own"].get("r2"))]
+
+
+def check_synthetic(kind: str, readings: dict) -> dict:
+    """Calibration of a synthetic encoder's own probe: its metric against its threshold (:data:`EXPECT`), and the
+    alignment read-out's checks when it was fitted (:func:`check_align`)."""
+    got = _check_synthetic(kind, readings)
+    extra = check_align(kind, readings)
+    if not extra:
+        return got
+    if got["status"] == "unchecked":
+        return {**_verdict(extra), "note": got["note"]}
+    return _verdict(got["checks"] + extra)
+
+
+def _check_synthetic(kind: str, readings: dict) -> dict:
+    metric, thr = EXPECT[kind]
+    name, bow = f"synthetic:{kind}", readings.get("bow")
+    if metric == "bow_token_set_f1" and bow:
+        value = bow["recovered"]
+        return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])
+    missing = ("the bag-of-words read-out (readouts=[bow, ...])" if metric == "bow_token_set_f1" and not bow else
+               "the control (control=true)" if metric == "information_gain" and readings.get("probe") is not None
+               and readings.get("information_gain") is None else None)
+    if missing or (readings.get("probe") is None and not bow):
+        fits = missing or ("the sequence probe (sequence=true) or the bag-of-words read-out" if kind == "concat"
+                           else "the bag-of-words read-out")
+        return {"status": "unchecked", "checks": [], "note": f"{name} is checked by {fits}, which this probe did not fit"}
+    if readings.get("probe") is None:  # no sequence probe (a BoW-only sweep): the read-out's share or gain
+        if kind == "constant":
+            value = bow["gain"]
+            return _verdict([_check(name, "bow gain", value, abs(value) <= thr, f"bow gain |x| <= {thr}")])
+        value, thr = bow["recovered"], EXPECT["bag"][1]
+        return _verdict([_check(name, "bow recovered", value, value >= thr, f"bow recovered >= {thr}")])
+    if metric == "information_gain":
+        value, r = readings.get("information_gain"), (readings.get("readings") or {}).get("information_gain")
+        if r is not None:  # nothing is there to read: the interval must hold 0
+            return _verdict([_check(name, metric, value, r["low"] <= 0.0 <= r["high"],
+                                    "its interval holds 0", interval=[r["low"], r["high"]])])
+        return _verdict([_check(name, metric, value, value is not None and abs(value) <= thr,
+                                f"|information gain| <= {thr}")])
+    value = readings["probe"][metric]
+    return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])
+
+
+def _codes(kind: str, tok, ids: torch.Tensor) -> torch.Tensor:
+    """Synthetic ``kind`` embeddings (N, D) of chunks ``ids`` (N, T) in their own tokenizer."""
+    return SyntheticEncoder(kind, tok, max_len=ids.shape[1]).encode(fill_pad(ids), mask_of(ids).long())
+
+
+def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
+    """Positive controls in the model's tokenizer on the same chunks: concat (sequence decoder), bag (BoW)."""
+    _, m, _, secs = fit_selected(opts, tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
+                                 _codes("concat", tok, eval_ids), desc="calibration decoder")
+    b = fit_readout(train_ids, eval_ids, _codes("bag", tok, train_ids), _codes("bag", tok, eval_ids),
+                        seed=opts.seed, device=opts.device)
+    (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
+    return _verdict([
+        _check("synthetic:concat", m_concat, m[m_concat], m[m_concat] >= t_concat, f"{m_concat} >= {t_concat}",
+               seconds=secs),
+        _check("synthetic:bag (bag-of-words read-out)", "recovered", b["recovered"], b["recovered"] >= t_bag,
+               f"recovered >= {t_bag}", seconds=b["seconds"]),
+    ])
+
+
+def calibration(opts, tok, train_ids, eval_ids, readings: dict) -> dict:
+    """The report's calibration section (see the module doc)."""
+    if opts.model.startswith("synthetic:"):
+        return check_synthetic(opts.model.split(":")[1], readings)
+    if opts.calibrate and readings.get("probe"):
+        return calibrate_on(opts, tok, train_ids, eval_ids)
+    return {"status": "unchecked", "checks": [],
+            "note": "positive controls not run on these chunks (calibrate=true, or the quickstart's calibration rows)"}

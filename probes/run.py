@@ -1,0 +1,267 @@
+"""One probe run, top-down: how much of its input does a frozen model keep in one embedding?
+
+:func:`run_probe` reads as the steps of a probe, each one call into the module that owns it:
+
+1. load the encoder (:func:`load_encoder`: the registered encoder kind that takes ``opts.model``,
+   :mod:`memlab.probes.parts`);
+2. cut the text (:func:`memlab.probes.chunks.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
+   once as text, the same for every model, and the decoder's targets, :mod:`memlab.probes.targets`);
+3. encode once (:func:`memlab.probes.cache.encode_data`, disk-cached with ``cache_dir``);
+4. fit the decoders, read out, score and put intervals on the readings (:func:`fit_one`: the probe decoder and its
+   control trained as one group, :mod:`memlab.probes.train`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
+   the paired bootstrap intervals, :mod:`memlab.probes.intervals`; the calibration,
+   :mod:`memlab.probes.calibration`);
+5. build and write the report (:class:`memlab.probes.result.ProbeReport`, :mod:`memlab.probes.report`).
+
+The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`) loop over the same :func:`fit_one`.
+
+By default the decoder reads the true previous tokens (``inputs="teacher"``), the embedding is added to every
+position (``conditioning="unrolled"``) and a position-shared linear read-out of it is added to every position's
+logits (``bag_head``); ``inputs="blank"`` blanks the token inputs, so all it knows of a chunk comes through the
+embedding. A tenth of the training chunks is held back for early stopping (the best epoch's weights are kept). A
+*control* decoder, same size and budget, trains on a constant embedding (the mean training embedding): it measures
+what the decoder guesses without the embedding. The report leads with the bits per chunk and per character the
+embedding adds over the control, every reading with its paired bootstrap interval and a retention line.
+
+Python::
+
+    from memlab.probes import probe
+    report = probe("minilm", pool="mean", n_train=2000, out="runs/probe-minilm")
+    report.retention, report.readings["bits_per_chunk"], report.probe["token_accuracy"]
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from memlab.errors import ModelError
+from memlab.probes import cache, chunks
+from memlab.probes.calibration import calibration
+from memlab.probes.intervals import readings, retention
+from memlab.probes.options import ProbeOptions, load_options, train_sizes, validate  # noqa: F401  (re-exported)
+from memlab.probes.parts import check_readouts, encoder_kind, fit_readout, get_part, readout_context, takes_context
+from memlab.probes.report import format_summary, peak_memory_mb, write_report
+from memlab.probes.result import ProbeReport
+from memlab.probes.scores import limit_line
+from memlab.probes.space import FittedProbe
+from memlab.probes.targets import make_targets
+from memlab.probes.train import Timer, fit_decoders, information_gain
+from memlab.rundir import claim
+
+ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
+                "device_map", "max_memory", "offload_dir",
+                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device",
+                "encode_batch_size",
+                "ci_level", "ci_resamples", "layers", "layers_sequence"}
+"""Options a control run does not depend on."""
+
+
+def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
+    """What a control run depends on: the token data, the vocabulary size and the decoder's options. Not the
+    embedding's width: the decoder draws every weight the width does not shape first, from the seed, and the
+    control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
+    from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
+    decoder_side = {k: v for k, v in vars(opts).items() if k not in ENCODER_SIDE}
+    return cache.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
+
+
+def load_encoder(opts: ProbeOptions, encoder=None):
+    """``encoder``, or the one the registered encoder kind that takes ``opts.model`` builds."""
+    if encoder is not None:
+        return encoder
+    kind = encoder_kind(opts.model)
+    if kind is None:
+        raise ModelError(f"no registered encoder kind takes '{opts.model}'")
+    placed = {k: getattr(opts, k) for k in ("device_map", "max_memory", "offload_dir") if getattr(opts, k) is not None}
+    return kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
+                          random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
+                          dtype=opts.encoder_dtype, max_len=opts.seq_len, **placed)
+
+
+def fit_length(encoder, ids: torch.Tensor):
+    """A resizable encoder (a synthetic one) rebuilt for chunks of ``ids.shape[1]`` tokens when it is shorter."""
+    if getattr(encoder, "resizable", False) and encoder.max_length < ids.shape[1]:
+        return encoder.resized(ids.shape[1])
+    return encoder
+
+
+def _public(m: dict | None) -> dict | None:
+    """A metrics dict without its per-chunk arrays (keys starting with ``_``)."""
+    return None if m is None else {k: v for k, v in m.items() if not k.startswith("_")}
+
+
+def interval_readings(opts, eval_ids, tok, probe, control, bow, chars=None, readouts: dict | None = None) -> dict:
+    """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts); ``readouts``: every
+    fitted read-out by name (``bow`` among them or given alone)."""
+    chars = chars if chars is not None else chunks.chunk_chars(eval_ids, tok)
+    per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if k != "bow" and v.get("_per_chunk")}
+    return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
+                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), (bow or {}).get("_per_chunk"),
+                    n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed, readouts=per)
+
+
+def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):
+    """(training, held-out) texts as the chunks' tokens decode, when a chosen read-out reads text; else None."""
+    if not (fit_readouts and any(takes_context(get_part("readout", n).impl) for n in opts.readouts)):
+        return None
+    return tuple(tok.batch_decode(chunks.rows(x), skip_special_tokens=True) for x in (train_ids, eval_ids))
+
+
+def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
+            control_key: str | None = None, sequence: bool = True, fit_readouts: bool = True, chars=None,
+            texts=None) -> dict:
+    """Fit one set of cached embeddings: the sequence decoder and its control (``sequence``), the read-outs
+    (``fit_readouts``: ``opts.readouts``), the intervals, the calibration and the limit line. A probe run, every
+    layer of a layer sweep and every size (and method) of a learning curve is one call.
+
+    ``chars``: characters of each held-out chunk's text (default: as its tokens decode); ``texts``: (training texts,
+    held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode). Returns a dict with
+    probe, control, information_gain, bow, readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
+    retention, limited_by, calibration, history, timing and ``_decoder`` (the fitted sequence decoder, or None).
+    """
+    out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None, "bow": None,
+           "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
+           "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
+    if sequence:
+        got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
+                           cache=control_cache, key=control_key, owner=opts.model)
+        dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = got["probe"]
+        out["_decoder"] = dec
+        if opts.control:
+            c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = got["control"]
+            out["control"] = c
+            out["information_gain"] = information_gain(out["probe"]["ce"], c["ce"])
+        out["limited_by"] = limit_line(out["probe"], out["control"])
+    out["readouts"] = {}
+    context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, fit_readouts),
+                              int(z_train.shape[1]))
+    for name in opts.readouts if fit_readouts else []:
+        out["readouts"][name] = fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
+                                            context=context, device=opts.device)
+        out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
+    out["bow"] = out["readouts"].get("bow")
+    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars,
+                                        out["readouts"])
+    out["retention"] = retention(out["readings"], opts.ci_level)
+    out["_reconstruction"] = (out["probe"] or {}).get("_reconstruction")
+    for k in ("probe", "control", "bow"):
+        out[k] = _public(out[k])
+    out["readouts"] = {k: _public(v) for k, v in out["readouts"].items()}
+    out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
+    return out
+
+
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, text: dict, targets) -> ProbeReport:
+    """The typed report from one :func:`fit_one` of ``targets``."""
+    tok, dec = encoder.tokenizer, fit["_decoder"]
+    k = min(opts.n_examples, eval_ids.shape[0]) if dec is not None else 0
+    recon = (fit.get("_reconstruction") or [])[:k]
+    inputs = tok.batch_decode(chunks.rows(eval_ids[:k]), skip_special_tokens=True)
+    return ProbeReport(
+        model=opts.model if not opts.random_init else f"{opts.model} (random init)",
+        encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(targets.tokenizer), seq_len=opts.seq_len,
+        n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
+        text=chunks.public_text(text),
+        decoder=None if dec is None else {"kind": opts.decoder, "targets_in": targets.name,
+                                          "parameters": sum(p.numel() for p in dec.parameters()),
+                                          "trained_parameters": sum(p.numel() for p in dec.parameters()
+                                                                    if p.requires_grad),
+                                          "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
+                                          "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
+                                          "input_dropout": float(dec.config.input_dropout),
+                                          "repeat_penalty": float(dec.config.repeat_penalty)},
+        **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by", "bow",
+                                  "readouts", "readings", "retention", "calibration", "history")},
+        examples=[{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
+        timing=dict(fit["timing"]), memory=peak_memory_mb())
+
+
+def claim_out(run_dir: str | Path | None) -> None:
+    """A used or unwritable output folder is refused before any compute; it stays locked until the process ends."""
+    if run_dir is not None:
+        claim(run_dir, fresh=True, what="probe")
+
+
+def setup(opts: ProbeOptions, run_dir, encoder=None):
+    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with."""
+    validate(opts)
+    claim_out(run_dir)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    with Timer() as t_load:
+        encoder = load_encoder(opts, encoder)
+    train_ids, eval_ids, text = chunks.probe_data(opts, encoder)
+    targets = make_targets(opts, encoder, train_ids, eval_ids, *text["_texts"])
+    text["targets"] = targets.describe(text["_texts"][1])
+    encoder = fit_length(encoder, train_ids)
+    if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
+        check_readouts(opts, readout_context(opts, encoder.tokenizer, text["_texts"], encoder.dim))
+    return encoder, train_ids, eval_ids, text, t_load.seconds, targets
+
+
+def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
+    """The report's notes: how the corpus was split, fewer held-out chunks than asked, a small training budget."""
+    if not opts.model.startswith("synthetic:"):
+        report.data_split = chunks.split_description(opts.corpus)
+    if note := chunks.eval_note(opts, eval_ids):
+        report.eval_note = note  # and report.n_eval is the number scored
+    default_n = ProbeOptions.n_train
+    if (n := max(train_sizes(opts))) < default_n:
+        report.budget_note = (f"n_train={n} is below the default {default_n}: on the measured learning curves "
+                              "(docs/results/probes.md) readings still rise with more chunks; read this as a lower "
+                              "bound")
+
+
+def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
+    """The fitted probe (when there is a decoder), report.json and the plots into ``run_dir``."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if report.fitted is not None:
+        # a scratch decoder's targets in a named tokenizer: the reloaded probe decodes in it too
+        report.fitted.save(out, {**cache.encoder_spec(opts, encoder), "target_tokenizer": opts.target_tokenizer})
+    report.run_dir = str(out)
+    write_report(report, out)
+
+
+def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
+              control_cache: dict | None = None) -> ProbeReport:
+    """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
+
+    ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
+    same decoder options is reused from it (the report names the probe that trained it).
+    """
+    t_start = time.perf_counter()
+    # load the encoder and cut the text
+    encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
+    # encode once
+    with Timer() as t_enc:
+        z_train, z_eval, cached = cache.encode_data(opts, encoder, train_ids, eval_ids)
+    # fit the decoders, read out, score, put intervals on the readings
+    fit = fit_one(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache,
+                  control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=opts.sequence,
+                  fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
+    # the report
+    report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
+    _notes(report, opts, eval_ids)
+    report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
+                         total_s=time.perf_counter() - t_start)
+    if fit["_decoder"] is not None:
+        report.fitted = FittedProbe(encoder, fit["_decoder"], tg.tokenizer)
+    if run_dir is not None:
+        _write(report, opts, encoder, run_dir)
+    if verbose:
+        print(format_summary(report))
+    return report
+
+
+def probe(model: str = "minilm", out: str | Path | None = None, config: str | Path | None = None, encoder=None,
+          **options) -> ProbeReport:
+    """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
+
+    ``report.fitted`` is the fitted probe (an EmbeddingSpace).
+    """
+    opts = load_options(config, model=model, **options)
+    return run_probe(opts, out, encoder=encoder)
