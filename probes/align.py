@@ -168,12 +168,6 @@ def standardise(z: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch
     return (z.double() - mean) * scale  # (N, D)
 
 
-def ridge_weights(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """Closed-form ridge ``argmin ||y - x W||^2 + lam ||W||^2`` of centred ``x`` (N, D), ``y`` (N, D') -> (D, D')."""
-    u, s, vt = torch.linalg.svd(x, full_matrices=False)  # (N, r), (r,), (r, D)
-    return vt.T @ ((s / (s * s + lam))[:, None] * (u.T @ y))  # (D, D')
-
-
 def fit_ridge(z: torch.Tensor, y: torch.Tensor, alphas=ALPHAS) -> RidgeMap:
     """Standardise ``z`` (N, D), centre ``y`` (N, D') and pick the ridge strength by exact leave-one-out."""
     z, y = z.double(), y.double()

@@ -43,12 +43,6 @@ def recovered_per_chunk(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Ten
     return out
 
 
-def recovered_share(scores: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor) -> float:
-    """Mean over chunks of :func:`recovered_per_chunk`."""
-    per = recovered_per_chunk(scores, ids, kept)
-    return sum(per) / max(len(per), 1)
-
-
 class _Labels:
     """The compact vocabulary of the training chunks and each batch's multi-hot over it, on ``device``."""
 

@@ -155,12 +155,6 @@ def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
                           "final_norm": _path_of(bb, norm), "why": why}
 
 
-def locate_layers(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
-    """(block list, final norm) of a model: from :data:`ARCHITECTURES`, else :func:`find_layers`."""
-    layers, norm, _ = hook_plan(model)
-    return layers, norm
-
-
 def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
     """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)``."""
     lengths = mask.sum(1).long()  # (B,)

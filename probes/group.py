@@ -45,7 +45,7 @@ BATCHED = "on accelerators"
 """Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one
 pass instead of several small ones saves launches (:func:`memlab.devices.batched_groups` decides; ``MEMLAB_ACCEL``
 forces a side). On a CPU the members run one after another within each step (measured faster on 2 cores:
-docs/probes.md), and each member's arithmetic is then exactly what it would be alone, so a probe of a constant
+docs/results/probes.md), and each member's arithmetic is then exactly what it would be alone, so a probe of a constant
 embedding equals its cached control to the last bit."""
 
 LOG_EVERY = 10

@@ -33,16 +33,6 @@ import math
 
 import numpy as np
 
-GAINS = ("bits_per_chunk", "bits_per_char", "information_gain", "token_accuracy_gain", "token_set_f1_gain",
-         "bow_gain")
-"""Readings that measure what the embedding adds over a control: the ones "no evidence" applies to (and every
-read-out's ``NAME_gain``, ``NAME_bits_per_chunk`` and ``NAME_token_set_f1_gain``: :func:`is_gain`)."""
-
-
-def is_gain(name: str) -> bool:
-    """Whether the reading ``name`` measures what the embedding adds over a control."""
-    return name in GAINS or name.endswith(("_gain", "_bits_per_chunk"))
-
 NO_EVIDENCE = "no evidence of retention"
 
 

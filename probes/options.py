@@ -52,7 +52,7 @@ class ProbeOptions:
     model's own, which makes the text differ between models)."""
     n_train: int | list[int] = 8000
     """Training chunks (from the corpus's train split); a list (e.g. [1000, 4000, 16000]) fits each size on one
-    encoder pass and writes the learning curve. 8,000 from the learning curve (docs/probes.md); fewer is marked
+    encoder pass and writes the learning curve. 8,000 from the learning curve (docs/results/probes.md); fewer is marked
     in the report."""
     n_eval: int = 256
     """Held-out chunks (from ``eval_split``); a split that holds fewer is scored whole, with a warning and a note."""
@@ -104,12 +104,12 @@ class ProbeOptions:
     select_decoder: bool = True
     """With bag_head: also fit the plain decoder (no bag head, input dropout 0.3) and keep the one with the lower
     held-back CE (needs val_fraction > 0). The bag head reads content a positional read-out cannot learn from few
-    chunks; it slows the read-out of embeddings that keep every position (docs/probes.md). Costs one more decoder."""
+    chunks; it slows the read-out of embeddings that keep every position (docs/results/probes.md). Costs one more decoder."""
     cond_dropout: float = 0.0
     """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
     epochs: float = 30.0
     """Most passes of the decoder over the cached training embeddings; early stopping usually ends sooner (real
-    encoders over-fit within 3-6 epochs), while a decoder that still improves keeps going (concat needs ~30)."""
+    encoders over-fit within a few epochs), while a decoder that still improves keeps going (docs/results/probes.md)."""
     val_fraction: float = 0.1
     """Share of the training chunks held back for early stopping and decoder selection (0: train all epochs, keep
     the last weights, no selection)."""
@@ -131,7 +131,7 @@ class ProbeOptions:
     """Gradient norm clipping (0: none)."""
     plain_input_dropout: float = 0.3
     """Input dropout of the plain decoder fitted beside the bag-head one (select_decoder): with it, teacher inputs
-    read synthetic concat whole instead of over-fitting their own language model (docs/probes.md)."""
+    read synthetic concat whole instead of over-fitting their own language model (docs/results/probes.md)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     sequence: bool = True

@@ -24,8 +24,8 @@ vec2text's embedding transform). Into a frozen or LoRA-adapted LM, a linear
 map cannot turn codes the LM never saw (synthetic ``concat``'s random ones)
 into its token embeddings; a non-linear one could, but on concat it read no
 more. Fine-tuned, the LM learns the codes itself, and a linear map passes the
-positive control (``configs/probes/calibration_pretrained.yaml``; docs/probes.md,
-"The pretrained decoder's variants on concat").
+positive control (``configs/probes/calibration_pretrained.yaml``;
+docs/results/probes.md).
 
 Targets are the chunk texts in the decoder's own tokenizer (see
 :mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder

@@ -23,6 +23,10 @@ DEFINITIONS = {
                  "and control resampled together); a gain whose interval holds 0 is 'no evidence of retention'",
 }
 
+SCHEMA_VERSION = 1
+"""The layout of report.json (``schema_version``): raised when a key is renamed, moved or removed; keys are only
+ever added within one version (``tests/test_probe_report_schema.py`` pins the layout)."""
+
 
 @dataclass
 class ProbeReport:
@@ -63,6 +67,8 @@ class ProbeReport:
     eval_note: str | None = None
     """Set when the held-out split holds fewer chunks than ``n_eval`` asked: all there are are scored."""
     run_dir: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    """The layout of this report (:data:`SCHEMA_VERSION`)."""
     fitted: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:

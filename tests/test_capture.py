@@ -8,7 +8,7 @@ import transformers as tf
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan, locate_layers,
+from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan,
                                    pool_states, right_pad, wrap_special)
 
 V = 101
@@ -86,7 +86,7 @@ def test_hook_matches_output_hidden_states(arch):
     assert model.config.model_type == arch and (arch in ARCHITECTURES) == (arch != "opt")
     ids, mask = _batch()
     ref = _reference(model, ids, mask)
-    layers, norm = locate_layers(model)
+    layers, norm, _ = hook_plan(model)
     n = len(layers)
     assert n == 2 and len(ref) == n + 1
     for layer in range(n + 1):

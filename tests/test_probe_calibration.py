@@ -74,7 +74,7 @@ def test_scores_agree_with_references():
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
     from memlab.metrics import sentence_bleu as memlab_bleu
-    from memlab.probes.bow import recovered_share
+    from memlab.probes.bow import recovered_per_chunk
     from memlab.probes.scores import exact_match, limit_line, token_set_f1
 
     true = torch.tensor([[1, 2, 3, 4], [5, 5, 6, 7]])
@@ -87,7 +87,7 @@ def test_scores_agree_with_references():
     # top-k with k = distinct tokens of each chunk; scores over kept ids [1, 2, 3, 5]
     kept = torch.tensor([1, 2, 3, 5])
     scores = torch.tensor([[0.9, 0.8, 0.1, 0.0], [0.0, 0.1, 0.2, 0.9]])
-    assert recovered_share(scores, torch.tensor([[1, 2, 1], [5, 3, 4]]), kept) == pytest.approx((1.0 + 2 / 3) / 2)
+    assert recovered_per_chunk(scores, torch.tensor([[1, 2, 1], [5, 3, 4]]), kept) == pytest.approx([1.0, 2 / 3])
     full = {"token_set_f1": 0.9, "token_accuracy": 0.3}
     assert limit_line(full, {"token_set_f1": 0.1, "token_accuracy": 0.05}).startswith("order-limited")
 

@@ -55,9 +55,9 @@ FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, ta
             n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, hidden_size=128,
             num_layers=2, num_heads=4, batch_size=32, lr=2e-3, n_examples=3)
 """Chunks of 24 words (at most 32 tokens of the toy BPE: the memory autoencoder's length), 2000 training chunks, at
-most 12 epochs and the bag-head decoder alone (no second, plain decoder to select from): the nine entries took 757 s
-on 2 cores (docs/results.md), over the 10-minute target; the probe is not saturated there (docs/probes.md: learning
-curve): the calibration rows say how far it sees."""
+most 12 epochs and the bag-head decoder alone (no second, plain decoder to select from): its time and
+readings are in docs/results.md; the probe is not saturated there (docs/results/probes.md: learning curve): the
+calibration rows say how far it sees."""
 FAST = dict(seq_len=16, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, target_tokenizer=CHUNK_TOKENIZER,
             n_train=64, n_eval=16, epochs=1, hidden_size=32, num_layers=1, num_heads=4,
             batch_size=16, lr=2e-3, n_examples=1)
@@ -163,9 +163,8 @@ CALIBRATION = ("synthetic:concat", "synthetic:bag", "synthetic:constant")
 
 def bag_budget(base: dict) -> dict:
     """The bag row's own budget: its test is the bag-of-words read-out, which reads a set only from more chunks than
-    the decoders get (0.926 at 8,000, 0.788 at 2,000, where a read-out that knew the codes gets 0.787:
-    docs/probes.md) and needs no decoder: the read-out alone (the set is its test, not the order) on four times the
-    quickstart's chunks."""
+    the decoders get (docs/results/probes.md) and needs no decoder: the read-out alone (the set is its test, not the
+    order) on four times the quickstart's chunks."""
     return dict(sequence=False, n_train=4 * int(base["n_train"]))
 
 
