@@ -380,8 +380,10 @@ class SpaceEncoder:
             self.max_length = space.input_max_length
         else:
             self.max_length = getattr(space, "max_length", None) or getattr(space, "max_tokens", None)
-        for m in ([space] if isinstance(space, nn.Module) else [v for v in vars(space).values() if isinstance(v, nn.Module)]):
+        modules = [space] if isinstance(space, nn.Module) else [v for v in vars(space).values() if isinstance(v, nn.Module)]
+        for m in modules:
             m.eval().requires_grad_(False)
+        self.device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
         self.dim = int(self.encode_text(["a"]).shape[-1])
 
     def describe(self) -> dict:
@@ -392,7 +394,7 @@ class SpaceEncoder:
             raise ModelError(f"sequences of {int(attention_mask.sum(1).max())} tokens are longer than {self.name} "
                              f"allows ({self.max_length})")
         with torch.no_grad():
-            z = self.space.encode(input_ids, attention_mask)  # (B, D) or (B, K, D)
+            z = self.space.encode(input_ids.to(self.device), attention_mask.to(self.device))  # (B, D) or (B, K, D)
         return z.reshape(z.shape[0], -1).float().cpu()  # (B, D')
 
     def encode_text(self, sentences: list[str]) -> torch.Tensor:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from memlab import assets
-from memlab.devices import auto_dtype
+from memlab.devices import auto_dtype, running_on
 from memlab.errors import ModelError
 from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
@@ -134,10 +134,11 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
     return model
 
 
-def _space_encoder(spec: str) -> SpaceEncoder:
+def _space_encoder(spec: str, device: str = "cpu") -> SpaceEncoder:
     from memlab.space import build_space
 
-    return SpaceEncoder(build_space(spec.partition(":")[2]), name=spec)
+    with running_on(torch.device(device)):  # the space's modules are built onto the probe's device
+        return SpaceEncoder(build_space(spec.partition(":")[2]), name=spec)
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
@@ -203,7 +204,7 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
     if spec.startswith("space:"):
         if random_init:
             raise ModelError("random_init applies to transformers models, not to memlab spaces")
-        return _space_encoder(spec)
+        return _space_encoder(spec, device)
     folder, gguf_file, default_pool = resolve_source(spec)
     model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device),
                         device=device, placement=placement)

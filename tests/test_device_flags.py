@@ -107,3 +107,21 @@ def test_bench_mfu_finds_the_shipped_configs_from_any_folder(tmp_path, monkeypat
     (tmp_path / "configs" / "token_lm" / "small.yaml").write_text("name: mine\n")
     assert config_path("configs/token_lm/small.yaml") == "configs/token_lm/small.yaml"  # a file here is read first
     assert config_path("configs/token_lm/nope.yaml") == "configs/token_lm/nope.yaml"  # absent: named as given
+
+
+def test_quickstart_encoders_run_where_their_probes_do(tmp_path, monkeypatch):
+    """Each entry's encoder is loaded onto the device its probe resolved (a GPU machine's ``auto``), not the CPU."""
+    import memlab.devices
+    from memlab.app import quickstart as qs
+    from memlab.errors import MemlabError
+    from memlab.probes import loading
+
+    monkeypatch.setattr(memlab.devices, "resolve_device", lambda name="auto": torch.device("meta"))
+    seen = []
+    monkeypatch.setattr(loading, "load_encoder", lambda spec, **kw: seen.append(kw.get("device")) or
+                        (_ for _ in ()).throw(MemlabError("stop after loading")))
+    entry = qs.Entry("toy", "last token", qs._hf(lambda c: "unused", pool="last"))
+    with pytest.raises(MemlabError, match="stop after loading"):
+        qs.run_quickstart(out=str(tmp_path / "q"), fast=True, entries=[entry])
+    assert seen == ["meta"]
+    assert not (tmp_path / "q").exists()  # the failed quickstart removed its folder
