@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memlab.errors import ModelError
+from memlab.progress import fold_bars
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -89,7 +90,11 @@ def _from_pretrained(model_class, folder: str | Path, read_by_tensor: bool, **kw
     if not files:
         if not kw.get("gguf_file"):  # a hub name's cached pickle is refused by transformers itself
             kw.setdefault("use_safetensors", True)
-        return model_class.from_pretrained(str(folder), **kw)
+            return model_class.from_pretrained(str(folder), **kw)
+        from transformers import modeling_gguf_pytorch_utils as gguf_reader  # deferred: needs gguf, read only here
+
+        with fold_bars(gguf_reader):  # its de-quantisation bar, drawn as memlab's progress in a memlab command
+            return model_class.from_pretrained(str(folder), **kw)
     from safetensors import safe_open
 
     cls = model_class

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from memlab import __version__, devices, interrupts
 from memlab.app import launched
+from memlab.app.quiet import quiet_libraries
 from memlab.errors import MemlabError
 
 VERBS = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench", "launch")
@@ -34,17 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in VERBS:
         importlib.import_module(f"memlab.app.commands.{verb.replace('-', '_')}").add_parser(sub)
     return parser
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 0
-    _quiet_libraries()
     try:
         devices.forced()  # a wrong MEMLAB_ACCEL is one line before anything runs
-        with interrupts.stop_on_signals():  # SIGINT, SIGTERM: the clean-ups run, then one line below
+        # the libraries' bars and warnings as memlab's lines, for this command only (memlab.app.quiet)
+        with interrupts.stop_on_signals(), quiet_libraries():  # SIGINT, SIGTERM: the clean-ups run, then one line
             return int(args.func(args) or 0)
     except MemlabError as e:
         if not (e.quiet or launched.quiet_on_this_process()):

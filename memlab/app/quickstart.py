@@ -44,6 +44,7 @@ from memlab import assets
 from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
+from memlab.progress import WorkLine
 
 CHECKPOINTS = resource("checkpoints")
 
@@ -298,7 +299,7 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
             rows.append({"name": e.name, "skipped": reason})
             print(f"[{e.name}] skipped: {reason}", flush=True)
             continue
-        print(f"[{e.name}] loading and probing ({e.embedding})...", flush=True)
+        line = WorkLine(f"[{e.name}]", f"loading and probing ({e.embedding})...")  # on a terminal: one live line
         t = time.perf_counter()
         encoder = e.load(ctx)
         own = budget(e)
@@ -311,8 +312,8 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
         r["own_budget"] = {k: v for k, v in own.items() if base.get(k) != v}
         seq = (f"token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
                f"{r['control_token_set_f1']:.3f}), " if rep.probe else "read-out alone, ")
-        print(f"[{e.name}] {r['retention']}; {seq}bag-of-words {r['bow_recovered']:.3f} (prior "
-              f"{r['bow_prior']:.3f}) {r['calibration']} ({r['seconds']:.0f}s)", flush=True)
+        line.done(f"{r['retention']}; {seq}bag-of-words {r['bow_recovered']:.3f} (prior {r['bow_prior']:.3f})"
+                  + (f" {r['calibration']}" if r["calibration"] else "") + f" ({r['seconds']:.0f}s)")
         del encoder
     if not reports:
         raise MemlabError("no quickstart entry could run")
