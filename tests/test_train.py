@@ -39,20 +39,21 @@ def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
 
 def test_shipped_toy_config_on_bundled_corpus(tmp_path):
     run = tmp_path / "run"
-    rc = main(["train", str(ROOT / "configs/token_lm/toy.yaml"), "--out", str(run),
-               "train.max_steps=60", "train.eval_every=30", "train.save_every=30", "train.log_every=10"])
+    rc = main(["train", str(ROOT / "configs/token_lm/toy.yaml"), "--out", str(run), "train.max_steps=40",
+               "train.batch_size=8", "train.eval_every=20", "train.save_every=20", "train.eval_batches=2",
+               "train.log_every=10"])
     assert rc == 0
     for f in ("config.yaml", "metrics.jsonl", "summary.json", "plots/loss.png", "tokenizer/tokenizer.json"):
         assert (run / f).is_file(), f
-    ck = run / "checkpoints" / "step-00000060"
+    ck = run / "checkpoints" / "step-00000040"
     for f in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "trainer_state.json", "tokenizer.json"):
         assert (ck / f).is_file(), f
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 60 and summary["eval"]["loss"] > 0 and summary["tokens_per_s"] > 0
+    assert summary["steps"] == 40 and summary["eval"]["loss"] > 0 and summary["tokens_per_s"] > 0
     losses = _losses(run)
     assert losses[-1] < losses[0] - 0.5, losses  # it learns
     evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-    assert [e["step"] for e in evals] == [30, 60]
+    assert [e["step"] for e in evals] == [20, 40]
     # the saved model reloads and generates
     assert main(["generate", "--run", str(run), "--prompt", "It was", "--max-new-tokens", "5"]) == 0
 
