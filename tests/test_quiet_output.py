@@ -136,6 +136,14 @@ def test_inside_a_command_library_output_is_memlab_lines_and_put_back_after(monk
     assert warnings.showwarning is not quiet._show_warning
 
 
+def test_logs_a_user_asked_for_stay_the_library_s_own(monkeypatch):
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    own = list(logging.getLogger("transformers").handlers)
+    with quiet.quiet_libraries():
+        assert logging.getLogger("transformers").handlers == own
+        assert isinstance(logging.getLogger("accelerate").handlers[0], quiet.LibraryLog)
+
+
 def test_a_command_that_fails_keeps_its_entry_line_above_the_error(tmp_path, monkeypatch):
     from memlab.app import quickstart
 

@@ -14,8 +14,9 @@ command, set by :func:`memlab.app.cli.main`; nothing changes at import):
   exceptions are untouched;
 * ``TOKENIZERS_PARALLELISM`` is false unless set (tokenizers' warning on fork).
 
-Everything is put back when the command ends. ``TRANSFORMERS_VERBOSITY`` set
-by the user leaves transformers' logging as transformers has it.
+Everything is put back when the command ends. A library's logs asked for by
+its own variable (``TRANSFORMERS_VERBOSITY``, ``TORCH_LOGS``, ...) are left as
+the library has them.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ NOISE = (
 """Library warnings that say nothing a memlab user can act on (regular expressions, searched in the message)."""
 _NOISE = re.compile("|".join(f"(?:{p})" for p in NOISE))
 
-LIBRARIES = ("transformers", "accelerate", "huggingface_hub", "datasets", "tokenizers", "torch", "safetensors",
-             "gguf", "sentence_transformers")
-"""Libraries whose log records memlab shows as its own lines (records of other loggers are left alone)."""
+LIBRARIES = {"transformers": "TRANSFORMERS_VERBOSITY", "accelerate": "ACCELERATE_LOG_LEVEL",
+             "huggingface_hub": "HF_HUB_VERBOSITY", "datasets": "DATASETS_VERBOSITY", "torch": "TORCH_LOGS",
+             "tokenizers": None, "safetensors": None, "gguf": None}
+"""Libraries whose log records memlab shows as its own lines, each with the variable by which a user asks for its
+own logs (then they are left as the library has them); records of other loggers are left alone."""
 
 
 def is_noise(message: str) -> bool:
@@ -114,11 +117,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 @contextmanager
 def _logs(handler: logging.Handler):
-    """``handler`` on the libraries' loggers (transformers' own stderr handler set aside) for the block."""
-    transformers_own = "TRANSFORMERS_VERBOSITY" not in os.environ
+    """``handler`` on the libraries' loggers (their own handlers, e.g. transformers' stderr one, set aside) for the
+    block; a library whose logs the user asked for (:data:`LIBRARIES`) keeps its own."""
     saved = []
-    for name in LIBRARIES:
-        if name == "transformers" and not transformers_own:
+    for name, asked in LIBRARIES.items():
+        if asked and asked in os.environ:
             continue
         log = logging.getLogger(name)
         saved.append((log, list(log.handlers), log.propagate))
