@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import sys
 import types
 import warnings
 
 import pytest
+import transformers as tf
 from transformers.utils import logging as hf_logging
 
 from memlab import progress
-from memlab.app import quiet
+from memlab.app import quickstart, quiet
 from memlab.app.cli import main
+from memlab.errors import MemlabError
+from memlab.probes.loading import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,8 +114,6 @@ def test_inside_a_command_library_output_is_memlab_lines_and_put_back_after(monk
     library = types.ModuleType("somelib")
     library.tqdm = object()
     with quiet.quiet_libraries():
-        import os
-
         assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
         log.warning("Detected kernel version 4.4.0, which is below the recommended minimum of 5.5.0")  # noise
         log.warning("Some weights could not be read:\n  a.weight\n  b.weight")  # matters: one line
@@ -128,7 +130,7 @@ def test_inside_a_command_library_output_is_memlab_lines_and_put_back_after(monk
                    "memlab: error: transformers: the file is damaged", "detail on its second line",
                    "memlab: warning: lib: a library's advice"]
     # after the command: the libraries as they were
-    assert "TOKENIZERS_PARALLELISM" not in __import__("os").environ
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
     assert logging.getLogger("transformers").handlers == own_handlers
     assert not isinstance(hf_logging.tqdm(range(1), desc="Loading weights"), progress.PlainProgress)
     with progress.fold_bars(library):  # outside a command a library's bar is its own
@@ -145,10 +147,8 @@ def test_logs_a_user_asked_for_stay_the_library_s_own(monkeypatch):
 
 
 def test_a_command_that_fails_keeps_its_entry_line_above_the_error(tmp_path, monkeypatch):
-    from memlab.app import quickstart
-
     def broken(ctx):
-        raise quickstart.MemlabError("cannot read the model")
+        raise MemlabError("cannot read the model")
 
     monkeypatch.setattr(quickstart, "default_entries", lambda: [quickstart.Entry("bad", "nothing", broken)])
     tty = Terminal()
@@ -197,10 +197,7 @@ def test_gguf_dequantisation_is_drawn_as_memlab_progress(tmp_path, tokenizer, ca
     """A GGUF load runs transformers' de-quantisation bar: inside a command it is memlab's (nothing in a log for a
     short one), outside a command it is the library's own."""
     pytest.importorskip("gguf")
-    import transformers as tf
-    from test_probe_gguf import write_llama_gguf  # a tiny Llama as a GGUF file
-
-    from memlab.probes.loading import load_encoder
+    from test_probe_gguf import write_llama_gguf  # a tiny Llama as a GGUF file (needs gguf: imported here)
 
     model = tf.LlamaModel(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
