@@ -7,7 +7,8 @@ warnings and Python warnings. Inside :func:`quiet_libraries` (the scope of one
 command, set by :func:`memlab.app.cli.main`; nothing changes at import):
 
 * the libraries' bars are drawn as memlab's progress
-  (:func:`memlab.progress.library_bar`);
+  (:func:`memlab.progress.library_bar`); the Hugging Face Hub's download bars
+  stay its own (a download is long work, worth its bar);
 * a library warning that says nothing to a memlab user (:data:`NOISE`) is
   dropped; any other is one line ``memlab: warning: LIBRARY: first line``;
 * a library's logged error is printed whole, as ``memlab: error: LIBRARY: ...``;
@@ -37,8 +38,6 @@ NOISE = (
     r"The attention mask and the pad token id were not set",
     r"`use_cache=True` is incompatible with gradient checkpointing",
     r"Loading a GGUF checkpoint with its weights packed is fastest in float32",  # memlab's dtype (--dtype) decides
-    # accelerate: a checkpoint's task head that the encoder does not read (memlab checks every key itself)
-    r"were not used when initializing",
     # accelerate and torch, on the machine or on torch's internals rather than the run
     r"Detected kernel version .* below the recommended minimum",
     r"enable_nested_tensor is True, but self.use_nested_tensor is False",
