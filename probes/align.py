@@ -44,8 +44,9 @@ from functools import lru_cache
 import torch
 
 from memlab.errors import ConfigError, DataError, ModelError
+from memlab.probes.sections import AlignOptions
 
-DEFAULT_TARGET = "space:memory_ae"
+DEFAULT_TARGET = AlignOptions.align_target
 """``space:memory_ae`` without a path: the shipped memory autoencoder (memlab/resources/checkpoints/memory_ae-small)."""
 ALPHAS = tuple(10.0 ** k for k in range(-6, 5))
 """Ridge strengths tried, per training chunk (``lambda = alpha * N`` on the standardised embedding)."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from memlab.probes.sections import BowOptions
+
 
 def multi_hot(ids: torch.Tensor, to_compact: torch.Tensor, n: int) -> torch.Tensor:
     """(N, T) token ids -> (N, n) 0/1 float on ``ids``' device: which compact ids occur in each chunk (unseen
@@ -88,10 +90,12 @@ def _score(head, z: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, prior: 
 
 
 def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor, ids_eval: torch.Tensor,
-            epochs: int = 60, lr: float = 1e-2, weight_decay: float = 1e-4, batch_size: int = 256,
-            val_fraction: float = 0.1, patience: int = 5, seed: int = 0, device: str | torch.device = "cpu") -> dict:
+            epochs: int = BowOptions.bow_epochs, lr: float = BowOptions.bow_lr,
+            weight_decay: float = BowOptions.bow_weight_decay, batch_size: int = BowOptions.bow_batch_size,
+            val_fraction: float = BowOptions.bow_val_fraction, patience: int = BowOptions.bow_patience, seed: int = 0,
+            device: str | torch.device = "cpu") -> dict:
     """Fit the read-out on (N, D) embeddings of (N, T) chunks on ``device``; score it and its prior on the
-    held-out chunks."""
+    held-out chunks (the training settings: the read-out's options, :class:`memlab.probes.sections.BowOptions`)."""
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     labels = _Labels(ids_train, ids_eval, device)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from memlab.probes.parts import Conditioning, EncoderKind, Part, register_part
+from memlab.probes.sections import AlignOptions, BowOptions, LlamaOptions, PrefixOptions, TeacherOptions
 
 
 def _load_encoder(spec: str, **kw):
@@ -63,7 +64,7 @@ register_part("conditioning", Part("unrolled", Conditioning(lambda c: c.max_len,
                                    description="projected to max_len vectors, one added to each position"))
 register_part("conditioning", Part("prefix", Conditioning(lambda c: c.prefix_len, _prefix_join,
                                                           lambda c: c.prefix_len),
-                                   options=("prefix_len",), description="projected to prefix_len memory vectors"))
+                                   options_class=PrefixOptions, description="projected to prefix_len memory vectors"))
 
 
 def _teacher(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
@@ -77,7 +78,7 @@ def _blank(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
     return torch.full_like(ids, config.start_id)  # (B, T): all the decoder knows comes through the embedding
 
 
-register_part("inputs", Part("teacher", _teacher, options=("input_dropout", "repeat_penalty"),
+register_part("inputs", Part("teacher", _teacher, options_class=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
 register_part("inputs", Part("blank", _blank, description="the start token everywhere (a blank copy)"))
 
@@ -88,17 +89,20 @@ def _llama(config):
     return ProbeDecoder(config)
 
 
-register_part("decoder", Part("llama", _llama, options=("target_tokenizer",),
+register_part("decoder", Part("llama", _llama, options_class=LlamaOptions,
                                description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
-def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu") -> dict:
+def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu",
+         options: BowOptions = BowOptions()) -> dict:
     from memlab.probes.bow import fit_bow
 
-    return fit_bow(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device)
+    return fit_bow(z_train, train_ids, z_eval, eval_ids, epochs=options.bow_epochs, lr=options.bow_lr,
+                   weight_decay=options.bow_weight_decay, batch_size=options.bow_batch_size,
+                   val_fraction=options.bow_val_fraction, patience=options.bow_patience, seed=seed, device=device)
 
 
-register_part("readout", Part("bow", _bow, description="bag-of-words read-out: a linear multi-label head"))
+register_part("readout", Part("bow", _bow, options_class=BowOptions, description="bag-of-words read-out: a linear multi-label head"))
 
 
 def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
@@ -113,7 +117,7 @@ def _align_check(context) -> None:
     check_target(context)
 
 
-register_part("readout", Part("align", _align, options=("align_target",), check_context=_align_check,
+register_part("readout", Part("align", _align, options_class=AlignOptions, check_context=_align_check,
                               description="alignment read-out: a ridge map into align_target's space, read by its "
                                           "own decoder"))
 

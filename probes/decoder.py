@@ -62,6 +62,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from memlab.probes.parts import get_part
+from memlab.probes.sections import DecoderSection, LlamaOptions, PrefixOptions, TeacherOptions
 
 ATTENTION = "memlab_one_dtype_sdpa"
 """The probe decoder body's attention implementation (registered with transformers below)."""
@@ -90,11 +91,15 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the masks SDPA gets
 class ProbeDecoderConfig(PretrainedConfig):
     model_type = "memlab_probe_decoder"
 
+    # the defaults are the probe options' (memlab.probes.sections), where they live once
     def __init__(self, embed_dim: int = 64, vocab_size: int = 512, kept_ids: list[int] | None = None,
-                 start_id: int = 0, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
-                 intermediate_size: int | None = None, max_len: int = 64, conditioning: str = "prefix",
-                 prefix_len: int = 4, inputs: str = "teacher", cond_dropout: float = 0.0, bag_head: bool = False,
-                 input_dropout: float = 0.0, repeat_penalty: float = 0.0, **kwargs):
+                 start_id: int = 0, hidden_size: int = LlamaOptions.hidden_size,
+                 num_layers: int = LlamaOptions.num_layers, num_heads: int = LlamaOptions.num_heads,
+                 intermediate_size: int | None = None, max_len: int = 64,
+                 conditioning: str = DecoderSection.conditioning, prefix_len: int = PrefixOptions.prefix_len,
+                 inputs: str = DecoderSection.inputs, cond_dropout: float = DecoderSection.cond_dropout,
+                 bag_head: bool = DecoderSection.bag_head, input_dropout: float = TeacherOptions.input_dropout,
+                 repeat_penalty: float = TeacherOptions.repeat_penalty, **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from memlab.errors import ConfigError
@@ -61,8 +61,10 @@ class Part:
 
     name: str
     impl: Any
-    options: tuple[str, ...] = ()
-    """ProbeOptions fields that apply to this part alone."""
+    options_class: type | None = None
+    """The part's own options (a dataclass, fields with docstrings and defaults): given as flat ``name=value`` like
+    any probe option, refused when the part is not chosen, and handed to the part's code typed
+    (:func:`part_options`)."""
     description: str = ""
     argument: str = ""
     """What the ``:ARG`` after the part's name names (empty: the part takes none)."""
@@ -71,6 +73,19 @@ class Part:
     check_context: Callable[..., None] | None = None
     """Read-outs: ``check_context(context: ReadoutContext)``, run once the chunks are cut, before any fitting (one
     clear error, or nothing)."""
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The names of the part's own options."""
+        return tuple(f.name for f in fields(self.options_class)) if self.options_class is not None else ()
+
+
+def part_options(opts, part: Part):
+    """``part``'s options dataclass, with the values ``opts`` holds (its defaults without ``opts``)."""
+    cls = part.options_class
+    if cls is None:
+        return None
+    return cls(**{f.name: getattr(opts, f.name) for f in fields(cls)}) if opts is not None else cls()
 
 
 @dataclass(frozen=True)
@@ -90,13 +105,24 @@ class ReadoutContext:
         return getattr(self.opts, name, default) if self.opts is not None else default
 
 
-def takes_context(impl) -> bool:
-    """Whether a read-out's ``f`` accepts the ``context`` keyword."""
+def takes(impl, keyword: str) -> bool:
+    """Whether a part's ``f`` accepts ``keyword`` (by name or through ``**kwargs``)."""
     try:
         params = inspect.signature(impl).parameters
     except (TypeError, ValueError):
         return False
-    return "context" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def takes_context(impl) -> bool:
+    """Whether a read-out's ``f`` accepts the ``context`` keyword."""
+    return takes(impl, "context")
+
+
+def own_options(part: Part, opts) -> dict:
+    """``{"options": the part's options}`` when the part has options and its ``f`` takes them, else ``{}``."""
+    return {"options": part_options(opts, part)} if part.options_class is not None and takes(part.impl, "options") \
+        else {}
 
 
 def readout_context(opts, tok, texts, dim: int | None = None) -> ReadoutContext:
@@ -109,8 +135,10 @@ def fit_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str =
                 device: str = "cpu") -> dict:
     """The registered read-out ``name`` (default the bag of words) fitted on ``device`` and scored, with its seconds;
     a read-out that takes a ``context`` keyword gets ``context`` (:class:`ReadoutContext`)."""
-    impl = get_part("readout", name).impl
+    part = get_part("readout", name)
+    impl = part.impl
     kw = {"context": context} if takes_context(impl) else {}
+    kw.update(own_options(part, context.opts if context is not None else None))
     t0 = time.perf_counter()
     out = impl(z_train, train_ids, z_eval, eval_ids, seed=seed, device=device, **kw)
     out["seconds"] = time.perf_counter() - t0

@@ -57,6 +57,7 @@ from torch import nn
 from memlab.errors import ConfigError, ModelError
 from memlab.probes.decoder import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
 from memlab.probes.parts import DecoderKind, Part, get_part, register_part
+from memlab.probes.sections import PretrainedOptions
 
 WEIGHTS = "decoder.safetensors"
 LM_PREFIX = "lm."
@@ -69,7 +70,8 @@ class PretrainedDecoderConfig(ProbeDecoderConfig):
 
     model_type = "memlab_pretrained_probe_decoder"
 
-    def __init__(self, source: str = "", lora_r: int = 0, lora_alpha: float = 16.0, lm_fingerprint: str = "",
+    def __init__(self, source: str = "", lora_r: int = PretrainedOptions.lora_r,
+                 lora_alpha: float = PretrainedOptions.lora_alpha, lm_fingerprint: str = "",
                  map_hidden: int = 0, finetune: bool = False, **kwargs):
         self.source = source
         self.lora_r = lora_r
@@ -280,17 +282,17 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         save_file({k: v.detach().cpu().contiguous() for k, v in self.trained_state().items()}, str(out / WEIGHTS))
 
 
-def build(config: ProbeDecoderConfig, arg: str, options: dict) -> PretrainedDecoder:
+def build(config: ProbeDecoderConfig, arg: str, options: PretrainedOptions | dict | None = None) -> PretrainedDecoder:
     """The ``pretrained:ARG`` decoder for a built config (vocabulary in the LM's tokenizer) and the part's options."""
     seed = int(torch.initial_seed())
     lm = load_lm(arg)
     torch.manual_seed(seed)  # the map's draws do not depend on whether the LM was read from disk or the cache
     names = set(inspect.signature(ProbeDecoderConfig.__init__).parameters) - {"self", "kwargs"}
     fields = {k: getattr(config, k) for k in names}
-    cfg = PretrainedDecoderConfig(source=_stored_name(arg), lora_r=int(options.get("lora_r", 0)),
-                                  lora_alpha=float(options.get("lora_alpha", 16.0)), lm_fingerprint=fingerprint(lm),
-                                  map_hidden=int(options.get("map_hidden", 0)),
-                                  finetune=bool(options.get("finetune", False)), **fields)
+    o = options if isinstance(options, PretrainedOptions) else PretrainedOptions(**(options or {}))
+    cfg = PretrainedDecoderConfig(source=_stored_name(arg), lora_r=int(o.lora_r), lora_alpha=float(o.lora_alpha),
+                                  lm_fingerprint=fingerprint(lm), map_hidden=int(o.map_hidden),
+                                  finetune=bool(o.finetune), **fields)
     return PretrainedDecoder(cfg, lm)
 
 
@@ -355,6 +357,6 @@ def check(opts, arg: str, explicit: set) -> None:
 
 register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options=("lora_r", "lora_alpha", "map_hidden", "finetune"),
+    options_class=PretrainedOptions,
     argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
     check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, LoRA or fine-tuned)"))

@@ -33,6 +33,7 @@ Python::
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -41,22 +42,20 @@ from memlab.errors import ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
 from memlab.probes.intervals import readings, retention
-from memlab.probes.options import ProbeOptions, load_options, train_sizes, validate  # noqa: F401  (re-exported)
+from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
 from memlab.probes.parts import check_readouts, encoder_kind, fit_readout, get_part, readout_context, takes_context
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
 from memlab.probes.result import ProbeReport
 from memlab.probes.scores import limit_line
+from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
 from memlab.probes.targets import make_targets
 from memlab.probes.train import Timer, fit_decoders, information_gain
 from memlab.rundir import claim
 
-ENCODER_SIDE = {"model", "layer", "pool", "final_norm", "random_init", "special_tokens", "encoder_dtype", "readouts",
-                "device_map", "max_memory", "offload_dir",
-                "align_target", "calibrate", "cache_dir", "progress", "threads", "n_examples", "device",
-                "encode_batch_size",
-                "ci_level", "ci_resamples", "layers", "layers_sequence"}
-"""Options a control run does not depend on."""
+ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
+                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)})
+"""Options a control run does not depend on: the encoder's, the read-outs' and the run's."""
 
 
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
@@ -186,8 +185,9 @@ def claim_out(run_dir: str | Path | None) -> None:
 
 
 def setup(opts: ProbeOptions, run_dir, encoder=None):
-    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with."""
-    validate(opts)
+    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with
+    (the resolved options first)."""
+    opts = resolved(opts)  # checked once: options from load_options are not checked again
     claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -199,7 +199,7 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     encoder = fit_length(encoder, train_ids)
     if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
         check_readouts(opts, readout_context(opts, encoder.tokenizer, text["_texts"], encoder.dim))
-    return encoder, train_ids, eval_ids, text, t_load.seconds, targets
+    return opts, encoder, train_ids, eval_ids, text, t_load.seconds, targets
 
 
 def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
@@ -235,7 +235,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     """
     t_start = time.perf_counter()
     # load the encoder and cut the text
-    encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
+    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
     # encode once
     with Timer() as t_enc:
         z_train, z_eval, cached = cache.encode_data(opts, encoder, train_ids, eval_ids)

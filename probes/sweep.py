@@ -107,7 +107,7 @@ def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int
 def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
     """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
     t0 = time.perf_counter()
-    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
@@ -173,7 +173,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
-    encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
     methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
     with Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)

@@ -31,7 +31,7 @@ from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.group import autocast_context, train_decoders  # noqa: F401  (autocast_context re-exported)
-from memlab.probes.parts import DecoderKind, get_part, split_name
+from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
 from memlab.probes.scores import reconstruction_scores
 
 
@@ -59,8 +59,8 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
                              input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
     part = get_part("decoder", opts.decoder)
     if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
-        return part.impl.build(cfg, split_name(opts.decoder)[1], {o: getattr(opts, o) for o in part.options})
-    return part.impl(cfg)
+        return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
+    return part.impl(cfg, **own_options(part, opts))
 
 
 @torch.no_grad()

@@ -5,45 +5,57 @@ from __future__ import annotations
 from pathlib import Path
 
 from memlab.app.commands import check_threads
+from memlab.probes.options import ProbeOptions
+from memlab.probes.sections import ReadoutSection
 
-FLAGS = {  # flag -> (ProbeOptions field, type, help)
-    "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end (default -1)"),
-    "--pool": ("pool", str, "last, second_last, mean or first (default: the shortcut's, else last)"),
-    "--seq-len": ("seq_len", int, "words per chunk (default 32; with chunk_by=tokens: tokens of the model's tokenizer)"),
-    "--n-train": ("n_train", str, "training chunks (default 8000); a comma list (1000,4000,16000) fits each size on one "
-                                  "encoder pass and writes the learning curve"),
-    "--n-eval": ("n_eval", int, "held-out chunks (default 256; all there are, with a warning, when the split holds fewer)"),
-    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings, > 0 (default 30; early stopping, "
-                                  "patience 3)"),
-    "--batch-size": ("batch_size", int, "decoder batch size (default 32)"),
-    "--lr": ("lr", float, "decoder learning rate, > 0 (default 2e-3)"),
-    "--conditioning": ("conditioning", str, "unrolled (added per position, default) or prefix (memory prefix)"),
-    "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens, default) or blank (blank copy)"),
-    "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping (default 0.1)"),
-    "--decoder": ("decoder", str, "llama (a small decoder trained from scratch, default) or pretrained:NAME (a causal "
-                                  "LM: shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
+FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the field's default (memlab.probes.sections)
+    "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end"),
+    "--pool": ("pool", str, "a registered pooling: last, second_last, mean or first (unset: the shortcut's, else last)"),
+    "--seq-len": ("seq_len", int, "words per chunk (with chunk_by=tokens: tokens of the model's tokenizer)"),
+    "--n-train": ("n_train", str, "training chunks; a comma list (1000,4000,16000) fits each size on one encoder pass "
+                                  "and writes the learning curve"),
+    "--n-eval": ("n_eval", int, "held-out chunks (all there are, with a warning, when the split holds fewer)"),
+    "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings, > 0 (early stopping: patience)"),
+    "--batch-size": ("batch_size", int, "decoder batch size"),
+    "--lr": ("lr", float, "decoder learning rate, > 0"),
+    "--conditioning": ("conditioning", str, "unrolled (added per position) or prefix (memory prefix)"),
+    "--inputs": ("inputs", str, "decoder token inputs: teacher (true previous tokens) or blank (blank copy)"),
+    "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping"),
+    "--decoder": ("decoder", str, "llama (a small decoder trained from scratch) or pretrained:NAME (a causal LM: "
+                                  "shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
                                   "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA, "
                                   "finetune=true trains it whole, map_hidden=H puts a hidden layer in the map)"),
     "--compare": ("compare", str, "methods read from one encoder pass, as a comparison: decoders (llama, "
                                   "pretrained:NAME) and read-outs (align, bow), comma-separated, each with its own "
                                   "options in brackets (pretrained:memlab-lm[conditioning=prefix]); every method at "
                                   "every --n-train size: curve.md/json and plots/compare.png"),
-    "--hidden-size": ("hidden_size", int, "decoder width (default 128)"),
-    "--num-layers": ("num_layers", int, "decoder blocks (default 2)"),
-    "--corpus": ("corpus", str, "corpus of the held-out text (default austen)"),
+    "--hidden-size": ("hidden_size", int, "decoder width (decoder=llama)"),
+    "--num-layers": ("num_layers", int, "decoder blocks (decoder=llama)"),
+    "--corpus": ("corpus", str, "corpus of the held-out text"),
     "--cache-dir": ("cache_dir", str, "cache embeddings on disk here (safetensors) and reuse them"),
-    "--device": ("device", str, "auto (default: the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
-    "--seed": ("seed", int, "seed (default 0)"),
-    "--dtype": ("encoder_dtype", str, "encoder weights: auto (default: bf16 where the device multiplies it natively, else float32), float32, bfloat16 or float16"),
+    "--device": ("device", str, "auto (the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
+    "--seed": ("seed", int, "seed"),
+    "--dtype": ("encoder_dtype", str, "encoder weights: auto (bf16 where the device multiplies it natively, else "
+                                      "float32), float32, bfloat16 or float16"),
     "--device-map": ("device_map", str, "encoder placement: auto (accelerate: blocks over the GPUs, then host memory, "
-                                        "then disk) or none (whole on --device); default: auto only when the model "
+                                        "then disk) or none (whole on --device); unset: auto only when the model "
                                         "does not fit the device"),
     "--max-memory": ("max_memory", str, "with device_map auto: memory budget per device, e.g. cpu:200MB,0:20GiB "
                                         "(the disk takes the rest)"),
-    "--offload-dir": ("offload_dir", str, "with device_map auto: folder of the weights offloaded to disk (default: a "
+    "--offload-dir": ("offload_dir", str, "with device_map auto: folder of the weights offloaded to disk (unset: a "
                                           "temporary folder)"),
-    "--threads": ("threads", int, "torch CPU threads (default: torch's)"),
+    "--threads": ("threads", int, "torch CPU threads (unset: torch's)"),
 }
+
+
+def _help(field: str, text: str) -> str:
+    """``text`` and the field's default, read from the options dataclasses (none shown for an unset default)."""
+    default = getattr(ProbeOptions, field, None)
+    if default is None:
+        return text
+    if isinstance(default, float) and default == int(default) and default > 1:
+        default = int(default)
+    return f"{text} (default {default})"
 
 
 def add_parser(sub) -> None:
@@ -54,12 +66,13 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="shortcut (minilm, smollm2, memlab-lm), space:NAME[:PATH], local folder/run, "
                                     "FILE.gguf, or hub name")
     p.add_argument("--config", help="YAML of probe options (configs/probes/*.yaml)")
-    for flag, (_, tp, hlp) in FLAGS.items():
-        p.add_argument(flag, type=tp, default=None, help=hlp)
+    for flag, (field, tp, hlp) in FLAGS.items():
+        p.add_argument(flag, type=tp, default=None, help=_help(field, hlp))
     p.add_argument("--final-norm", action="store_true", default=None, help="read the last layer after the final norm")
     p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
     p.add_argument("--no-control", action="store_true", help="skip the control decoder")
-    p.add_argument("--no-bow", action="store_true", help="skip the read-outs (readouts=[]; default: the bag of words)")
+    p.add_argument("--no-bow", action="store_true",
+                   help=f"skip the read-outs (readouts=[]; default: {', '.join(ReadoutSection().readouts)})")
     p.add_argument("--calibrate", action="store_true", default=None,
                    help="also fit the positive controls (synthetic concat/bag codes of the same chunks) and report them")
     p.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit a bag-of-words "
@@ -67,7 +80,8 @@ def add_parser(sub) -> None:
     p.add_argument("--layers-sequence", action="store_true", help="with --layers: also fit the sequence probe per layer "
                                                                    "(both also as options: layers=all, layers_sequence=true)")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
-    p.add_argument("--out", help="run directory (default runs/probe-MODEL-TIMESTAMP); must be new or empty")
+    p.add_argument("--out", help="run directory (default runs/NAME-TIMESTAMP, NAME the config's name or probe-MODEL); "
+                                 "must be new or empty")
     p.add_argument("--log-with", help="also log the report to trackers: tensorboard, wandb, mlflow (comma-separated)")
     p.add_argument("overrides", nargs="*", help="option overrides key=value (e.g. prefix_len=8)")
     p.set_defaults(func=run)
@@ -100,7 +114,8 @@ def run(args) -> int:
     from memlab.rundir import safe_name
 
     safe = safe_name(Path(opts.model).name or opts.model)
-    out = Path(args.out) if args.out else Path("runs") / f"probe-{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = safe_name(opts.name) if opts.name else f"probe-{safe}"  # the config's name names the run
+    out = Path(args.out) if args.out else Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.log_with:
         from memlab.tracking import check_available, parse_log_with
 
