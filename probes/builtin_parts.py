@@ -7,49 +7,57 @@ from pathlib import Path
 
 import torch
 
-from memlab.probes.parts import Conditioning, EncoderKind, Part, register_part
+from memlab import assets
+from memlab.metrics import sentence_bleu
+from memlab.probes import calibration, loading, scores, synthetic
+from memlab.probes.parts import Conditioning, EncoderKind, InputMode, Part, register_part
 from memlab.probes.sections import AlignOptions, BowOptions, LlamaOptions, PrefixOptions, TeacherOptions
-
-
-def _load_encoder(spec: str, **kw):
-    from memlab.probes.loading import load_encoder
-
-    return load_encoder(spec, **kw)
 
 
 def _is_path(spec: str) -> bool:
     return Path(os.path.expanduser(spec)).exists() or spec.startswith((".", "/", "~"))
 
 
-def _is_shortcut(spec: str) -> bool:
-    from memlab import assets
-
-    return spec in assets.ASSETS
-
-
-# encoders: the spec forms memlab.probes.loading resolves (the first that matches, newest registration first)
-for _name, _match, _doc in [
-    ("hub", lambda s: True, "a Hugging Face hub name, read from the local cache"),
-    ("folder", _is_path, "a save_pretrained folder, a memlab run directory or a GGUF file"),
-    ("shortcut", _is_shortcut, "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)"),
-    ("space", lambda s: s.startswith("space:"), "space:NAME[:PATH]: any registered EmbeddingSpace"),
-    ("synthetic", lambda s: s.startswith("synthetic:"), "synthetic:concat|bag|constant: a calibration encoder"),
+# encoders: the first whose ``matches`` takes the spec, newest registration first; each loads its own kind
+for _name, _kind, _doc in [
+    ("hub", EncoderKind(lambda s: True, loading.load_transformers, source=loading.hub_source),
+     "a Hugging Face hub name, read from the local cache"),
+    ("folder", EncoderKind(_is_path, loading.load_transformers, source=loading.path_source),
+     "a save_pretrained folder, a memlab run directory or a GGUF file"),
+    ("shortcut", EncoderKind(lambda s: s in assets.ASSETS, loading.load_transformers, source=loading.shortcut_source),
+     "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)"),
+    ("space", EncoderKind(lambda s: s.startswith("space:"), loading.load_space),
+     "space:NAME[:PATH]: any registered EmbeddingSpace"),
+    ("synthetic", EncoderKind(lambda s: s.startswith("synthetic:"), synthetic.load_synthetic_kind,
+                              known_content=calibration.check_synthetic_spec),
+     "synthetic:concat|bag|constant: a calibration encoder"),
 ]:
-    register_part("encoder", Part(_name, EncoderKind(_match, _load_encoder), description=_doc))
+    register_part("encoder", Part(_name, _kind, description=_doc))
 
 
-def _pool(name: str):
-    def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        from memlab.probes.capture import pool_states
-
-        return pool_states(h, mask, name)  # (B, T, D) -> (B, D)
-
-    return pool
+def _last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(h.shape[0], device=h.device)
+    return h[rows, (mask.sum(1).long() - 1).clamp(min=0)]  # (B, D)
 
 
-for _name, _doc in [("last", "the last real token's state"), ("second_last", "the state before the last token"),
-                    ("mean", "the mean over real tokens"), ("first", "the first position's state")]:
-    register_part("pool", Part(_name, _pool(_name), description=_doc))
+def _second_last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(h.shape[0], device=h.device)
+    return h[rows, (mask.sum(1).long() - 2).clamp(min=0)]  # (B, D)
+
+
+def _mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
+
+
+def _first(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return h[:, 0]  # (B, D)
+
+
+for _name, _fn, _doc in [("last", _last, "the last real token's state"),
+                         ("second_last", _second_last, "the state before the last token"),
+                         ("mean", _mean, "the mean over real tokens"), ("first", _first, "the first position's state")]:
+    register_part("pool", Part(_name, _fn, description=_doc))
 
 
 def _unrolled_join(x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -78,9 +86,9 @@ def _blank(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
     return torch.full_like(ids, config.start_id)  # (B, T): all the decoder knows comes through the embedding
 
 
-register_part("inputs", Part("teacher", _teacher, options_class=TeacherOptions,
+register_part("inputs", Part("teacher", InputMode(_teacher), options_class=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
-register_part("inputs", Part("blank", _blank, description="the start token everywhere (a blank copy)"))
+register_part("inputs", Part("blank", InputMode(_blank, reads_tokens=False), description="the start token everywhere (a blank copy)"))
 
 
 def _llama(config):
@@ -102,7 +110,15 @@ def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu
                    val_fraction=options.bow_val_fraction, patience=options.bow_patience, seed=seed, device=device)
 
 
-register_part("readout", Part("bow", _bow, options_class=BowOptions, description="bag-of-words read-out: a linear multi-label head"))
+def _bow_summary(b: dict) -> str:
+    return (f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
+            f"(frequency prior {b['prior']:.3f})")
+
+
+register_part("readout", Part(
+    "bow", _bow, options_class=BowOptions, summary=_bow_summary,
+    readings=(("recovered", "bag-of-words read-out", False, 3), ("gain", "bag-of-words read-out over its prior", True, 3)),
+    columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}, description="bag-of-words read-out: a linear multi-label head"))
 
 
 def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
@@ -117,25 +133,43 @@ def _align_check(context) -> None:
     check_target(context)
 
 
+def _align_summary(a: dict) -> str:
+    own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
+           f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
+    return (f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior {a['prior']:.3f}{own}), "
+            f"TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), {a['bits_per_chunk']:.1f} bits per "
+            f"chunk; ridge alpha {a['alpha']:g} by leave-one-out")
+
+
+def _align_columns(a: dict) -> dict:
+    return {"align_recovered": a["recovered"], "align_prior": a["prior"], "align_token_set_f1": a["token_set_f1"],
+            "align_bits_per_chunk": a["bits_per_chunk"]}
+
+
 register_part("readout", Part("align", _align, options_class=AlignOptions, check_context=_align_check,
+                              summary=_align_summary, columns=_align_columns,
+                              readings=(("bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
+                                        ("recovered", "alignment read-out, token accuracy in its target", False, 3),
+                                        ("gain", "alignment read-out over its prior", True, 3),
+                                        ("token_set_f1", "alignment read-out, TF1", False, 3),
+                                        ("token_set_f1_gain", "alignment read-out, TF1 over its prior", True, 3)),
                               description="alignment read-out: a ridge map into align_target's space, read by its "
                                           "own decoder"))
 
 
-def _scorer(name: str):
-    def score(pred, true, hyps, refs) -> float:
-        from memlab.probes import scores
-
-        if name == "sentence_bleu":
-            from memlab.metrics import sentence_bleu
-
-            return sentence_bleu(hyps, refs) if refs else 0.0
-        return getattr(scores, name)(pred, true)
-
-    return score
+def _token_set_f1(pred, true, hyps, refs) -> float:
+    return scores.token_set_f1(pred, true)
 
 
-for _name, _doc in [("token_set_f1", "F1 of the token sets of reconstruction and chunk"),
-                    ("sentence_bleu", "NLTK sentence BLEU of the decoded reconstruction"),
-                    ("exact_match", "share of chunks rebuilt token for token")]:
-    register_part("scorer", Part(_name, _scorer(_name), description=_doc))
+def _sentence_bleu(pred, true, hyps, refs) -> float:
+    return sentence_bleu(hyps, refs) if refs else 0.0
+
+
+def _exact_match(pred, true, hyps, refs) -> float:
+    return scores.exact_match(pred, true)
+
+
+for _name, _fn, _doc in [("token_set_f1", _token_set_f1, "F1 of the token sets of reconstruction and chunk"),
+                         ("sentence_bleu", _sentence_bleu, "NLTK sentence BLEU of the decoded reconstruction"),
+                         ("exact_match", _exact_match, "share of chunks rebuilt token for token")]:
+    register_part("scorer", Part(_name, _fn, description=_doc))

@@ -24,7 +24,7 @@ from memlab.progress import progress_bar
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
     spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
-    if opts.model.startswith("synthetic:"):  # the concat code's width depends on it
+    if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
         spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
     return spec
 

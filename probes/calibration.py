@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from memlab.probes.chunks import fill_pad, mask_of
-from memlab.probes.parts import fit_readout
+from memlab.probes.parts import encoder_kind, fit_readout
 from memlab.probes.synthetic import SyntheticEncoder
 from memlab.probes.train import fit_selected
 
@@ -57,6 +57,12 @@ def check_align(kind: str, readings: dict) -> list[dict]:
         return []
     return [_check(name, "recovered", a["recovered"], a["recovered"] >= own - ALIGN_SLACK,
                    f"recovered >= its target's own {own:.3f} - {ALIGN_SLACK}", own=own, r2=a["own"].get("r2"))]
+
+
+def check_synthetic_spec(spec: str, readings: dict) -> dict:
+    """:func:`check_synthetic` of the encoder ``synthetic:KIND[:TOKENIZER_DIR]`` (the synthetic kind's
+    ``known_content``)."""
+    return check_synthetic(spec.split(":")[1], readings)
 
 
 def check_synthetic(kind: str, readings: dict) -> dict:
@@ -123,8 +129,9 @@ def calibrate_on(opts, tok, train_ids, eval_ids) -> dict:
 
 def calibration(opts, tok, train_ids, eval_ids, readings: dict) -> dict:
     """The report's calibration section (see the module doc)."""
-    if opts.model.startswith("synthetic:"):
-        return check_synthetic(opts.model.split(":")[1], readings)
+    kind = encoder_kind(opts.model)
+    if kind is not None and kind.impl.known_content is not None:  # an encoder of known content checks itself
+        return kind.impl.known_content(opts.model, readings)
     if opts.calibrate and readings.get("probe"):
         return calibrate_on(opts, tok, train_ids, eval_ids)
     return {"status": "unchecked", "checks": [],

@@ -51,10 +51,9 @@ import torch
 from torch import nn
 
 from memlab.errors import ModelError
+from memlab.probes.parts import PARTS, get_part
 from memlab.probes.placement import describe as placement_of
 from memlab.probes.placement import main_device
-
-POOLS = ("last", "second_last", "mean", "first")
 
 ARCHITECTURES: dict[str, tuple[str, str | None]] = {
     # decoder-only
@@ -156,23 +155,9 @@ def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
 
 
 def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
-    """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)``."""
-    lengths = mask.sum(1).long()  # (B,)
-    rows = torch.arange(h.shape[0], device=h.device)
-    if pool == "last":
-        return h[rows, (lengths - 1).clamp(min=0)]  # (B, D)
-    if pool == "second_last":
-        return h[rows, (lengths - 2).clamp(min=0)]  # (B, D)
-    if pool == "first":
-        return h[:, 0]  # (B, D)
-    if pool == "mean":
-        m = mask.to(h.dtype).unsqueeze(-1)  # (B, T, 1)
-        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
-    from memlab.probes.parts import PARTS
-
-    if pool in PARTS["pool"]:  # a registered pooling (memlab.probes.parts)
-        return PARTS["pool"].get(pool).impl(h, mask)  # (B, D)
-    raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(PARTS['pool'].names())}")
+    """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)`` by the registered pooling ``pool``
+    (:mod:`memlab.probes.parts`; the built-in ones in :mod:`memlab.probes.builtin_parts`)."""
+    return get_part("pool", pool).impl(h, mask)  # (B, D)
 
 
 def right_pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,9 +223,7 @@ class HiddenStateEncoder:
 
     def __init__(self, model: nn.Module, tokenizer, layer: int = -1, pool: str = "last", final_norm: bool = False,
                  special_tokens: bool = True, name: str = "model"):
-        from memlab.probes.parts import PARTS
-
-        if pool not in POOLS and pool not in PARTS["pool"]:
+        if pool not in PARTS["pool"]:
             raise ModelError(f"unknown pooling '{pool}'; use one of {', '.join(PARTS['pool'].names())}")
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer

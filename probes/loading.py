@@ -1,6 +1,7 @@
 """Build a frozen encoder from a name: a shortcut, a memlab space, a local folder or run, or a hub name.
 
-``spec`` forms (tried in this order):
+``spec`` forms: each a registered encoder kind (:mod:`memlab.probes.parts`, newest registration first; the
+built-in ones in :mod:`memlab.probes.builtin_parts`), whose own loader builds it:
 
 * a shortcut from :mod:`memlab.assets` (``minilm``, ``smollm2``);
 * ``space:NAME[:PATH]``: a registered EmbeddingSpace (``memlab list spaces``),
@@ -27,8 +28,11 @@ import torch
 from memlab import assets
 from memlab.devices import auto_dtype, running_on
 from memlab.errors import ModelError
+from memlab.loading import resolve_model_dir
 from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
+from memlab.probes.parts import encoder_kind
+from memlab.space import build_space
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
@@ -134,9 +138,10 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
     return model
 
 
-def _space_encoder(spec: str, device: str = "cpu") -> SpaceEncoder:
-    from memlab.space import build_space
-
+def load_space(spec: str, random_init: bool = False, device: str = "cpu", **_) -> SpaceEncoder:
+    """The ``space:NAME[:PATH]`` encoder kind: a registered EmbeddingSpace, built onto ``device``."""
+    if random_init:
+        raise ModelError("random_init applies to transformers models, not to memlab spaces")
     with running_on(torch.device(device)):  # the space's modules are built onto the probe's device
         return SpaceEncoder(build_space(spec.partition(":")[2]), name=spec)
 
@@ -152,23 +157,38 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     return table[name]
 
 
-def resolve_source(spec: str) -> tuple[str, str | None, str]:
-    """A shortcut, GGUF file, folder, run directory or hub name -> (folder or hub name, GGUF file name or None,
-    the shortcut's default pooling or ``last``)."""
-    if spec in assets.ASSETS:
-        folder, gguf_file, asset = assets.resolve(spec)
-        return str(folder), gguf_file, asset.pool
+def shortcut_source(spec: str) -> tuple[str, str | None, str]:
+    """A packaged model (:mod:`memlab.assets`) -> (folder, GGUF file name or None, its default pooling)."""
+    folder, gguf_file, asset = assets.resolve(spec)
+    return str(folder), gguf_file, asset.pool
+
+
+def path_source(spec: str) -> tuple[str, str | None, str]:
+    """A GGUF file, a ``save_pretrained`` folder or a memlab run directory -> (folder, GGUF file name or None,
+    ``last``)."""
     p = Path(os.path.expanduser(spec))
     if p.is_file() and (p.suffix.lower() == ".gguf" or assets.is_gguf(p)):
         folder, gguf_file = assets.gguf_source(p)
         return str(folder), gguf_file, "last"
     if p.exists():
-        from memlab.loading import resolve_model_dir
-
         return str(resolve_model_dir(p)), None, "last"
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+    raise ModelError(f"model path '{spec}' does not exist")
+
+
+def hub_source(spec: str) -> tuple[str, str | None, str]:
+    """A Hugging Face hub name -> (the name, None, ``last``); a spec with more than one ``/`` is a missing path."""
+    if spec.count("/") > 1:
         raise ModelError(f"model path '{spec}' does not exist")
     return spec, None, "last"
+
+
+def resolve_source(spec: str) -> tuple[str, str | None, str]:
+    """A shortcut, GGUF file, folder, run directory or hub name -> (folder or hub name, GGUF file name or None,
+    the shortcut's default pooling or ``last``): the ``source`` of the registered encoder kind that takes it."""
+    kind = encoder_kind(spec)
+    if kind is None or kind.impl.source is None:
+        raise ModelError(f"'{spec}' is not a transformers model (a shortcut, folder, run, GGUF file or hub name)")
+    return kind.impl.source(spec)
 
 
 def load_tokenizer(spec: str):
@@ -177,34 +197,28 @@ def load_tokenizer(spec: str):
     return _load_tokenizer(folder, gguf_file, f"model '{spec}'")
 
 
-def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
-                 random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
-                 dtype: str = "float32", max_len: int | None = None, device_map: str | None = None,
-                 max_memory: str | dict | None = None, offload_dir: str | None = None):
-    """A frozen encoder for ``spec`` (see the module doc), with ``.tokenizer``, ``.dim``, ``.encode(ids, mask)``.
+def load_encoder(spec: str, **kw):
+    """A frozen encoder for ``spec``, built by the registered encoder kind that takes it (see the module doc), with
+    ``.tokenizer``, ``.dim``, ``.encode(ids, mask)``; ``kw``: as :func:`load_transformers` takes them."""
+    kind = encoder_kind(spec)
+    if kind is None:
+        raise ModelError(f"no registered encoder kind takes '{spec}'")
+    P.check(P.Placement(kw.get("device_map"), kw.get("max_memory"), kw.get("offload_dir")), spec)
+    return kind.impl.load(spec, **kw)
 
-    ``pool=None`` takes the shortcut's pooling (``mean`` for MiniLM) or
-    ``last`` otherwise. ``dtype`` is the encoder's weight type (``auto``: bf16
-    where the hardware multiplies bf16 natively); embeddings are float32. Returns a :class:`HiddenStateEncoder` or, for
-    ``space:...``, a :class:`SpaceEncoder`, or for ``synthetic:KIND`` a calibration encoder
-    (:mod:`memlab.probes.synthetic`, built for chunks of up to ``max_len`` tokens, default 64).
 
-    ``device_map``, ``max_memory`` and ``offload_dir`` place a transformers model by accelerate over the GPUs, host
-    memory and disk (:mod:`memlab.probes.placement`); by default it is so placed only when it does not fit
-    ``device``.
+def load_transformers(spec: str, layer: int = -1, pool: str | None = None, final_norm: bool = False,
+                      random_init: bool = False, special_tokens: bool = True, device: str = "cpu",
+                      dtype: str = "float32", max_len: int | None = None, device_map: str | None = None,
+                      max_memory: str | dict | None = None, offload_dir: str | None = None) -> HiddenStateEncoder:
+    """The shortcut, folder and hub encoder kinds: the transformers model their ``source`` names, frozen.
+
+    ``pool=None`` takes the shortcut's pooling (``mean`` for MiniLM) or ``last`` otherwise. ``dtype`` is the
+    encoder's weight type (``auto``: bf16 where the hardware multiplies bf16 natively); embeddings are float32.
+    ``device_map``, ``max_memory`` and ``offload_dir`` place it by accelerate over the GPUs, host memory and disk
+    (:mod:`memlab.probes.placement`); by default it is so placed only when it does not fit ``device``.
     """
     placement = P.Placement(device_map, max_memory, offload_dir)
-    P.check(placement, spec)
-    if spec.startswith("synthetic:"):
-        from memlab.probes.synthetic import load_synthetic
-
-        if random_init:
-            raise ModelError("random_init applies to transformers models, not to synthetic encoders")
-        return load_synthetic(spec, max_len=max_len or 64)
-    if spec.startswith("space:"):
-        if random_init:
-            raise ModelError("random_init applies to transformers models, not to memlab spaces")
-        return _space_encoder(spec, device)
     folder, gguf_file, default_pool = resolve_source(spec)
     model = _load_model(folder, gguf_file, random_init, spec, dtype=resolve_dtype(dtype, device),
                         device=device, placement=placement)
@@ -216,4 +230,3 @@ def load_encoder(spec: str, layer: int = -1, pool: str | None = None, final_norm
     name = f"{spec} (random init)" if random_init else spec
     return HiddenStateEncoder(model, tok, layer=layer, pool=pool or default_pool, final_norm=final_norm,
                               special_tokens=special_tokens, name=name)
-

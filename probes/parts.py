@@ -45,10 +45,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from memlab.errors import ConfigError
-from memlab.registry import Registry
+from memlab.registry import ALL, Registry
 
 KINDS = ("encoder", "pool", "conditioning", "inputs", "decoder", "readout", "scorer")
 PARTS: dict[str, Registry] = {k: Registry(f"probe {k}") for k in KINDS}
+LISTED = {k: "probe_inputs" if k == "inputs" else f"probe_{k}s" for k in KINDS}
+"""The name each kind's registry has in :data:`memlab.registry.ALL` (``memlab list probe_decoders``)."""
+ALL.update({LISTED[k]: PARTS[k] for k in KINDS})
 
 SELECTED_BY = {"pool": "pool", "conditioning": "conditioning", "inputs": "inputs", "decoder": "decoder",
                "readout": "readouts", "scorer": "scorers"}
@@ -73,6 +76,14 @@ class Part:
     check_context: Callable[..., None] | None = None
     """Read-outs: ``check_context(context: ReadoutContext)``, run once the chunks are cut, before any fitting (one
     clear error, or nothing)."""
+    readings: tuple[tuple[str, str, bool, int], ...] = ()
+    """Read-outs: the summary's interval lines of its readings, ``(reading after NAME_, label, is a gain,
+    digits)`` (default: its recovered share and its gain over its prior)."""
+    summary: Callable[[dict], str] | None = None
+    """Read-outs: ``summary(result) -> str``, its line in the summary (default: recovered and prior)."""
+    columns: Callable[[dict], dict] | None = None
+    """Read-outs: ``columns(result) -> {column: value}``, its columns of a sweep's table (default:
+    ``NAME_recovered`` and ``NAME_prior``)."""
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -145,6 +156,29 @@ def fit_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str =
     return out
 
 
+def readout_lines(name: str) -> tuple[tuple[str, str, bool, int], ...]:
+    """The read-out ``name``'s interval lines, its reading keys in full (``NAME_...``)."""
+    own = PARTS["readout"].get(name).readings if name in PARTS["readout"] else ()
+    own = own or (("recovered", f"{name} read-out", False, 3), ("gain", f"{name} read-out over its prior", True, 3))
+    return tuple((f"{name}_{key}", label, gain, digits) for key, label, gain, digits in own)
+
+
+def readout_summary(name: str, result: dict) -> str:
+    """The read-out ``name``'s line in the summary, from its fitted ``result``."""
+    part = PARTS["readout"].get(name) if name in PARTS["readout"] else None
+    if part is not None and part.summary is not None:
+        return part.summary(result)
+    return f"{name} read-out: recovered {result['recovered']:.3f} (prior {result['prior']:.3f})"
+
+
+def readout_columns(name: str, result: dict) -> dict:
+    """The read-out ``name``'s columns of a sweep's table, from its fitted ``result``."""
+    part = PARTS["readout"].get(name) if name in PARTS["readout"] else None
+    if part is not None and part.columns is not None:
+        return part.columns(result)
+    return {f"{name}_recovered": result["recovered"], f"{name}_prior": result["prior"]}
+
+
 def check_readouts(opts, context: ReadoutContext) -> None:
     """Each chosen read-out's ``check_context`` (see :class:`Part`)."""
     for name in chosen(opts, "readout"):
@@ -160,6 +194,12 @@ class EncoderKind:
     matches: Callable[[str], bool]
     load: Callable[..., Any]
     """``load(spec, layer=, pool=, final_norm=, random_init=, special_tokens=, device=, dtype=, max_len=)``."""
+    source: Callable[[str], tuple] | None = None
+    """A transformers model's kind: ``source(spec) -> (folder or hub name, GGUF file or None, default pooling)``;
+    accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
+    known_content: Callable[[str, dict], dict] | None = None
+    """A calibration encoder of known content: ``known_content(spec, fit) -> the report's calibration`` checks its
+    own probe against what it must give (its report then describes no corpus split)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +223,23 @@ class DecoderKind:
     load: Callable[[Any], Any]
     config_type: str = ""
     """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.space.load_probe` finds it)."""
+
+
+@dataclass(frozen=True)
+class InputMode:
+    """A token-input mode: called as ``f(decoder_input_ids (B, T), config, training) -> (B, T)``;
+    ``reads_tokens=False`` says the ids never depend on the true tokens, so every position is decoded at once."""
+
+    ids: Callable[[Any, Any, bool], Any]
+    reads_tokens: bool = True
+
+    def __call__(self, ids, config, training: bool):
+        return self.ids(ids, config, training)
+
+
+def reads_tokens(config) -> bool:
+    """Whether the input mode a decoder ``config`` names feeds it the true previous tokens (a plain function: yes)."""
+    return bool(getattr(get_part("inputs", config.inputs).impl, "reads_tokens", True))
 
 
 _ENCODER_ORDER: list[str] = []

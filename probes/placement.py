@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from memlab.errors import ConfigError
+from memlab.probes.parts import encoder_kind
 
 DEVICE_MAPS = ("auto", "none")
 FIT_SHARE = 0.8
@@ -125,9 +126,10 @@ def check(placement: Placement, model: str = "") -> None:
     if placement.offload_dir is not None and Path(placement.offload_dir).exists() \
             and not Path(placement.offload_dir).is_dir():
         raise ConfigError(f"'offload_dir': {placement.offload_dir} exists and is not a folder")
-    if model.startswith(("synthetic:", "space:")) and placement.device_map != "none" and not placement.default:
+    kind = encoder_kind(model)
+    if kind is not None and kind.impl.source is None and placement.device_map != "none" and not placement.default:
         raise ConfigError("'device_map', 'max_memory' and 'offload_dir' place transformers models, not "
-                          f"{model.split(':')[0]} encoders")
+                          f"{kind.name} encoders")
 
 
 def _header_elements(path: Path, skip: tuple[str, ...]) -> int:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from memlab.plots import finish_axes, pyplot, save_figure
+from memlab.probes.parts import readout_lines, readout_summary
 
 
 def peak_memory_mb() -> dict:
@@ -97,23 +98,18 @@ def calibration_lines(cal: dict | None) -> list[str]:
 READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char", "bits per character", True, 4),
                  ("information_gain", "information gain", True, 3), ("token_accuracy", "token accuracy", False, 3),
                  ("token_accuracy_gain", "token accuracy over the control", True, 3),
-                 ("token_set_f1", "TF1", False, 3), ("token_set_f1_gain", "TF1 over the control", True, 3),
-                 ("bow_recovered", "bag-of-words read-out", False, 3),
-                 ("bow_gain", "bag-of-words read-out over its prior", True, 3),
-                 ("align_bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
-                 ("align_recovered", "alignment read-out, token accuracy in its target", False, 3),
-                 ("align_gain", "alignment read-out over its prior", True, 3),
-                 ("align_token_set_f1", "alignment read-out, TF1", False, 3),
-                 ("align_token_set_f1_gain", "alignment read-out, TF1 over its prior", True, 3))
-"""The summary's interval lines: (reading, label, is a gain, digits)."""
+                 ("token_set_f1", "TF1", False, 3), ("token_set_f1_gain", "TF1 over the control", True, 3))
+"""The summary's interval lines of the sequence decoder: (reading, label, is a gain, digits); each read-out's
+follow (:func:`memlab.probes.parts.readout_lines`)."""
 
 
-def reading_lines(readings: dict, level: float) -> list[str]:
-    """``label: value [low, high]`` per reading; a gain without evidence says so (never a bare negative figure)."""
+def reading_lines(readings: dict, level: float, readouts=()) -> list[str]:
+    """``label: value [low, high]`` per reading (the decoder's, then each of ``readouts``'); a gain without evidence
+    says so (never a bare negative figure)."""
     from memlab.probes.intervals import NO_EVIDENCE, cell, shows_retention
 
     out = []
-    for key, label, gain, digits in READING_LINES:
+    for key, label, gain, digits in READING_LINES + tuple(x for n in readouts for x in readout_lines(n)):
         r = readings.get(key)
         if r is None:
             continue
@@ -147,7 +143,7 @@ def format_summary(report) -> str:
                         f"{tg['rendering']}")
     if tg.get("seen_in_training") and p:
         lines.append(seen_line(tg["seen_in_training"]) + " (a decoder learns each token from its occurrences)")
-    lines += reading_lines(report.readings, report.options.get("ci_level", 0.95))
+    lines += reading_lines(report.readings, report.options.get("ci_level", 0.95), list(report.readouts or {}))
     if p:
         lines.append(_metrics_line("probe:", p))
     if c:
@@ -158,17 +154,8 @@ def format_summary(report) -> str:
                      f"{choice['plain']:.3f} plain)")
     if report.limited_by:
         lines.append(f"limited by: {report.limited_by}")
-    b = report.bow
-    if b:
-        lines.append(f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
-                     f"(frequency prior {b['prior']:.3f})")
-    a = (report.readouts or {}).get("align")
-    if a:
-        own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
-               f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
-        lines.append(f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior "
-                     f"{a['prior']:.3f}{own}), TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), "
-                     f"{a['bits_per_chunk']:.1f} bits per chunk; ridge alpha {a['alpha']:g} by leave-one-out")
+    for name, result in (report.readouts or {}).items():
+        lines.append(readout_summary(name, result))
     lines += calibration_lines(report.calibration)
     if report.budget_note:
         lines.append(f"note: {report.budget_note}")

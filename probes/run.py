@@ -204,7 +204,8 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
 
 def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
     """The report's notes: how the corpus was split, fewer held-out chunks than asked, a small training budget."""
-    if not opts.model.startswith("synthetic:"):
+    kind = encoder_kind(opts.model)
+    if kind is None or kind.impl.known_content is None:  # an encoder of known content reads no corpus split
         report.data_split = chunks.split_description(opts.corpus)
     if note := chunks.eval_note(opts, eval_ids):
         report.eval_note = note  # and report.n_eval is the number scored

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from memlab.probes.chunks import rows
+from memlab.probes.parts import get_part, reads_tokens
 
 
 @torch.no_grad()
@@ -37,7 +38,7 @@ def reconstruct_ids(dec, z: torch.Tensor, seq_len: int, batch_size: int = 128,
     out = []
     for i in range(0, z.shape[0], batch_size):
         zb = z[i : i + batch_size].to(device)  # (b, D)
-        if dec.config.inputs == "blank":
+        if not reads_tokens(dec.config):  # every position at once: the inputs never hold a true token
             seq = dec.predict_full(dec(zb, torch.full((zb.shape[0], seq_len), start, device=device)))  # (b, T)
         else:
             seq = torch.full((zb.shape[0], 1), start, dtype=torch.long, device=device)  # (b, 1)
@@ -85,15 +86,9 @@ def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
     return sum(a == b for a, b in zip(p, t)) / len(t) if len(t) else 0.0
 
 
-SCORERS = ("token_set_f1", "sentence_bleu", "exact_match")
-"""The built-in scorers (registered parts, :mod:`memlab.probes.builtin_parts`)."""
-
-
-def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers=SCORERS) -> dict:
+def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str]) -> dict:
     """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D); the
     per-chunk TF1 (``_tf1``, for its interval) and the decoded reconstructions (``_reconstruction``)."""
-    from memlab.probes.parts import get_part
-
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (N, T)
     cut, true = _cut(pred, ids)
     hyps = tokenizer.batch_decode(cut, skip_special_tokens=True)

@@ -22,6 +22,7 @@ from memlab.errors import ModelError
 from memlab.probes.capture import right_pad
 from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.chunks import shift_right
+from memlab.probes.parts import reads_tokens
 
 
 class FittedProbe:
@@ -70,14 +71,15 @@ class FittedProbe:
         z = self._check(z)
         steps = min(max_new_tokens, self.max_length)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        if not do_sample and (num_beams <= 1 or self.decoder.config.inputs == "blank"):
+        parallel = not reads_tokens(self.decoder.config)  # the inputs hold no true token: all positions at once
+        if not do_sample and (num_beams <= 1 or parallel):
             from memlab.probes.scores import reconstruct_ids
 
             seq = reconstruct_ids(self.decoder, z, steps)  # (B, T): the greedy reconstruction the report scores
             return self.target_tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         b = z.shape[0]
         start = int(self.decoder.config.start_id)
-        if self.decoder.config.inputs == "blank":  # every position is sampled at once from z alone
+        if parallel:  # every position is sampled at once from z alone
             logits = self.decoder(z, torch.full((b, steps), start, dtype=torch.long))  # (B, T, C)
             logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
             probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)

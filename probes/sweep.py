@@ -24,19 +24,17 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes.cache import encode_data
 from memlab.probes.chunks import public_text
-from memlab.probes.parts import readout_context
+from memlab.probes.parts import readout_columns, readout_context
 from memlab.probes.run import control_key, fit_one, setup
 from memlab.probes.train import Timer
 
 
 def _row(fit: dict) -> dict:
     """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
-    row = {"bow_recovered": fit["bow"]["recovered"], "bow_prior": fit["bow"]["prior"]} if fit["bow"] else {}
+    row = {}
+    for name, result in (fit.get("readouts") or {}).items():  # each read-out's own columns
+        row.update(readout_columns(name, result))
     r = fit["readings"]
-    a = (fit.get("readouts") or {}).get("align")
-    if a:
-        row.update(align_recovered=a["recovered"], align_prior=a["prior"], align_token_set_f1=a["token_set_f1"],
-                   align_bits_per_chunk=a["bits_per_chunk"])
     if "bits_per_chunk" in r:
         row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
                    bits_high=r["bits_per_chunk"]["high"])
@@ -51,11 +49,15 @@ def _row(fit: dict) -> dict:
     return row
 
 
-def _table(rows: list[dict], first: str) -> str:
-    cols = [first, "bits_per_chunk", "bits_low", "bits_high", "bow_recovered", "bow_prior", "align_recovered",
-            "align_prior", "align_token_set_f1", "align_bits_per_chunk", "token_accuracy",
-            "control_accuracy", "token_set_f1",
-            "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
+def _own_columns(fit: dict) -> list[str]:
+    """The columns the read-outs of ``fit`` add to a sweep's table (each read-out's own)."""
+    return [k for name, result in (fit.get("readouts") or {}).items() for k in readout_columns(name, result)]
+
+
+def _table(rows: list[dict], first: str, own: list[str]) -> str:
+    """The sweep's markdown table: ``first``, the bits, the read-outs' own columns ``own``, the decoder's."""
+    cols = [first, "bits_per_chunk", "bits_low", "bits_high", *own, "token_accuracy", "control_accuracy",
+            "token_set_f1", "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -117,19 +119,20 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     if not opts.readouts and not sequence:
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
-    rows, cache = [], {}
+    rows, cache, own = [], {}, {}
     key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
                       sequence=sequence, fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
         rows.append({"layer": layer, **_row(fit)})
+        own.update(dict.fromkeys(_own_columns(fit)))
         log(f"layer {layer}: {fit['retention']}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
                "text": public_text(text),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
-    table = _table(rows, "layer")
+    table = _table(rows, "layer", list(own))
     _write(run_dir, "layers", payload, table, lambda d: _plot(rows, "layer", d / "layers.png",
                                                                f"{opts.model} ({encoder.pool}): retention by layer"))
     log(table)
@@ -177,7 +180,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
     with Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
-    rows = []
+    rows, own = [], {}
     for n in sizes:
         for spec, m, tgm in methods:
             o = replace(m, n_train=n, calibrate=False)
@@ -187,6 +190,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
                           sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text["chars"],
                                texts=(text["_texts"][0][:n], text["_texts"][1]))
             rows.append({"n_train": n, **_row(fit)})
+            own.update(dict.fromkeys(_own_columns(fit)))
             r = rows[-1]
             if spec is not None:
                 from memlab.probes.compare import cells
@@ -200,7 +204,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
                "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     if opts.compare is None:
-        table = _table(rows, "n_train")
+        table = _table(rows, "n_train", list(own))
         plot = lambda d: _plot(rows, "n_train", d / "learning_curve.png", f"{opts.model}: learning curve",  # noqa: E731
                                logx=True)
     else:

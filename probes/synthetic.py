@@ -84,6 +84,14 @@ class SyntheticEncoder:
         return self.encode(enc["input_ids"], enc["attention_mask"])
 
 
+def load_synthetic_kind(spec: str, random_init: bool = False, max_len: int | None = None, **_) -> SyntheticEncoder:
+    """The ``synthetic:`` encoder kind: :func:`load_synthetic`, for chunks of up to ``max_len`` tokens (default
+    64); the other encoder options do not apply to it."""
+    if random_init:
+        raise ModelError("random_init applies to transformers models, not to synthetic encoders")
+    return load_synthetic(spec, max_len=max_len or 64)
+
+
 def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
     """``synthetic:KIND[:TOKENIZER_DIR]`` -> a :class:`SyntheticEncoder`."""
     from memlab.data.tokenizer import load_tokenizer
