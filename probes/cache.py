@@ -24,6 +24,8 @@ from memlab.progress import progress_bar
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
     spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
+    if opts.part_options:  # a plugin encoder kind's or pooling's options may change the embeddings
+        spec["part_options"] = dict(opts.part_options)
     if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
         spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
     return spec

@@ -154,10 +154,12 @@ def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
                           "final_norm": _path_of(bb, norm), "why": why}
 
 
-def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
+def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str, options=None) -> torch.Tensor:
     """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)`` by the registered pooling ``pool``
-    (:mod:`memlab.probes.parts`; the built-in ones in :mod:`memlab.probes.builtin_parts`)."""
-    return get_part("pool", pool).impl(h, mask)  # (B, D)
+    (:mod:`memlab.probes.parts`; the built-in ones in :mod:`memlab.probes.builtin_parts`), given ``options``, its
+    own options, when it has any."""
+    kw = {"options": options} if options is not None else {}
+    return get_part("pool", pool).impl(h, mask, **kw)  # (B, D)
 
 
 def right_pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,6 +231,7 @@ class HiddenStateEncoder:
         self.tokenizer = tokenizer
         self.name = name
         self.pool = pool
+        self.pool_options = None  # the pooling's own options (a registered pooling's options class), if any
         self.layers, self.norm, self.hooks = hook_plan(model)
         n = len(self.layers)
         if not -(n + 1) <= layer <= n:
@@ -254,6 +257,8 @@ class HiddenStateEncoder:
         out = {"name": self.name, "layer": self.layer, "num_layers": len(self.layers), "pool": self.pool,
                "final_norm": self.final_norm, "dim": self.dim, "special_tokens": [self.prefix, self.suffix],
                "hooks": dict(self.hooks)}
+        if self.pool_options is not None:  # a registered pooling's own options
+            out["pool_options"] = dict(vars(self.pool_options))
         placed = placement_of(self.model, self.layers)
         if placed is not None:  # accelerate spread the model over devices, host memory or disk
             out["placement"] = placed
@@ -295,7 +300,7 @@ class HiddenStateEncoder:
         ids, mask = wrap_special(ids, mask, self.prefix, self.suffix, self.pad_id)
         dev = self.device
         h = self.hidden_states(ids.to(dev), mask.to(dev)).to(dev)  # (B, T', D) from where the block ran
-        return pool_states(h.float(), mask.to(dev), self.pool).cpu()  # (B, D)
+        return pool_states(h.float(), mask.to(dev), self.pool, self.pool_options).cpu()  # (B, D)
 
     def layer_index(self, layers: str | list[int]) -> list[int]:
         """``"all"``, ``"0,3,6"`` or a list -> layer indices 0..n (negatives count from the end); checked."""
@@ -342,7 +347,8 @@ class HiddenStateEncoder:
             for h in handles:
                 h.remove()
         m = mask.to(dev)  # every layer's states pooled on one device, wherever its block ran
-        pooled = [pool_states(got[i].to(dev).float(), m, self.pool).cpu() for i in layers]  # L x (B, D)
+        pooled = [pool_states(got[i].to(dev).float(), m, self.pool, self.pool_options).cpu()  # L x (B, D)
+                  for i in layers]
         return torch.stack(pooled, 1)  # (B, L, D)
 
     def encode_text(self, sentences: list[str]) -> torch.Tensor:

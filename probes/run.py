@@ -43,7 +43,8 @@ from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
-from memlab.probes.parts import check_readouts, encoder_kind, fit_readout, get_part, readout_context, takes_context
+from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
+                                 takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
 from memlab.probes.result import ProbeReport
 from memlab.probes.scores import limit_line
@@ -75,9 +76,14 @@ def load_encoder(opts: ProbeOptions, encoder=None):
     if kind is None:
         raise ModelError(f"no registered encoder kind takes '{opts.model}'")
     placed = {k: getattr(opts, k) for k in ("device_map", "max_memory", "offload_dir") if getattr(opts, k) is not None}
-    return kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
-                          random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
-                          dtype=opts.encoder_dtype, max_len=opts.seq_len, **placed)
+    if kind.options_class is not None and takes(kind.impl.load, "options"):  # the kind's own options
+        placed["options"] = part_options(opts, kind)
+    encoder = kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
+                             random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
+                             dtype=opts.encoder_dtype, max_len=opts.seq_len, **placed)
+    if opts.pool is not None and hasattr(encoder, "pool_options"):  # the chosen pooling's own options
+        encoder.pool_options = part_options(opts, get_part("pool", opts.pool))
+    return encoder
 
 
 def fit_length(encoder, ids: torch.Tensor):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from memlab.probes.chunks import rows
-from memlab.probes.parts import get_part, reads_tokens
+from memlab.probes.parts import get_part, own_options, reads_tokens
 
 
 @torch.no_grad()
@@ -86,14 +86,15 @@ def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
     return sum(a == b for a, b in zip(p, t)) / len(t) if len(t) else 0.0
 
 
-def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str]) -> dict:
+def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str], opts=None) -> dict:
     """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D); the
     per-chunk TF1 (``_tf1``, for its interval) and the decoded reconstructions (``_reconstruction``)."""
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (N, T)
     cut, true = _cut(pred, ids)
     hyps = tokenizer.batch_decode(cut, skip_special_tokens=True)
     refs = tokenizer.batch_decode(true, skip_special_tokens=True)
-    out = {name: float(get_part("scorer", name).impl(pred, ids, hyps, refs)) for name in scorers}
+    parts = {name: get_part("scorer", name) for name in scorers}  # each given its own options, when it has any
+    out = {n: float(p.impl(pred, ids, hyps, refs, **own_options(p, opts))) for n, p in parts.items()}
     return {**out, "_tf1": token_set_f1_per_chunk(pred, ids), "_reconstruction": hyps}
 
 

@@ -198,8 +198,9 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
                 r.update(method=spec, **cells(fit, o, t))
                 log(f"{spec}, n_train {n}: {fit['retention']}, {r['seconds']:.0f}s")
                 continue
-            log(f"n_train {n}: {fit['retention']}; token accuracy {r['token_accuracy']:.3f}, TF1 "
-                f"{r['token_set_f1']:.3f} (control {r['control_token_set_f1'] or 0:.3f}), {r['seconds']:.0f}s")
+            seq = (f"; token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
+                   f"{r['control_token_set_f1'] or 0:.3f})" if fit["probe"] else "; read-outs alone")
+            log(f"n_train {n}: {fit['retention']}{seq}, {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
                "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}

@@ -44,6 +44,13 @@ def start_token_id(tokenizer) -> int:
     return 0
 
 
+def _plugin_options(opts) -> dict:
+    """The options of plugin conditionings, input modes and decoders that ``opts`` chooses: kept in the decoder's
+    config (saved with it), where their parts read them."""
+    chosen = {o for k in ("conditioning", "inputs", "decoder") for o in get_part(k, getattr(opts, k)).options}
+    return {k: v for k, v in (opts.part_options or {}).items() if k in chosen}
+
+
 def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
     """A fresh decoder for :class:`~memlab.probes.options.ProbeOptions` ``opts`` (its decoder fields and seed);
     ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
@@ -56,7 +63,8 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
                              hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
                              max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
                              inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
-                             input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty)
+                             input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty,
+                             **_plugin_options(opts))
     part = get_part("decoder", opts.decoder)
     if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
         return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
@@ -125,7 +133,7 @@ def _new_decoder(opts, tok, train_ids, z_train):
 
 def _scored(dec, opts, tok, z_eval, eval_ids) -> dict:
     metrics = evaluate(dec, z_eval, eval_ids)
-    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers))
+    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers, opts))
     return metrics
 
 

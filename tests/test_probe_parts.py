@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -110,3 +111,51 @@ def test_parts_from_outside_the_tree_plug_in(plugin, tiny_llama, tokenizer, smal
     pooled = tmp_path / "pooled"
     assert main(["probe", "--model", str(tiny_llama), "--pool", "max", "--out", str(pooled), *base, "--no-control"]) == 0
     assert json.loads((pooled / "report.json").read_text())["encoder"]["pool"] == "max"
+
+
+OWN = {"onehot_value": 2.0, "repeat_vectors": 3, "blank_every": 3, "narrow_width": 8, "prior_min_chunks": 2,
+       "match_position": 1}
+"""An option of each outside part the probe below chooses, each away from its default."""
+
+
+def test_every_kind_of_part_from_outside_the_tree_runs_with_its_own_option(plugin, tiny_llama, tokenizer,
+                                                                           small_corpus, tmp_path, capsys):
+    tok_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tok_dir)
+    base = ["--corpus", str(small_corpus), "n_eval=8", "seq_len=4", "epochs=1", "n_examples=1", "ci_resamples=50"]
+    chosen = ["conditioning=repeat", "inputs=every_other", "decoder=narrow", "readouts=[prior]",
+              "scorers=[first_token_match]", *(f"{k}={v}" for k, v in OWN.items())]
+    out = tmp_path / "run"
+    assert main(["probe", "--model", f"onehot:{tok_dir}", "--out", str(out), "--n-train", "48", *base, *chosen]) == 0
+    printed = capsys.readouterr().out
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["options"]["part_options"] == OWN
+    assert rep["encoder"]["value"] == 2.0  # the encoder kind read its option
+    d = rep["decoder"]
+    assert (d["kind"], d["conditioning"], d["inputs"]) == ("narrow", "repeat", "every_other")
+    saved = json.loads((out / "decoder" / "config.json").read_text())
+    assert (saved["hidden_size"], saved["repeat_vectors"], saved["blank_every"]) == (8, 3, 3)  # each part's option
+    assert rep["readouts"]["prior"]["min_chunks"] == 2 and "first_token_match" in rep["probe"]
+    assert "prior read-out: recovered" in printed and "prior read-out over its prior" in printed  # the summary
+    pooled = tmp_path / "pooled"
+    assert main(["probe", "--model", str(tiny_llama), "--pool", "max", "max_scale=2.0", "--out", str(pooled),
+                 "--n-train", "48", *base, "--no-control", "sequence=false"]) == 0
+    assert json.loads((pooled / "report.json").read_text())["encoder"]["pool_options"] == {"max_scale": 2.0}
+    curve = tmp_path / "curve"  # a sweep's table has the outside read-out's own columns
+    assert main(["probe", "--model", f"onehot:{tok_dir}", "--out", str(curve), "--n-train", "24,48", *base,
+                 "sequence=false", "readouts=[prior]", "prior_min_chunks=2"]) == 0
+    head = (curve / "curve.md").read_text().splitlines()[0]
+    assert "prior_recovered" in head and "prior_prior" in head
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out
+    for name, option in [("onehot", "onehot_value=1.0"), ("max", "max_scale=1.0"), ("repeat", "repeat_vectors=2"),
+                         ("every_other", "blank_every=2"), ("narrow", "narrow_width=16"),
+                         ("prior", "prior_min_chunks=1"), ("first_token_match", "match_position=0")]:
+        assert re.search(rf"^  {name} .*\[options: {option}\]$", listed, re.M), name
+    wrong = tmp_path / "wrong"  # an outside part's option is typed, and refused when its part is not chosen
+    assert main(["probe", "--model", f"onehot:{tok_dir}", "--out", str(wrong), *base, "narrow_width=wide"]) == 2
+    assert main(["probe", "--model", f"onehot:{tok_dir}", "--out", str(wrong), *base, "narrow_width=8"]) == 2
+    err = capsys.readouterr().err
+    assert "'narrow_width' must be an integer" in err and "'narrow_width' applies to decoder=narrow" in err
+    assert not wrong.exists()
