@@ -22,6 +22,7 @@ from memlab.devices import resolve_device
 from memlab.errors import ConfigError
 from memlab.probes import placement
 from memlab.probes.chunks import train_sizes
+from memlab.probes.compare import methods, owners
 from memlab.probes.parts import PARTS, check_parts, get_part
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
@@ -77,8 +78,6 @@ class ResolvedOptions(ProbeOptions):
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
     """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
     probe of that method alone would be (one ConfigError naming the method)."""
-    from memlab.probes.compare import methods  # compare reads ProbeOptions' fields: imported here to break the cycle
-
     out = []
     for m, mine, given in methods(opts, explicit):
         try:
@@ -150,8 +149,6 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     if opts.pool is not None:
         get_part("pool", opts.pool)
     if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
-        from memlab.probes.compare import owners  # compare imports this module: imported here to break the cycle
-
         if opts.layers is not None:
             raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
         compared(opts, explicit)
