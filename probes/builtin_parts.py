@@ -116,7 +116,7 @@ def _bow_summary(b: dict) -> str:
 
 
 register_part("readout", Part(
-    "bow", _bow, options_class=BowOptions, summary=_bow_summary,
+    "bow", _bow, options_class=BowOptions, summary=_bow_summary, gain_unit="of the bag of words over its prior",
     readings=(("recovered", "bag-of-words read-out", False, 3), ("gain", "bag-of-words read-out over its prior", True, 3)),
     columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}, description="bag-of-words read-out: a linear multi-label head"))
 

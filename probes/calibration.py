@@ -79,7 +79,7 @@ def check_synthetic(kind: str, readings: dict) -> dict:
 
 def _check_synthetic(kind: str, readings: dict) -> dict:
     metric, thr = EXPECT[kind]
-    name, bow = f"synthetic:{kind}", readings.get("bow")
+    name, bow = f"synthetic:{kind}", (readings.get("readouts") or {}).get("bow")
     if metric == "bow_token_set_f1" and bow:
         value = bow["recovered"]
         return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])

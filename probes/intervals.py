@@ -61,13 +61,12 @@ def _mean(a: str, b: str | None = None, scale: float = 1.0):
     return lambda c: scale * ((c[a] - c[b]) if b else c[a]).mean(-1)
 
 
-def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None, bow: dict | None = None,
+def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None,
              n_resamples: int = 2000, level: float = 0.95, seed: int = 0, readouts: dict | None = None) -> dict:
     """Each reading ``{"value", "low", "high"}`` (see the module doc) from per-chunk numbers.
 
     ``probe`` / ``control``: ``evaluate(...)["_per_chunk"]`` (nll, hits, tokens); ``chars``: characters of each
-    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``bow``: the read-out's ``_per_chunk`` (recovered, prior);
-    ``readouts``: other read-outs' ``_per_chunk`` by name.
+    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``readouts``: each read-out's ``_per_chunk`` by name.
     """
     ln2 = math.log(2)
     specs: dict[str, tuple] = {}
@@ -87,8 +86,7 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
         if tf1_probe is not None and tf1_control is not None:
             cols["c_tf1"] = np.asarray(tf1_control)
             specs["token_set_f1_gain"] = _mean("p_tf1", "c_tf1")
-    others = {**({"bow": bow} if bow is not None else {}), **(readouts or {})}
-    for i, (name, per) in enumerate(others.items()):
+    for i, (name, per) in enumerate((readouts or {}).items()):
         pairs = [("recovered", "prior", "recovered", "gain"), ("tf1", "prior_tf1", "token_set_f1", "token_set_f1_gain")]
         for got, base, level_name, gain_name in pairs:
             if got in per and base in per:
@@ -111,15 +109,17 @@ def shows_retention(r: dict | None) -> bool:
     return r is not None and r["low"] > 0
 
 
-def retention(read: dict, level: float = 0.95) -> str:
-    """One line: what the embedding adds in bits (with its interval), or "no evidence of retention"."""
+def retention(read: dict, level: float = 0.95, gains: dict[str, str] | None = None) -> str:
+    """One line: what the embedding adds in bits (with its interval), or "no evidence of retention": the sequence
+    probe's bits over its control, else a read-out's bits over its prior, else the first read-out gain of ``gains``
+    (reading -> its unit, in the read-outs' order) there is."""
     aligned = [k for k in read if k.endswith("_bits_per_chunk")]
-    key = ("bits_per_chunk" if "bits_per_chunk" in read else aligned[0] if aligned else
-           "bow_gain" if "bow_gain" in read else None)
+    gained = [k for k in (gains or {}) if k in read]
+    key = "bits_per_chunk" if "bits_per_chunk" in read else aligned[0] if aligned else gained[0] if gained else None
     if key is None:
         return "no control: retention not measured"
     r = read[key]
-    unit = ("bits per chunk" if key == "bits_per_chunk" else "of the bag of words over its prior" if key == "bow_gain"
+    unit = ("bits per chunk" if key == "bits_per_chunk" else gains[key] if key in (gains or {})
             else f"bits per chunk ({key[: -len('_bits_per_chunk')]} read-out over its prior)")
     span = f"{r['value']:.3g} {unit}, {level:.0%} interval [{r['low']:.3g}, {r['high']:.3g}]"
     if shows_retention(r):

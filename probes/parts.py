@@ -81,6 +81,9 @@ class Part:
     digits)`` (default: its recovered share and its gain over its prior)."""
     summary: Callable[[dict], str] | None = None
     """Read-outs: ``summary(result) -> str``, its line in the summary (default: recovered and prior)."""
+    gain_unit: str = ""
+    """Read-outs: how the retention line names its gain over its prior (default: of the NAME read-out over its
+    prior)."""
     columns: Callable[[dict], dict] | None = None
     """Read-outs: ``columns(result) -> {column: value}``, its columns of a sweep's table (default:
     ``NAME_recovered`` and ``NAME_prior``)."""
@@ -161,6 +164,13 @@ def readout_lines(name: str) -> tuple[tuple[str, str, bool, int], ...]:
     own = PARTS["readout"].get(name).readings if name in PARTS["readout"] else ()
     own = own or (("recovered", f"{name} read-out", False, 3), ("gain", f"{name} read-out over its prior", True, 3))
     return tuple((f"{name}_{key}", label, gain, digits) for key, label, gain, digits in own)
+
+
+def readout_gains(names) -> dict[str, str]:
+    """``NAME_gain`` -> how the retention line names it, for each read-out of ``names``."""
+    parts = {n: PARTS["readout"].get(n) if n in PARTS["readout"] else None for n in names}
+    return {f"{n}_gain": (p.gain_unit if p is not None and p.gain_unit else f"of the {n} read-out over its prior")
+            for n, p in parts.items()}
 
 
 def readout_summary(name: str, result: dict) -> str:

@@ -23,6 +23,8 @@ DEFINITIONS = {
                  "and control resampled together); a gain whose interval holds 0 is 'no evidence of retention'",
 }
 
+LEGACY_READOUT = "bow"
+"""The read-out that report.json also holds at its top level (``bow``), as schema version 1 did."""
 SCHEMA_VERSION = 1
 """The layout of report.json (``schema_version``): raised when a key is renamed, moved or removed; keys are only
 ever added within one version (``tests/test_probe_report_schema.py`` pins the layout)."""
@@ -51,8 +53,8 @@ class ProbeReport:
     """Each reading with its interval: {name: {value, low, high}} (memlab.probes.intervals)."""
     retention: str
     """One line: the bits the embedding adds with their interval, or 'no evidence of retention'."""
-    bow: dict | None
     readouts: dict
+    """Each read-out's result by name."""
     calibration: dict
     limited_by: str | None = None
     control_shared_with: str | None = None
@@ -70,6 +72,12 @@ class ProbeReport:
     schema_version: int = SCHEMA_VERSION
     """The layout of this report (:data:`SCHEMA_VERSION`)."""
     fitted: Any = field(default=None, repr=False, compare=False)
+    bow: dict | None = None
+    """report.json's ``bow``: ``readouts["bow"]`` again, kept for the scripts that read it (schema version 1)."""
+
+    def __post_init__(self):
+        if self.bow is None:
+            self.bow = (self.readouts or {}).get(LEGACY_READOUT)
 
     def to_dict(self) -> dict:
         """report.json's content (JSON types only; without the fitted probe)."""

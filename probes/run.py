@@ -44,7 +44,7 @@ from memlab.probes.calibration import calibration
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
-                                 takes, takes_context)
+                                 readout_gains, takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
 from memlab.probes.result import ProbeReport
 from memlab.probes.scores import limit_line
@@ -98,14 +98,13 @@ def _public(m: dict | None) -> dict | None:
     return None if m is None else {k: v for k, v in m.items() if not k.startswith("_")}
 
 
-def interval_readings(opts, eval_ids, tok, probe, control, bow, chars=None, readouts: dict | None = None) -> dict:
+def interval_readings(opts, eval_ids, tok, probe, control, chars=None, readouts: dict | None = None) -> dict:
     """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts); ``readouts``: every
-    fitted read-out by name (``bow`` among them or given alone)."""
+    fitted read-out by name."""
     chars = chars if chars is not None else chunks.chunk_chars(eval_ids, tok)
-    per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if k != "bow" and v.get("_per_chunk")}
+    per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if v.get("_per_chunk")}
     return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
-                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), (bow or {}).get("_per_chunk"),
-                    n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed, readouts=per)
+                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed, readouts=per)
 
 
 def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):
@@ -124,10 +123,10 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
 
     ``chars``: characters of each held-out chunk's text (default: as its tokens decode); ``texts``: (training texts,
     held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode). Returns a dict with
-    probe, control, information_gain, bow, readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
+    probe, control, information_gain, readouts (each read-out's result by name), readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
     retention, limited_by, calibration, history, timing and ``_decoder`` (the fitted sequence decoder, or None).
     """
-    out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None, "bow": None,
+    out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None,
            "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
            "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
     if sequence:
@@ -147,12 +146,10 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
         out["readouts"][name] = fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
                                             context=context, device=opts.device)
         out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
-    out["bow"] = out["readouts"].get("bow")
-    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], out["bow"], chars,
-                                        out["readouts"])
-    out["retention"] = retention(out["readings"], opts.ci_level)
+    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], chars, out["readouts"])
+    out["retention"] = retention(out["readings"], opts.ci_level, readout_gains(out["readouts"]))
     out["_reconstruction"] = (out["probe"] or {}).get("_reconstruction")
-    for k in ("probe", "control", "bow"):
+    for k in ("probe", "control"):
         out[k] = _public(out[k])
     out["readouts"] = {k: _public(v) for k, v in out["readouts"].items()}
     out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
@@ -178,7 +175,7 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, te
                                           "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
                                           "input_dropout": float(dec.config.input_dropout),
                                           "repeat_penalty": float(dec.config.repeat_penalty)},
-        **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by", "bow",
+        **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by",
                                   "readouts", "readings", "retention", "calibration", "history")},
         examples=[{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
         timing=dict(fit["timing"]), memory=peak_memory_mb())

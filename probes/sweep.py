@@ -66,14 +66,17 @@ def _table(rows: list[dict], first: str, own: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict], x: str, path: Path, title: str, logx: bool = False) -> Path:
+def _plot(rows: list[dict], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:
+    """Shares against ``x``: the read-outs' own columns ``own`` (their recovered shares and priors) and the
+    decoder's."""
     from memlab.plots import finish_axes, pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = [r[x] for r in rows]
-    series = [("bow_recovered", "-o", "bag-of-words read-out"), ("bow_prior", ":", "its frequency prior"),
-              ("token_set_f1", "-s", "probe TF1"), ("control_token_set_f1", "--", "control TF1"),
+    series = [(k, ":" if k.endswith("_prior") else "-o", k.replace("_", " ")) for k in own
+              if k.endswith(("_recovered", "_prior"))]
+    series += [("token_set_f1", "-s", "probe TF1"), ("control_token_set_f1", "--", "control TF1"),
               ("token_accuracy", "-^", "probe token accuracy"), ("information_gain", "-d", "information gain")]
     for key, style, label in series:
         if all(r.get(key) is not None for r in rows):
@@ -134,7 +137,8 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
                "total_s": time.perf_counter() - t0}
     table = _table(rows, "layer", list(own))
     _write(run_dir, "layers", payload, table, lambda d: _plot(rows, "layer", d / "layers.png",
-                                                               f"{opts.model} ({encoder.pool}): retention by layer"))
+                                                               f"{opts.model} ({encoder.pool}): retention by layer",
+                                                               list(own)))
     log(table)
     return payload
 
@@ -207,7 +211,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
     if opts.compare is None:
         table = _table(rows, "n_train", list(own))
         plot = lambda d: _plot(rows, "n_train", d / "learning_curve.png", f"{opts.model}: learning curve",  # noqa: E731
-                               logx=True)
+                               list(own), logx=True)
     else:
         from memlab.probes import compare as C
 
