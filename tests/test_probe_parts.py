@@ -146,6 +146,8 @@ def test_every_kind_of_part_from_outside_the_tree_runs_with_its_own_option(plugi
                  "sequence=false", "readouts=[prior]", "prior_min_chunks=2"]) == 0
     head = (curve / "curve.md").read_text().splitlines()[0]
     assert "prior_recovered" in head and "prior_prior" in head
+    rows = json.loads((curve / "curve.json").read_text())["rows"]  # its gain is the retention line's reading
+    assert all("of the prior read-out over its prior" in r["retention"] for r in rows)
     capsys.readouterr()
     assert main(["list"]) == 0
     listed = capsys.readouterr().out
