@@ -176,19 +176,19 @@ def readout_name(opts) -> str | None:
     return None if opts.sequence else opts.readouts[0]
 
 
-def cells(fit: dict, opts, targets) -> dict:
+def cells(fit, opts, targets) -> dict:
     """The comparison's common columns of one fitted method: ``bits`` per chunk, ``tf1``, ``accuracy`` (each
     ``{"value", "low", "high"}`` or None), ``baseline_tf1`` (the control's or the prior's), and the ``targets``
     the bits are counted over (``targets`` names whose tokens, ``target_tokens`` how many held-out ones)."""
     from memlab.probes.chunks import mask_of
 
-    r, name = fit["readings"], readout_name(opts)
+    r, name = fit.readings, readout_name(opts)
     if name is None:
-        p, c = fit["probe"], fit["control"]
+        p, c = fit.probe, fit.control
         return {"bits": r.get("bits_per_chunk"), "tf1": r.get("token_set_f1"), "accuracy": r.get("token_accuracy"),
                 "baseline_tf1": c["token_set_f1"] if c else None, "targets": targets.name,
                 "target_tokens": int(p["n_tokens"])}
-    out = fit["readouts"][name]
+    out = fit.readouts[name]
     tf1 = r.get(f"{name}_token_set_f1") or r.get(f"{name}_recovered")  # bow: its recovered share of the token set
     return {"bits": r.get(f"{name}_bits_per_chunk"), "tf1": tf1,
             "accuracy": r.get(f"{name}_recovered") if f"{name}_token_set_f1" in r else None,

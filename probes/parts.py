@@ -145,9 +145,9 @@ def readout_context(opts, tok, texts, dim: int | None = None) -> ReadoutContext:
     return ReadoutContext(texts_train=tr, texts_eval=ev, tokenizer=tok, dim=dim, opts=opts)
 
 
-def fit_readout(train_ids, eval_ids, z_train, z_eval, seed: int = 0, name: str = "bow", context=None,
+def fit_readout(train_ids, eval_ids, z_train, z_eval, name: str, seed: int = 0, context=None,
                 device: str = "cpu") -> dict:
-    """The registered read-out ``name`` (default the bag of words) fitted on ``device`` and scored, with its seconds;
+    """The registered read-out ``name`` fitted on ``device`` and scored, with its seconds;
     a read-out that takes a ``context`` keyword gets ``context`` (:class:`ReadoutContext`)."""
     part = get_part("readout", name)
     impl = part.impl
@@ -207,9 +207,10 @@ class EncoderKind:
     source: Callable[[str], tuple] | None = None
     """A transformers model's kind: ``source(spec) -> (folder or hub name, GGUF file or None, default pooling)``;
     accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
-    known_content: Callable[[str, dict], dict] | None = None
+    known_content: Callable[[str, Any], dict] | None = None
     """A calibration encoder of known content: ``known_content(spec, fit) -> the report's calibration`` checks its
-    own probe against what it must give (its report then describes no corpus split)."""
+    own probe against what it must give (``fit``: a :class:`memlab.probes.result.Fit`; its report then describes no
+    corpus split)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,34 @@ ever added within one version (``tests/test_probe_report_schema.py`` pins the la
 
 
 @dataclass
+class Fit:
+    """One fit of a set of cached embeddings (:func:`memlab.probes.run.fit_one`): what a probe's report, every row
+    of a sweep and every cell of a comparison are read from."""
+
+    probe: dict | None = None
+    """The kept sequence decoder's held-out metrics (None: no sequence decoder)."""
+    control: dict | None = None
+    """The control's held-out metrics (None: no control)."""
+    information_gain: float | None = None
+    control_shared_with: str | None = None
+    """The probe that trained the control this fit reuses (None: trained here, or none)."""
+    limited_by: str | None = None
+    readouts: dict = field(default_factory=dict)
+    """Each read-out's result by name."""
+    readings: dict = field(default_factory=dict)
+    """Each reading with its interval: {name: {value, low, high}}."""
+    retention: str = ""
+    calibration: dict = field(default_factory=dict)
+    history: dict = field(default_factory=lambda: {"probe": [], "control": []})
+    timing: dict = field(default_factory=lambda: {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0})
+    """Seconds: the decoders' (``train_s``, ``control_s``) and the read-outs' (``bow_s``, report.json's name)."""
+    decoder: Any = None
+    """The fitted sequence decoder (None: none)."""
+    reconstruction: list | None = None
+    """The greedy reconstructions of the held-out chunks, decoded."""
+
+
+@dataclass
 class ProbeReport:
     """One probe run. ``to_dict()`` is report.json; ``fitted`` (the fitted probe, an EmbeddingSpace) is not saved.
 

@@ -46,7 +46,7 @@ from memlab.probes.options import ProbeOptions, load_options, resolved, train_si
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
                                  readout_gains, takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
-from memlab.probes.result import ProbeReport
+from memlab.probes.result import Fit, ProbeReport
 from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
@@ -116,51 +116,43 @@ def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):
 
 def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
             control_key: str | None = None, sequence: bool = True, fit_readouts: bool = True, chars=None,
-            texts=None) -> dict:
+            texts=None) -> Fit:
     """Fit one set of cached embeddings: the sequence decoder and its control (``sequence``), the read-outs
     (``fit_readouts``: ``opts.readouts``), the intervals, the calibration and the limit line. A probe run, every
     layer of a layer sweep and every size (and method) of a learning curve is one call.
 
     ``chars``: characters of each held-out chunk's text (default: as its tokens decode); ``texts``: (training texts,
-    held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode). Returns a dict with
-    probe, control, information_gain, readouts (each read-out's result by name), readings (paired bootstrap intervals, :mod:`memlab.probes.intervals`),
-    retention, limited_by, calibration, history, timing and ``_decoder`` (the fitted sequence decoder, or None).
+    held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode).
     """
-    out = {"probe": None, "control": None, "information_gain": None, "control_shared_with": None,
-           "limited_by": None, "history": {"probe": [], "control": []}, "_decoder": None,
-           "timing": {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0}}
+    out = Fit()
     if sequence:
         got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
                            cache=control_cache, key=control_key, owner=opts.model)
-        dec, out["probe"], out["history"]["probe"], out["timing"]["train_s"] = got["probe"]
-        out["_decoder"] = dec
+        out.decoder, out.probe, out.history["probe"], out.timing["train_s"] = got["probe"]
         if opts.control:
-            c, out["history"]["control"], out["timing"]["control_s"], out["control_shared_with"] = got["control"]
-            out["control"] = c
-            out["information_gain"] = information_gain(out["probe"]["ce"], c["ce"])
-        out["limited_by"] = limit_line(out["probe"], out["control"])
-    out["readouts"] = {}
+            out.control, out.history["control"], out.timing["control_s"], out.control_shared_with = got["control"]
+            out.information_gain = information_gain(out.probe["ce"], out.control["ce"])
+        out.limited_by = limit_line(out.probe, out.control)
     context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, fit_readouts),
                               int(z_train.shape[1]))
     for name in opts.readouts if fit_readouts else []:
-        out["readouts"][name] = fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
-                                            context=context, device=opts.device)
-        out["timing"]["bow_s"] += out["readouts"][name]["seconds"]
-    out["readings"] = interval_readings(opts, eval_ids, tok, out["probe"], out["control"], chars, out["readouts"])
-    out["retention"] = retention(out["readings"], opts.ci_level, readout_gains(out["readouts"]))
-    out["_reconstruction"] = (out["probe"] or {}).get("_reconstruction")
-    for k in ("probe", "control"):
-        out[k] = _public(out[k])
-    out["readouts"] = {k: _public(v) for k, v in out["readouts"].items()}
-    out["calibration"] = calibration(opts, tok, train_ids, eval_ids, out)
+        out.readouts[name] = fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
+                                         context=context, device=opts.device)
+        out.timing["bow_s"] += out.readouts[name]["seconds"]
+    out.readings = interval_readings(opts, eval_ids, tok, out.probe, out.control, chars, out.readouts)
+    out.retention = retention(out.readings, opts.ci_level, readout_gains(out.readouts))
+    out.reconstruction = (out.probe or {}).get("_reconstruction")
+    out.probe, out.control = _public(out.probe), _public(out.control)
+    out.readouts = {k: _public(v) for k, v in out.readouts.items()}
+    out.calibration = calibration(opts, tok, train_ids, eval_ids, out)
     return out
 
 
-def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, text: dict, targets) -> ProbeReport:
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: Fit, text: dict, targets) -> ProbeReport:
     """The typed report from one :func:`fit_one` of ``targets``."""
-    tok, dec = encoder.tokenizer, fit["_decoder"]
+    tok, dec = encoder.tokenizer, fit.decoder
     k = min(opts.n_examples, eval_ids.shape[0]) if dec is not None else 0
-    recon = (fit.get("_reconstruction") or [])[:k]
+    recon = (fit.reconstruction or [])[:k]
     inputs = tok.batch_decode(chunks.rows(eval_ids[:k]), skip_special_tokens=True)
     return ProbeReport(
         model=opts.model if not opts.random_init else f"{opts.model} (random init)",
@@ -175,10 +167,10 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: dict, te
                                           "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
                                           "input_dropout": float(dec.config.input_dropout),
                                           "repeat_penalty": float(dec.config.repeat_penalty)},
-        **{k_: fit[k_] for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by",
+        **{k_: getattr(fit, k_) for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by",
                                   "readouts", "readings", "retention", "calibration", "history")},
         examples=[{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
-        timing=dict(fit["timing"]), memory=peak_memory_mb())
+        timing=dict(fit.timing), memory=peak_memory_mb())
 
 
 def claim_out(run_dir: str | Path | None) -> None:
@@ -252,8 +244,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     _notes(report, opts, eval_ids)
     report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
                          total_s=time.perf_counter() - t_start)
-    if fit["_decoder"] is not None:
-        report.fitted = FittedProbe(encoder, fit["_decoder"], tg.tokenizer)
+    if fit.decoder is not None:
+        report.fitted = FittedProbe(encoder, fit.decoder, tg.tokenizer)
     if run_dir is not None:
         _write(report, opts, encoder, run_dir)
     if verbose:

@@ -25,33 +25,34 @@ from memlab.errors import ModelError
 from memlab.probes.cache import encode_data
 from memlab.probes.chunks import public_text
 from memlab.probes.parts import readout_columns, readout_context
+from memlab.probes.result import Fit
 from memlab.probes.run import control_key, fit_one, setup
 from memlab.probes.train import Timer
 
 
-def _row(fit: dict) -> dict:
+def _row(fit: Fit) -> dict:
     """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
     row = {}
-    for name, result in (fit.get("readouts") or {}).items():  # each read-out's own columns
+    for name, result in fit.readouts.items():  # each read-out's own columns
         row.update(readout_columns(name, result))
-    r = fit["readings"]
+    r = fit.readings
     if "bits_per_chunk" in r:
         row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
                    bits_high=r["bits_per_chunk"]["high"])
-    row["readings"], row["retention"] = r, fit["retention"]
-    if fit["probe"]:
-        p, c = fit["probe"], fit["control"]
+    row["readings"], row["retention"] = r, fit.retention
+    if fit.probe:
+        p, c = fit.probe, fit.control
         row.update(token_accuracy=p["token_accuracy"], token_set_f1=p["token_set_f1"],
                    sentence_bleu=p["sentence_bleu"], exact_match=p["exact_match"], ce=p["ce"],
                    control_accuracy=c["token_accuracy"] if c else None,
-                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit["information_gain"])
-    row["seconds"] = sum(v for v in fit["timing"].values())
+                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit.information_gain)
+    row["seconds"] = sum(v for v in fit.timing.values())
     return row
 
 
-def _own_columns(fit: dict) -> list[str]:
+def _own_columns(fit: Fit) -> list[str]:
     """The columns the read-outs of ``fit`` add to a sweep's table (each read-out's own)."""
-    return [k for name, result in (fit.get("readouts") or {}).items() for k in readout_columns(name, result)]
+    return [k for name, result in fit.readouts.items() for k in readout_columns(name, result)]
 
 
 def _table(rows: list[dict], first: str, own: list[str]) -> str:
@@ -130,7 +131,7 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
                       sequence=sequence, fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
         rows.append({"layer": layer, **_row(fit)})
         own.update(dict.fromkeys(_own_columns(fit)))
-        log(f"layer {layer}: {fit['retention']}")
+        log(f"layer {layer}: {fit.retention}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
                "text": public_text(text),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
@@ -200,11 +201,11 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
                 from memlab.probes.compare import cells
 
                 r.update(method=spec, **cells(fit, o, t))
-                log(f"{spec}, n_train {n}: {fit['retention']}, {r['seconds']:.0f}s")
+                log(f"{spec}, n_train {n}: {fit.retention}, {r['seconds']:.0f}s")
                 continue
             seq = (f"; token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
-                   f"{r['control_token_set_f1'] or 0:.3f})" if fit["probe"] else "; read-outs alone")
-            log(f"n_train {n}: {fit['retention']}{seq}, {r['seconds']:.0f}s")
+                   f"{r['control_token_set_f1'] or 0:.3f})" if fit.probe else "; read-outs alone")
+            log(f"n_train {n}: {fit.retention}{seq}, {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
                "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
