@@ -126,7 +126,7 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     its default."""
     from memlab.config import apply_overrides, from_dict
 
-    cls = type(opts)  # ProbeOptions
+    cls = getattr(type(opts), "checked_from", type(opts))  # ProbeOptions: each method is checked as its own probe
     keys = [o.split("=", 1)[0].strip() for o in method.overrides]
     names = {f.name for f in fields(cls)}
     for k in keys:

@@ -16,6 +16,7 @@ import copy
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 from memlab.config import apply_overrides, from_dict, read_yaml
 from memlab.devices import resolve_device
@@ -73,6 +74,9 @@ def option_class(name: str) -> type | None:
 @dataclass
 class ResolvedOptions(ProbeOptions):
     """ProbeOptions that :func:`validate` checked, with the device resolved (``auto`` -> the best one present)."""
+
+    checked_from: ClassVar[type] = ProbeOptions
+    """The class of options not yet checked (what options derived from these are built as)."""
 
 
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
