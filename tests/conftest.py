@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,17 @@ def kill_after(run: Path, step: int, dst: Path) -> Path:
     (dst / "summary.json").unlink()
     shutil.rmtree(dst / "plots", ignore_errors=True)
     return dst
+
+
+def hold_folder(folder: Path, fresh: bool) -> subprocess.Popen:
+    """Another process that claims ``folder`` (``fresh``: as a new run setting up, else as a resume) and keeps its lock
+    for two minutes, as ``memlab train`` does while it writes; the caller kills it."""
+    code = ("import sys, time; from memlab.rundir import claim; claim(sys.argv[1], fresh=sys.argv[2] == '1'); "
+            "print('held', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder), "1" if fresh else "0"], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
 
 
 def write_config(path: Path, corpus: Path, **sections) -> Path:

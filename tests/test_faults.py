@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import yaml
 from safetensors.torch import save_file
 
 from conftest import one_line_error as _one_line_error
-from conftest import write_config
+from conftest import hold_folder, write_config
 from memlab.app.cli import main
 from memlab.errors import ConfigError
 
@@ -60,16 +58,6 @@ def model_dir(base_run, tmp_path) -> Path:
     d = tmp_path / "model"
     shutil.copytree(base_run / "checkpoints" / STEP.format(6), d)
     return d
-
-
-def _holder(folder: Path, fresh: bool) -> subprocess.Popen:
-    """Another process that claims ``folder`` (as a fresh run setting up, or a resume) and keeps it."""
-    code = ("import sys, time; from memlab.rundir import claim; claim(sys.argv[1], fresh=sys.argv[2] == '1'); "
-            "print('held', flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder), "1" if fresh else "0"], stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 # ----------------------------------------------------------------------------- data lost or results silently wrong
@@ -208,7 +196,7 @@ def test_6_an_oversized_safetensors_header_is_one_line(model_dir, tmp_path, caps
 
 def test_7_resume_of_a_run_still_setting_up_names_its_process(tmp_path, capsys):
     folder = tmp_path / "starting"
-    proc = _holder(folder, fresh=True)  # a fresh train that has not written config.yaml yet
+    proc = hold_folder(folder, fresh=True)  # a fresh train that has not written config.yaml yet
     try:
         assert main(["train", "--resume", str(folder)]) == 2
         assert f"in use by process {proc.pid}" in _one_line_error(capsys)
@@ -226,7 +214,7 @@ def test_8_probe_sets_a_damaged_checkpoint_aside_and_leaves_it_while_the_run_is_
 
     newest = run / "checkpoints" / STEP.format(6)
     (newest / "trainer_state.json").write_text("")
-    proc = _holder(run, fresh=False)  # a resume of it is writing
+    proc = hold_folder(run, fresh=False)  # a resume of it is writing
     try:
         load_encoder(str(run))
         err = capsys.readouterr().err

@@ -14,12 +14,11 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error, write_config
+from conftest import hold_folder, one_line_error, write_config
 from memlab.app.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,16 +41,6 @@ def _size_limit(limit: int):
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
-def _holder(folder: Path, fresh: bool) -> subprocess.Popen:
-    """Another process holding ``folder``'s lock (as ``memlab train`` does while it writes)."""
-    code = ("import sys, time; from memlab.rundir import claim; claim(sys.argv[1], fresh=sys.argv[2] == '1'); "
-            "print('held', flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder), "1" if fresh else "0"], stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +97,7 @@ def test_eval_refuses_an_earlier_eval_and_leaves_it_whole(base_run, eval_dir, ca
 
 def test_a_folder_in_use_is_refused_by_quickstart_and_plot(run, tmp_path, capsys):
     folder = tmp_path / "training"
-    proc = _holder(folder, fresh=True)  # `memlab train --out folder` setting up: only its lock file is there
+    proc = hold_folder(folder, fresh=True)  # `memlab train --out folder` setting up: only its lock file is there
     try:
         assert main(["quickstart", "--fast", "--only", "synthetic:constant", "--out", str(folder)]) == 2
         assert f"in use by process {proc.pid}" in one_line_error(capsys)
@@ -116,7 +105,7 @@ def test_a_folder_in_use_is_refused_by_quickstart_and_plot(run, tmp_path, capsys
         proc.kill()
         proc.wait()
     before = _snapshot(run)
-    proc = _holder(run, fresh=False)  # `memlab train --resume run` writing into it
+    proc = hold_folder(run, fresh=False)  # `memlab train --resume run` writing into it
     try:
         assert main(["plot", str(run)]) == 2
         msg = one_line_error(capsys)

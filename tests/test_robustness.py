@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import one_line_error as _one_line_error
-from conftest import write_config
+from conftest import hold_folder, write_config
 from memlab.app.cli import main
 from memlab.errors import DataError, MemlabError, ModelError
 
@@ -162,21 +162,10 @@ def test_sonar_positions_keep_float64():
 # ----------------------------------------------------------------------------- 4. two runs into one folder
 
 
-_HOLD = "import sys, time; from memlab.rundir import claim; claim(sys.argv[1], fresh=sys.argv[2] == '1'); print('held', flush=True); time.sleep(120)"
-
-
-def _holder(run: Path, fresh: bool) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(run), "1" if fresh else "0"], stdout=subprocess.PIPE,
-                         text=True, env=env)
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
 def test_a_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, small_corpus, capsys):
     cfg = write_config(tmp_path / "c.yaml", small_corpus, train={"max_steps": 2, "save_every": 2, "eval_every": 2})
     run = tmp_path / "run"
-    holder = _holder(run, fresh=True)  # another `memlab train --out run` that has started
+    holder = hold_folder(run, fresh=True)  # another `memlab train --out run` that has started
     try:
         assert main(["train", str(cfg), "--out", str(run)]) == 2
         assert "is in use by process" in _one_line_error(capsys)
@@ -184,7 +173,7 @@ def test_a_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, small
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert main(["train", str(cfg), "--out", str(run)]) == 0  # kill -9 left no stuck lock
-    holder = _holder(run, fresh=False)  # a `--resume` of the run is under way
+    holder = hold_folder(run, fresh=False)  # a `--resume` of the run is under way
     try:
         assert main(["train", "--resume", str(run), "train.max_steps=4"]) == 2
         assert "is in use" in _one_line_error(capsys)
@@ -195,7 +184,7 @@ def test_a_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, small
     from memlab.probes.run import load_options, run_probe
 
     probe_dir = tmp_path / "probe"
-    holder = _holder(probe_dir, fresh=True)  # a probe writing into it
+    holder = hold_folder(probe_dir, fresh=True)  # a probe writing into it
     try:
         with pytest.raises(MemlabError, match="is in use"):
             run_probe(load_options(None, model="no-such-model"), probe_dir)
