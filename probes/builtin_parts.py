@@ -88,7 +88,8 @@ def _blank(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
 
 register_part("inputs", Part("teacher", InputMode(_teacher), options_class=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
-register_part("inputs", Part("blank", InputMode(_blank, reads_tokens=False), description="the start token everywhere (a blank copy)"))
+register_part("inputs", Part("blank", InputMode(_blank, reads_tokens=False),
+                             description="the start token everywhere (a blank copy)"))
 
 
 def _llama(config):
@@ -117,8 +118,10 @@ def _bow_summary(b: dict) -> str:
 
 register_part("readout", Part(
     "bow", _bow, options_class=BowOptions, summary=_bow_summary, gain_unit="of the bag of words over its prior",
-    readings=(("recovered", "bag-of-words read-out", False, 3), ("gain", "bag-of-words read-out over its prior", True, 3)),
-    columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}, description="bag-of-words read-out: a linear multi-label head"))
+    readings=(("recovered", "bag-of-words read-out", False, 3),
+              ("gain", "bag-of-words read-out over its prior", True, 3)),
+    columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]},
+    description="bag-of-words read-out: a linear multi-label head"))
 
 
 def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
@@ -136,8 +139,8 @@ def _align_check(context) -> None:
 def _align_summary(a: dict) -> str:
     own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
            f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
-    return (f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior {a['prior']:.3f}{own}), "
-            f"TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), {a['bits_per_chunk']:.1f} bits per "
+    return (f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior "
+            f"{a['prior']:.3f}{own}), TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), {a['bits_per_chunk']:.1f} bits per "
             f"chunk; ridge alpha {a['alpha']:g} by leave-one-out")
 
 

@@ -11,30 +11,34 @@ spec). A new kind of any of them is one file that calls :func:`register_part`
 every registered part against its kind's contract and adds one from outside
 the tree.
 
-A part lists the ProbeOptions fields that apply to it alone (``options``):
-setting one of them while another part of its kind is chosen is refused by
-name (``input_dropout`` with ``inputs=blank``, ``prefix_len`` with
-``conditioning=unrolled``). A part may check the options further (``check``),
-and may take an argument after a colon (``argument``: ``decoder=pretrained:NAME``
-chooses the part ``pretrained`` with argument ``NAME``).
+A part declares its own options (``options_class``, a dataclass: each field a probe option under its own
+name, typed, with its default); setting one of them while another part of its kind is chosen is refused by
+name (``input_dropout`` with ``inputs=blank``, ``prefix_len`` with ``conditioning=unrolled``), and the part's
+code gets them (:func:`part_options`). The registry is the dispatch: the chosen part's own code runs, and
+nothing else names it. A part may check the options further (``check``), and may take an argument after a
+colon (``argument``: ``decoder=pretrained:NAME`` chooses the part ``pretrained`` with argument ``NAME``).
 
-Contracts (``impl``):
+Contracts (``impl``; ``options``: the part's options dataclass, given to a function that takes it):
 
-* ``encoder``: :class:`EncoderKind` (``matches(spec)``, ``load(spec, **options)``);
-* ``pool``: ``f(states (B, T, D), mask (B, T)) -> (B, D)``;
-* ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs);
-* ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads;
-* ``decoder``: ``f(config: ProbeDecoderConfig) -> nn.Module`` (the probe decoder's interface,
+* ``encoder``: :class:`EncoderKind` (``matches(spec)``, ``load(spec, **kw, options=)``; ``source`` for a
+  transformers model, ``known_content`` for a calibration encoder);
+* ``pool``: ``f(states (B, T, D), mask (B, T)[, options]) -> (B, D)``;
+* ``conditioning``: :class:`Conditioning` (vectors per chunk, and how they join the token inputs; its options
+  are in the decoder's config);
+* ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads, or an
+  :class:`InputMode` that says whether they hold the true tokens; its options are in the decoder's config;
+* ``decoder``: ``f(config: ProbeDecoderConfig[, options]) -> nn.Module`` (the probe decoder's interface,
   :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
   tokenizer, options and save format, e.g. ``pretrained:NAME``);
-* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device) -> dict`` (fitted on ``device``, the probe's) with ``recovered``, ``prior``, ``gain``
-  and ``_per_chunk`` (per held-out chunk: ``recovered`` and ``prior``; with ``nll`` and ``prior_nll``, nats over
-  the same tokens, the intervals also give ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``,
-  ``NAME_token_set_f1_gain``). A read-out whose ``f`` takes a ``context`` keyword is also given a
-  :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer and width, the options); a part's optional
-  ``check_context(context)`` runs once the chunks are cut, before anything is encoded or fitted, and refuses what
-  cannot be read in one line;
-* ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs) -> float``.
+* ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device[, context][, options]) -> dict`` (fitted on
+  ``device``, the probe's) with ``recovered``, ``prior``, ``gain`` and ``_per_chunk`` (per held-out chunk:
+  ``recovered`` and ``prior``; with ``nll`` and ``prior_nll``, nats over the same tokens, the intervals also give
+  ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``, ``NAME_token_set_f1_gain``). A read-out whose ``f``
+  takes a ``context`` keyword is also given a :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer
+  and width, the options); a part's optional ``check_context(context)`` runs once the chunks are cut, before
+  anything is encoded or fitted, and refuses what cannot be read in one line. It declares its summary line,
+  interval lines, sweep columns and retention unit (:class:`Part`);
+* ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs[, options]) -> float``.
 """
 
 from __future__ import annotations
@@ -225,8 +229,8 @@ class Conditioning:
 
 @dataclass(frozen=True)
 class DecoderKind:
-    """A decoder with its own tokenizer: ``build(config, arg, options) -> nn.Module`` (``options``: the values of
-    the part's own ProbeOptions fields), ``tokenizer(arg)``: the tokenizer its targets are in, ``load(folder)``: a
+    """A decoder with its own tokenizer: ``build(config, arg, options) -> nn.Module`` (``options``: the part's options
+    dataclass, :func:`part_options`), ``tokenizer(arg)``: the tokenizer its targets are in, ``load(folder)``: a
     saved decoder back (strict). Calling it as ``f(config)`` is refused: it needs its argument."""
 
     build: Callable[..., Any]

@@ -104,7 +104,8 @@ def interval_readings(opts, eval_ids, tok, probe, control, chars=None, readouts:
     chars = chars if chars is not None else chunks.chunk_chars(eval_ids, tok)
     per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if v.get("_per_chunk")}
     return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
-                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), n_resamples=opts.ci_resamples, level=opts.ci_level, seed=opts.seed, readouts=per)
+                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), n_resamples=opts.ci_resamples,
+                    level=opts.ci_level, seed=opts.seed, readouts=per)
 
 
 def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):

@@ -123,12 +123,14 @@ def first_token_match(pred: torch.Tensor, true: torch.Tensor, hyps, refs,
     return float((pred[:, i] == true[:, i]).float().mean())
 
 
-register_part("pool", Part("max", max_pool, options_class=MaxOptions, description="max over real tokens (a test plugin)"))
+register_part("pool", Part("max", max_pool, options_class=MaxOptions,
+                           description="max over real tokens (a test plugin)"))
 register_part("encoder", Part("onehot", EncoderKind(lambda s: s.startswith("onehot:"), load_first_token),
                               options_class=OneHotOptions,
                               description="onehot:TOKENIZER_DIR, the first token's one-hot (a test plugin)"))
 register_part("conditioning", Part("repeat", Conditioning(_repeat_vectors, _repeat_join, _repeat_vectors),
-                                   options_class=RepeatOptions, description="repeat_vectors memory vectors (a test plugin)"))
+                                   options_class=RepeatOptions,
+                                   description="repeat_vectors memory vectors (a test plugin)"))
 register_part("inputs", Part("every_other", InputMode(_every_other), options_class=EveryOtherOptions,
                              description="teacher inputs with every blank_every-th one blanked (a test plugin)"))
 register_part("decoder", Part("narrow", narrow_decoder, options_class=NarrowOptions,
