@@ -188,6 +188,11 @@ def _check_room(run_dir: Path, trainer, start: Path | None, state, env) -> None:
             ckpt.check_room_for_checkpoint(run_dir, trainer.acc.unwrap_model(trainer.model), start)
         except MemlabError as e:
             err = str(e)
+    _raise_everywhere(err, state, env)
+
+
+def _raise_everywhere(err: str | None, state, env) -> None:
+    """The main process's verdict ``err`` (None: no error) raised on every process; the main one prints it."""
     err = env.broadcast(err)
     if err is not None:
         e = MemlabError(err)
@@ -230,11 +235,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
             start, lock = prepare_run_dir(run_dir, resume, cfg.train.max_steps, restart)
         except MemlabError as e:
             err = str(e)
-    err = env.broadcast(err)
-    if err is not None:
-        e = MemlabError(err)
-        e.quiet = not state.is_main_process
-        raise e
+    _raise_everywhere(err, state, env)
     if state.num_processes > 1:  # every process resumes from the checkpoint the main process verified
         name = env.broadcast(str(start) if start is not None else "")
         start = Path(name) if name else None
