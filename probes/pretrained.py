@@ -72,7 +72,8 @@ class PretrainedDecoderConfig(ProbeDecoderConfig):
 
     def __init__(self, source: str = "", lora_r: int = PretrainedOptions.lora_r,
                  lora_alpha: float = PretrainedOptions.lora_alpha, lm_fingerprint: str = "",
-                 map_hidden: int = 0, finetune: bool = False, **kwargs):
+                 map_hidden: int = PretrainedOptions.map_hidden, finetune: bool = PretrainedOptions.finetune,
+                 **kwargs):
         self.source = source
         self.lora_r = lora_r
         self.lora_alpha = lora_alpha
@@ -259,6 +260,13 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         if self.bag is not None:
             logits = logits + self.bag(zn).unsqueeze(1)  # (B, 1, C) added at every position
         return logits
+
+    def embedding_weights(self) -> list[str]:
+        """The embedding's pathway (:class:`~memlab.probes.decoder.ProbeDecoderAPI`): the map's first layer (with
+        ``map_hidden`` the hidden layer's weight: zeroed, it leaves GELU(its bias), a constant as the control's) and
+        the bag head's weight."""
+        first = "cond.0.weight" if isinstance(self.cond, nn.Sequential) else "cond.weight"
+        return [first] + (["bag.weight"] if self.bag is not None else [])
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What :meth:`save_pretrained` writes: everything outside the LM and the LM's LoRA weights, or with

@@ -113,3 +113,14 @@ def test_options_that_nothing_reads_are_one_line(argv, match, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("memlab: error:")]
     assert len(err) == 1 and match in err[0], err
     assert not out.exists()
+
+
+def test_a_configs_name_names_its_run_folder(tmp_path, monkeypatch, small_corpus):
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text(f"name: my-probe\nrecipe: probe\noptions:\n  model: synthetic:concat\n  corpus: {small_corpus}\n"
+                   "  text: {seq_len: 4, n_train: 24, n_eval: 4}\n  fit: {epochs: 1}\n  readouts: {readouts: []}\n"
+                   "  n_examples: 1\n  ci_resamples: 20\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "--config", str(cfg), "--no-control", "hidden_size=16", "num_layers=1"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("my-probe-") and (run / "report.json").is_file()
