@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 
 def add_parser(sub) -> None:
@@ -19,8 +19,9 @@ def _options(obj) -> str:
     cls = getattr(obj, "options_class", None)
     if cls is None:
         return ""
-    default = cls()
-    return " [options: " + ", ".join(f"{f.name}={getattr(default, f.name)}" for f in fields(cls)) + "]"
+    shown = [f"{f.name}={f.default}" if f.default is not MISSING else
+             f"{f.name}={f.default_factory()}" if f.default_factory is not MISSING else f.name for f in fields(cls)]
+    return " [options: " + ", ".join(shown) + "]"
 
 
 def run(args) -> int:
