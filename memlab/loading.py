@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from memlab.errors import ModelError
 from memlab.progress import fold_bars
@@ -80,6 +83,24 @@ def check_safetensors_weights(folder: str | Path) -> None:
                          "trust the file) and give that folder")
 
 
+@contextmanager
+def _own_load_report() -> Iterator[None]:
+    """transformers' warnings held back during a load whose loading info memlab checks itself (its "LOAD REPORT"
+    of missing and unexpected keys would repeat, as a warning, what :func:`strict_from_pretrained` refuses or
+    allows); a user who asked for transformers' logs (``TRANSFORMERS_VERBOSITY``) keeps them."""
+    from transformers.utils import logging as hf_logging  # deferred: transformers is heavy to import
+
+    if os.environ.get("TRANSFORMERS_VERBOSITY"):
+        yield
+        return
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def _from_pretrained(model_class, folder: str | Path, read_by_tensor: bool, **kw):
     """``model_class.from_pretrained`` of ``folder``; with ``read_by_tensor`` (a local safetensors folder, a
     ``config`` in ``kw``) each tensor is read from its file (``pread``, no memory map), cast and placed before the
@@ -131,7 +152,8 @@ def strict_from_pretrained(model_class, folder: str | Path, allow_unexpected: bo
 
     what = what or str(folder)
     try:
-        model, info = _from_pretrained(model_class, folder, read_by_tensor, output_loading_info=True, **kw)
+        with _own_load_report():
+            model, info = _from_pretrained(model_class, folder, read_by_tensor, output_loading_info=True, **kw)
     except Exception as e:  # SafetensorError, JSONDecodeError, OSError: a damaged save
         if not is_read_error(e):
             raise

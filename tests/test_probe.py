@@ -177,6 +177,7 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
     assert not out.exists()  # nothing saved touched
     no_tok = tmp_path / "no-tok"
     tf.GPT2Model(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=300)).save_pretrained(no_tok)
+    capsys.readouterr()  # transformers' own save bar, outside any memlab command
     _fails(["probe", "--model", str(no_tok), *base], capsys, "tokenizer")
 
 

@@ -105,6 +105,7 @@ def test_synthetic_on_the_command_line(small_corpus, tmp_path, capsys):
 
     again = SPACES.get("probe")(str(out))  # the fitted probe reloads with its synthetic encoder
     assert again.dim == rep["encoder"]["dim"]
+    capsys.readouterr()  # transformers' own loading bar, outside any memlab command
     assert main(["probe", "--model", "synthetic:nope", "--corpus", str(small_corpus)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown synthetic encoder 'nope'" in err[0]
