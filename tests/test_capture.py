@@ -191,4 +191,4 @@ def test_bad_layer_and_too_long():
     with pytest.raises(MemlabError, match="longer than"):
         enc.encode(ids, torch.ones_like(ids))
     with pytest.raises(MemlabError, match="pooling"):
-        HiddenStateEncoder(model, _Tok(), pool="max")
+        HiddenStateEncoder(model, _Tok(), pool="no-such-pool")

@@ -158,7 +158,7 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
     _fails(["probe", "--model", str(tiny_llama), "--layer", "3", *base], capsys, "out of range")
     _fails(["probe", "--model", str(tiny_llama), "--layer", "-4", *base], capsys, "out of range")
     _fails(["probe", "--model", str(tiny_llama), *base, "seq_len=50"], capsys, "longer than")
-    _fails(["probe", "--model", str(tiny_llama), "--pool", "max", *base], capsys, "pool")
+    _fails(["probe", "--model", str(tiny_llama), "--pool", "no-such-pool", *base], capsys, "pool")
     _fails(["probe", "--model", str(tiny_llama), *base, "colour=red"], capsys, "unknown config key 'colour'")
     out = tmp_path / "never-written"
     model = ["probe", "--model", str(tiny_llama), "--out", str(out), *base]
