@@ -129,7 +129,11 @@ class ProbeDecoderAPI(Protocol):
       ``compact_targets``, ``other_penalty``, ``full_log_probs``, ``predict_full``);
     * ``set_normalization(z_train)`` (:class:`EmbeddingNorm`);
     * ``config`` with ``embed_dim``, ``vocab_size``, ``start_id``, ``max_len``, ``inputs``, ``bag_head``,
-      ``input_dropout``, ``repeat_penalty``; and ``save_pretrained(folder)``.
+      ``input_dropout``, ``repeat_penalty``; and ``save_pretrained(folder)``;
+    * ``embedding_weights()``: the names of the parameters that multiply the standardised embedding directly (its
+      *pathway*). The control reads an embedding that standardises to exact zeros, so its function does not depend
+      on them; zeroing them makes the decoder's output independent of the embedding (a probe then starts as its
+      control: :func:`memlab.probes.train.contain`).
     """
 
     num_kept: int
@@ -147,6 +151,8 @@ class ProbeDecoderAPI(Protocol):
     def predict_full(self, logits: torch.Tensor) -> torch.Tensor: ...
 
     def save_pretrained(self, folder) -> None: ...
+
+    def embedding_weights(self) -> list[str]: ...
 
 
 class CompactVocab:
@@ -283,6 +289,10 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
                     m.bias.zero_()
         if self.bag is not None:  # starts silent: the decoder begins as without it
             nn.init.zeros_(self.bag.weight)
+
+    def embedding_weights(self) -> list[str]:
+        """The embedding's pathway (:class:`ProbeDecoderAPI`): the conditioning map's weight and the bag head's."""
+        return ["cond.weight"] + (["bag.weight"] if self.bag is not None else [])
 
     def forward(self, z: torch.Tensor, decoder_input_ids: torch.Tensor, mode: str = "logits", state: dict | None = None):
         """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).

@@ -257,7 +257,8 @@ def held_back_rows(n: int, fraction: float, gen: torch.Generator) -> tuple[torch
 
 
 def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
-                   desc: str = "train", batched: bool | None = None) -> tuple[list[list[dict]], list[float]]:
+                   desc: str = "train", batched: bool | None = None,
+                   epoch0: bool = False) -> tuple[list[list[dict]], list[float]]:
     """Train decoders ``decs`` as one group, decoder m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T),
     for up to ``opts.epochs`` epochs; returns each one's curve and its share of the seconds (by the steps it ran).
 
@@ -267,6 +268,10 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     ``opts.beta1``/``beta2``, weight decay on matrices) and schedule (:func:`memlab.train.schedule.warmup_cosine`:
     ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``
     (each member on its own norm); bf16 autocast where the hardware has it (:func:`memlab.devices.probe_autocast`).
+
+    ``epoch0``: the held-back CE of the starting weights is measured before the first step and counts as an epoch
+    (step 0: a best, its weights, patience counted from it), so a member that starts as a trained control never ends
+    above it. The curve's last row holds ``best_val_ce`` and ``best_step`` (the kept epoch's step; 0: the start).
     """
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(opts.seed)
@@ -277,7 +282,11 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     warm = max(1, int(opts.warmup_fraction * total))
     g_all = len(decs)
     hist, best, bad, best_w = [[] for _ in decs], [float("inf")] * g_all, [0] * g_all, [None] * g_all
-    ran = [0] * g_all
+    ran, best_step = [0] * g_all, [0] * g_all
+    if epoch0 and rows_val is not None:  # the starting weights are epoch 0
+        for g, (m, ce) in enumerate(zip(group.active, group.held_back_ce(rows_val).tolist())):
+            hist[m].append({"step": 0, "val_ce": ce})
+            best[m], best_w[m] = ce, group.weights(g)
     step, bar = 0, progress_bar(total, desc, progress)
     while step < total and group.active:
         perm = torch.randperm(n, generator=gen)
@@ -303,7 +312,7 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
         for g, (m, ce) in enumerate(zip(group.active, group.held_back_ce(rows_val).tolist())):  # one read an epoch
             hist[m].append({"step": step, "val_ce": ce})
             if ce < best[m]:
-                best[m], bad[m], best_w[m] = ce, 0, group.weights(g)
+                best[m], bad[m], best_w[m], best_step[m] = ce, 0, group.weights(g), step
             else:
                 bad[m] += 1
             if bad[m] >= opts.patience:
@@ -312,11 +321,11 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     bar.close()
     for g, m in enumerate(group.active):  # still training when the steps ran out: the last weights
         if best_w[m] is None:
-            best_w[m] = group.weights(g)
+            best_w[m], best_step[m] = group.weights(g), step
     for m in range(g_all):
         group.load_into(m, best_w[m])
         if math.isfinite(best[m]):
-            hist[m].append({"step": ran[m], "best_val_ce": best[m]})
+            hist[m].append({"step": ran[m], "best_val_ce": best[m], "best_step": best_step[m]})
         group.decs[m].eval()
     secs = time.perf_counter() - t0
     return hist, [secs * r / max(sum(ran), 1) for r in ran]

@@ -24,7 +24,7 @@ Readings (:func:`readings`; nats summed over a chunk's target tokens, as
   with ``tf1`` and ``prior_tf1`` gives ``NAME_token_set_f1`` and ``NAME_token_set_f1_gain``.
 
 A gain whose interval holds zero (or lies below it) is reported as "no
-evidence of retention", never as a bare figure.
+evidence of retention at this budget", never as a bare figure, and never as the embedding misleading the decoder.
 """
 
 from __future__ import annotations
@@ -124,8 +124,7 @@ def retention(read: dict, level: float = 0.95, gains: dict[str, str] | None = No
     span = f"{r['value']:.3g} {unit}, {level:.0%} interval [{r['low']:.3g}, {r['high']:.3g}]"
     if shows_retention(r):
         return f"retained: {span}"
-    below = " (below the control: the embedding only misled the decoder)" if r["high"] < 0 else ""
-    return f"{NO_EVIDENCE}{below}: {span}"
+    return f"{NO_EVIDENCE} at this budget: {span}"  # at or below zero: the decoder found nothing to read
 
 
 def cell(r: dict | None, gain: bool, digits: int = 3) -> str:

@@ -152,6 +152,13 @@ def format_summary(report) -> str:
     if choice:
         lines.append(f"decoder kept: {choice['kept']} (held-back CE {choice['bag_head']:.3f} with the bag head, "
                      f"{choice['plain']:.3f} plain)")
+    start = (p or {}).get("start")
+    if start:
+        what = {"control": "the control itself (no start read the embedding better on held-back chunks)",
+                "contained": "the probe started as the trained control", "scratch": "the probe from a random start"}
+        lines.append(f"probe kept: {what[start['kept']]} (held-back CE {start['contained'] or float('nan'):.3f} "
+                     f"started as the control, against {start['control']:.3f}; {start['scratch']:.3f} from a random "
+                     f"start, against {start['control_first_run']:.3f})")
     if report.limited_by:
         lines.append(f"limited by: {report.limited_by}")
     for name, result in (report.readouts or {}).items():

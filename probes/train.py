@@ -151,21 +151,24 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     * with ``control`` the control: the same decoder on the mean training embedding for every chunk. It depends on
       the token data and decoder options only (the decoder's standardisation turns the mean into exact zeros), so
       probes of the same chunks share one through ``cache`` (keyed by ``key``); when cached it is not trained.
+      With a control and held-back chunks the fit has two phases (:func:`_fit_contained`): the control first, then
+      the probe started as the trained control (:func:`contain`), its start counted as epoch 0, beside the probe
+      trained from a random start; ``metrics["start"]`` says which was kept (``control``: epoch 0, ``contained``,
+      ``scratch``). Without held-back chunks all are trained together from their random starts.
 
     Returns ``{"probe": (decoder, held-out metrics, history, seconds), "control": (metrics, history, seconds, name
     of the probe that trained it or None) or None}``; ``metrics["decoder_choice"]`` says which decoder was kept
     and why. Seconds: the group's, split over its members by the steps each ran.
     """
     selects = opts.select_decoder and opts.bag_head and opts.val_fraction > 0  # a plain decoder to choose from
-    if control and cache is not None and key in cache and _is_constant(z_train, z_eval) and not selects and (
-            cache[key][3].config.embed_dim == z_train.shape[1]):  # a control of the same width: its very decoder
-        # a constant embedding standardises to the control's exact zeros, and the probe starts from the control's
-        # weights, batches and noise: its run is the cached control's, bit for bit (tests/test_probe_group.py)
-        metrics, hist_c, owner_, dec_c = cache[key]
-        dec_c = copy.deepcopy(dec_c)
-        dec_c.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
-        same = {**metrics, "run": "the cached control's (a constant embedding)"}
-        return {"probe": (dec_c, same, list(hist_c), 0.0), "control": (metrics, hist_c, 0.0, owner_)}
+    if control and cache is not None and key in cache and _is_constant(z_train, z_eval):
+        # a constant embedding standardises to the control's exact zeros: nothing to read, the probe is the control
+        metrics, hist_c, owner_, dec_c = cache[key][:4]
+        return {"probe": _as_control(dec_c, opts, tok, train_ids, z_train, metrics, hist_c, "the cached control's"),
+                "control": (metrics, hist_c, 0.0, owner_)}
+    if control and opts.val_fraction > 0:  # without held-back chunks: the three trained together from scratch
+        return _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc,
+                              batched)
     members = {"probe": (opts, z_train, z_eval)}
     if selects:
         members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
@@ -182,22 +185,136 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     if "plain" in members:
         ce, ce2 = _held_back_ce(hist["probe"]), _held_back_ce(hist["plain"])
         kept = "plain" if ce2 < ce else "probe"
-        choice = {"bag_head": ce, "plain": ce2, "kept": "plain" if kept == "plain" else "bag_head",
-                  "definition": "held-back CE (nats) of the decoder with the bag head and of the plain decoder (no "
-                                f"bag head, input dropout {opts.plain_input_dropout}); the lower is kept"}
+        choice = _choice(opts, ce, ce2)
     m = _scored(decs[kept], members[kept][0], tok, z_eval, eval_ids)
     if "plain" in members:
         m["decoder_choice"] = choice
     out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
     if cached:
-        metrics, hist_c, owner_, _ = cache[key]
+        metrics, hist_c, owner_ = cache[key][:3]
         out["control"] = (metrics, hist_c, 0.0, owner_)
     elif control:
         mc = _scored(decs["control"], opts, tok, members["control"][2], eval_ids)
         if cache is not None:
-            cache[key] = (mc, hist["control"], owner, decs["control"])
+            cache[key] = (mc, hist["control"], owner, decs["control"], decs["control"], mc, hist["control"])
         out["control"] = (mc, hist["control"], secs["control"], None)
     return out
+
+
+def _choice(opts, ce_bag: float, ce_plain: float) -> dict:
+    return {"bag_head": ce_bag, "plain": ce_plain, "kept": "plain" if ce_plain < ce_bag else "bag_head",
+            "definition": "held-back CE (nats) of the decoder with the bag head and of the plain decoder (no "
+                          f"bag head, input dropout {opts.plain_input_dropout}); the lower is kept"}
+
+
+def contain(probe, control):
+    """Start ``probe`` as the trained ``control``: every parameter and buffer of the control's (LoRA weights and a
+    fine-tuned LM included) except the embedding's pathway (``probe.embedding_weights()``), which is zeroed, and
+    the standardisation (``z_mean``, ``z_std``), which stays the probe's own. The control's output does not depend on
+    the pathway (it reads exact zeros), so the probe then computes what the control computes, whatever the
+    embedding; a control trained beside a probe of another embedding width serves as well. Returns ``probe``."""
+    path = list(probe.embedding_weights())
+    skip = set(path) | {"z_mean", "z_std"}
+    drop = skip | set(control.embedding_weights())  # the control's pathway: never read (a plain probe lacks a bag head)
+    state = {k: v for k, v in control.state_dict().items() if k not in drop}
+    missing, unexpected = probe.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - skip:
+        raise DataError(f"the control's weights do not fit the probe decoder (missing {sorted(set(missing) - skip)}, "
+                        f"unexpected {sorted(unexpected)})")
+    params = dict(probe.named_parameters())
+    with torch.no_grad():
+        for n in path:
+            params[n].zero_()
+    return probe
+
+
+def _best_step(history: list[dict]) -> int | None:
+    rows = [h.get("best_step") for h in history if "best_val_ce" in h]
+    return rows[-1] if rows else None
+
+
+def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched):
+    """:func:`fit_decoders` with a control and held-back chunks, in two phases.
+
+    1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
+       will be (epoch 0 counted), so that the probe gets no training the control did not get; the second run is the
+       control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start).
+    2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
+       pathway (:func:`contain`), trained with epoch 0 beside the probe trained from its own random start (the
+       *scratch* candidate), as one group.
+
+    Each candidate is read against the control trained as much as it was: the contained probe against the second
+    run, the scratch probe against the first. Kept: the candidate whose held-back CE lies furthest below its own
+    control's (a tie keeps the contained probe); when neither lies below, the control itself (its function at the
+    probe's width: exactly 0 bits). The kept probe's held-back CE is never above the control it is read against. On
+    a constant embedding the contained probe's run is the control's second run, weight for weight."""
+    const = z_train.mean(0, keepdim=True).expand_as(z_train)  # (N, D)
+    if cache is not None and key in cache:
+        mc, hist_c, owner_, dec_c, start, mc_1, hist_1 = cache[key]
+        control_out, first_out = (mc, hist_c, 0.0, owner_), (mc_1, hist_1, 0.0, owner_)
+    else:
+        start = _new_decoder(opts, tok, train_ids, const)
+        (hist_1,), (secs_1,) = train_decoders([start], [const], train_ids, opts, progress=opts.progress,
+                                              desc="control decoder", batched=batched)
+        dec_c = contain(_new_decoder(opts, tok, train_ids, const), start)
+        (hist_2,), (secs_2,) = train_decoders([dec_c], [const], train_ids, opts, progress=opts.progress,
+                                              desc="control decoder (second run)", batched=batched, epoch0=True)
+        hist_c = hist_1 + [{**h, "run": 2} for h in hist_2]
+        const_eval = z_train.mean(0, keepdim=True).expand_as(z_eval)
+        mc, mc_1 = _scored(dec_c, opts, tok, const_eval, eval_ids), _scored(start, opts, tok, const_eval, eval_ids)
+        if cache is not None:
+            cache[key] = (mc, hist_c, owner, dec_c, start, mc_1, hist_1)
+        control_out, first_out = (mc, hist_c, secs_1 + secs_2, None), (mc_1, hist_1, secs_1, None)
+    if _is_constant(z_train, z_eval):
+        return {"probe": _as_control(dec_c, opts, tok, train_ids, z_train, mc, hist_c, "the control's"),
+                "control": control_out}
+    members = {"probe": opts}
+    if selects:
+        members["plain"] = replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
+    decs = {k: _new_decoder(o, tok, train_ids, z_train) for k, o in members.items()}
+    if not all(callable(getattr(d, "embedding_weights", None)) for d in decs.values()):
+        members, decs = {}, {}  # a decoder kind without an embedding pathway to silence: the scratch probe alone
+    for d in decs.values():
+        contain(d, start)
+    members["scratch"], decs["scratch"] = opts, _new_decoder(opts, tok, train_ids, z_train)
+    hists, secs = train_decoders(list(decs.values()), [z_train] * len(decs), train_ids, opts, progress=opts.progress,
+                                 desc=desc, batched=batched, epoch0=True)
+    hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
+    ce = {k: _held_back_ce(h) for k, h in hist.items()}
+    ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])
+    best = min((k for k in members if k != "scratch"), key=lambda k: ce[k], default=None)
+    gains = {"contained": ce_c - ce[best] if best else -math.inf, "scratch": ce_1 - ce["scratch"]}
+    kept = max(gains, key=lambda k: (gains[k], k == "contained"))  # a tie keeps the contained probe
+    if gains[kept] <= 0:
+        kept = "control"
+    best = "scratch" if kept == "scratch" else best
+    if kept == "control":  # the control's own function, at the probe's width
+        dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
+        m = {**_scored(dec, opts, tok, z_eval, eval_ids), "run": "the control's (nothing read beat it)"}
+        h_kept = list(hist.get("probe", hist["scratch"]))
+    else:
+        dec, m, h_kept = decs[best], _scored(decs[best], members[best], tok, z_eval, eval_ids), hist[best]
+    if selects:
+        m["decoder_choice"] = _choice(opts, min(ce["probe"], ce["scratch"]), ce["plain"])
+    m["start"] = {"kept": kept, "control": ce_c, "control_first_run": ce_1,
+                  "contained": min((ce[k] for k in members if k != "scratch"), default=None), "scratch": ce["scratch"],
+                  "definition": "held-back CE (nats) of the control (its second run), of the probe started as the "
+                                "trained control with a silent embedding pathway (its best epoch, the start "
+                                "included), of the control's first run and of the probe trained from a random start; "
+                                "kept: the probe furthest below its own control (the contained probe's: the second "
+                                "run, the scratch probe's: the first), else the control"}
+    return {"probe": (dec, m, h_kept, sum(secs.values())), "control": first_out if kept == "scratch" else control_out}
+
+
+def _as_control(dec_c, opts, tok, train_ids, z_train, metrics, hist_c, whose: str):
+    """The control as the probe of a constant embedding ``z_train``: its very decoder at the control's width, else
+    the control's weights in a decoder of the embedding's width (:func:`contain`); its metrics and history."""
+    if dec_c.config.embed_dim == z_train.shape[1]:
+        dec = copy.deepcopy(dec_c)
+        dec.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
+    else:
+        dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
+    return dec, {**metrics, "run": f"{whose} (a constant embedding)"}, list(hist_c), 0.0
 
 
 def _is_constant(z_train: torch.Tensor, z_eval: torch.Tensor) -> bool:

@@ -159,7 +159,7 @@ def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
 
 def test_a_constant_embedding_reuses_the_cached_control_run():
     """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
-    decoder and metrics, without training again; trained anew it gives the same CE to the last bit."""
+    decoder and metrics, without training again; its control trained anew gives the same CE to the last bit."""
     from memlab.probes.train import fit_decoders
 
     class Tok(_Tok):
@@ -176,6 +176,6 @@ def test_a_constant_embedding_reuses_the_cached_control_run():
     dec, m, hist, secs = again["probe"]
     assert secs == 0.0 and m["run"].startswith("the cached control's") and again["control"][3] == "first"
     assert m["ce"] == first["control"][0]["ce"]
-    alone = fit_decoders(opts, tok, ids, ev, const, const[:16])["probe"]  # no cache: trained
+    alone = fit_decoders(opts, tok, ids, ev, const, const[:16], control=True, cache={}, key="k")["probe"]  # trained
     assert alone[1]["ce"] == m["ce"] and alone[1]["token_accuracy"] == m["token_accuracy"]
     assert all(torch.equal(a, b) for a, b in zip(alone[0].state_dict().values(), dec.state_dict().values()))
