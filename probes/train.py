@@ -238,7 +238,8 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
 
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
        will be (epoch 0 counted), so that the probe gets no training the control did not get; the second run is the
-       control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start).
+       control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start, the first
+       run's metrics, the first run's history).
     2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
        pathway (:func:`contain`), trained with epoch 0 beside the probe trained from its own random start (the
        *scratch* candidate), as one group.
