@@ -111,12 +111,11 @@ def test_bench_mfu_finds_the_shipped_configs_from_any_folder(tmp_path, monkeypat
 
 def test_quickstart_encoders_run_where_their_probes_do(tmp_path, monkeypatch):
     """Each entry's encoder is loaded onto the device its probe resolved (a GPU machine's ``auto``), not the CPU."""
-    import memlab.devices
     from memlab.app import quickstart as qs
     from memlab.errors import MemlabError
-    from memlab.probes import loading
+    from memlab.probes import loading, options
 
-    monkeypatch.setattr(memlab.devices, "resolve_device", lambda name="auto": torch.device("meta"))
+    monkeypatch.setattr(options, "resolve_device", lambda name="auto": torch.device("meta"))  # a GPU's "auto"
     seen = []
     monkeypatch.setattr(loading, "load_encoder", lambda spec, **kw: seen.append(kw.get("device")) or
                         (_ for _ in ()).throw(MemlabError("stop after loading")))

@@ -71,6 +71,8 @@ class Context:
     progress: bool | None = None
     notes: list | None = None
     seq_len: int = 32
+    device: str = "cpu"
+    """Where the entries' encoders run: the device their probes resolved (``auto``: the best one present)."""
 
 
 @dataclass
@@ -134,7 +136,7 @@ def _hf(spec_fn, **kw):
     def load(ctx: Context):
         from memlab.probes.loading import load_encoder
 
-        return load_encoder(spec_fn(ctx), **kw)
+        return load_encoder(spec_fn(ctx), device=ctx.device, **kw)
 
     return load
 
@@ -300,9 +302,10 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
             continue
         line = WorkLine(f"[{e.name}]", f"loading and probing ({e.embedding})...")  # on a terminal: one live line
         t = time.perf_counter()
-        encoder = e.load(ctx)
         own = budget(e)
         opts = load_options(None, None, model=e.name, progress=progress, **own)
+        ctx.device = opts.device  # the encoder runs where its probe's decoders do
+        encoder = e.load(ctx)
         rep = run_probe(opts, run_dir / "entries" / e.name.replace(":", "-"), encoder=encoder, control_cache=controls)
         rep.fitted = None
         reports[e.name] = rep
