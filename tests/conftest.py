@@ -91,6 +91,13 @@ def kill_after(run: Path, step: int, dst: Path) -> Path:
     return dst
 
 
+def copy_run(run: Path, dst: Path) -> Path:
+    """A copy of the finished run ``run`` at ``dst`` that no process holds (its lock file left behind)."""
+    shutil.copytree(run, dst)
+    (dst / ".memlab.lock").unlink(missing_ok=True)
+    return dst
+
+
 def hold_folder(folder: Path, fresh: bool) -> subprocess.Popen:
     """Another process that claims ``folder`` (``fresh``: as a new run setting up, else as a resume) and keeps its lock
     for two minutes, as ``memlab train`` does while it writes; the caller kills it."""

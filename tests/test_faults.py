@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import save_file
 
 from conftest import one_line_error as _one_line_error
-from conftest import hold_folder, write_config
+from conftest import copy_run, hold_folder, write_config
 from memlab.app.cli import main
 from memlab.errors import ConfigError
 
@@ -46,10 +46,7 @@ def base_run(small_corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def run(base_run, tmp_path) -> Path:
-    r = tmp_path / "r"
-    shutil.copytree(base_run, r)
-    (r / ".memlab.lock").unlink(missing_ok=True)
-    return r
+    return copy_run(base_run, tmp_path / "r")
 
 
 @pytest.fixture()

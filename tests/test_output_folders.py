@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hold_folder, one_line_error, write_config
+from conftest import copy_run, hold_folder, one_line_error, write_config
 from memlab.app.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,10 +55,7 @@ def base_run(small_corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def run(base_run, tmp_path) -> Path:
-    r = tmp_path / "r"
-    shutil.copytree(base_run, r)
-    (r / ".memlab.lock").unlink(missing_ok=True)
-    return r
+    return copy_run(base_run, tmp_path / "r")
 
 
 @pytest.fixture(scope="module")
