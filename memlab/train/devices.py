@@ -17,7 +17,6 @@ import torch
 
 from memlab import devices
 from memlab.devices import best_device
-from memlab.devices import train_bf16 as native_bf16  # noqa: F401  (re-exported: bf16 as training reads it)
 from memlab.errors import MemlabError
 
 
