@@ -42,6 +42,7 @@ NOISE = (
     r"Detected kernel version .* below the recommended minimum",
     r"enable_nested_tensor is True, but self.use_nested_tensor is False",
     r"TypedStorage is deprecated",
+    r"performance drop because we have not yet implemented the batching rule",  # torch's vmap of a batched group
 )
 """Library warnings that say nothing a memlab user can act on (regular expressions, searched in the message)."""
 _NOISE = re.compile("|".join(f"(?:{p})" for p in NOISE))

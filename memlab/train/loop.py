@@ -64,6 +64,7 @@ class Trainer:
 
     def __init__(self, setup: TrainSetup, cfg, run_dir: Path, tracker=None):
         from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
         from accelerate.utils import DistributedDataParallelKwargs
 
         self.setup, self.cfg, self.run_dir = setup, cfg, Path(run_dir)
@@ -72,6 +73,9 @@ class Trainer:
         # parameters that a step may leave unused by design (a curriculum's phases use different parts): DDP
         # then looks for them after every forward instead of waiting for their gradients
         ddp = DistributedDataParallelKwargs(find_unused_parameters=bool(setup.unused_parameters))
+        # accelerate keeps one mixed precision per process: a run after another in the same process (memlab's main()
+        # called again, a notebook) starts from a fresh accelerator state; the process group (PartialState) stays
+        AcceleratorState._reset_state(reset_partial_state=False)
         self.acc = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.mixed_precision, cpu), kwargs_handlers=[ddp])
         if uses_tf32(self.acc.device):
             enable_tf32()
