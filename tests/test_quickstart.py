@@ -91,3 +91,20 @@ def test_rows_share_target_tokens_and_one_control(tiny_llama, tmp_path):
     assert reps["synthetic:bag"]["probe"] is None and reps["synthetic:bag"]["n_train"] == 4 * summary["options"]["n_train"] == 256
     assert bag["calibration"] in ("passed", "failed") and bag["token_accuracy"] is None
     assert "synthetic:bag: n_train=256, sequence=False" in (tmp_path / "qs" / "table.md").read_text()
+
+
+def test_a_row_that_cannot_pass_here_is_not_run_and_says_where_it_runs(tmp_path, capsys):
+    """The concat positive control needs more chunks than the quickstart gives: a default run does not fit it (no
+    failed calibration in the table) and names the config that runs it; asked for by name, it runs."""
+    entries = [e for e in default_entries() if e.name in ("synthetic:concat", "synthetic:constant")]
+    assert entries[0].elsewhere and "configs/probes/calibration.yaml" in entries[0].elsewhere
+    summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries)
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert rows["synthetic:concat"] == {"name": "synthetic:concat", "not_run": entries[0].elsewhere}
+    assert not (tmp_path / "qs" / "entries" / "synthetic-concat").exists()
+    printed = capsys.readouterr().out
+    assert "[synthetic:concat] not run here:" in printed and "calibration failed" not in printed
+    assert "| synthetic:concat | not run here:" in format_table(summary["rows"])
+    asked = run_quickstart(out=tmp_path / "qs2", fast=True, entries=entries, only=["synthetic:concat"])
+    assert [r["name"] for r in asked["rows"]] == ["synthetic:concat"] and "not_run" not in asked["rows"][0]
+    assert (tmp_path / "qs2" / "entries" / "synthetic-concat" / "report.json").is_file()
