@@ -18,6 +18,7 @@ Readings (:func:`readings`; nats summed over a chunk's target tokens, as
 * ``information_gain``: ``(sum NLL_control - sum NLL_probe) / sum NLL_control``;
 * ``token_accuracy`` and ``token_accuracy_gain`` (over the control);
 * ``token_set_f1`` and ``token_set_f1_gain`` (over the control);
+* ``free_running_accuracy`` and ``free_running_accuracy_gain`` (over the control's greedy reconstruction);
 * ``bow_recovered`` and ``bow_gain`` (over its frequency prior), and for any other read-out ``NAME``
   (:mod:`memlab.probes.parts`) ``NAME_recovered`` and ``NAME_gain``; a read-out whose per-chunk numbers hold
   ``nll`` and ``prior_nll`` also gives ``NAME_bits_per_chunk`` (mean of ``(prior_nll - nll) / ln 2``), and one
@@ -62,11 +63,13 @@ def _mean(a: str, b: str | None = None, scale: float = 1.0):
 
 
 def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None,
-             n_resamples: int = 2000, level: float = 0.95, seed: int = 0, readouts: dict | None = None) -> dict:
+             n_resamples: int = 2000, level: float = 0.95, seed: int = 0, readouts: dict | None = None,
+             free_probe=None, free_control=None) -> dict:
     """Each reading ``{"value", "low", "high"}`` (see the module doc) from per-chunk numbers.
 
     ``probe`` / ``control``: ``evaluate(...)["_per_chunk"]`` (nll, hits, tokens); ``chars``: characters of each
-    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``readouts``: each read-out's ``_per_chunk`` by name.
+    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``free_*``: per-chunk free-running hits
+    (:func:`memlab.probes.scores.free_running_hits`); ``readouts``: each read-out's ``_per_chunk`` by name.
     """
     ln2 = math.log(2)
     specs: dict[str, tuple] = {}
@@ -77,6 +80,9 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
         if tf1_probe is not None:
             cols["p_tf1"] = np.asarray(tf1_probe)
             specs["token_set_f1"] = _mean("p_tf1")
+        if free_probe is not None:
+            cols["p_free"] = np.asarray(free_probe)
+            specs["free_running_accuracy"] = _ratio("p_free", "tokens")
     if probe is not None and control is not None:
         cols.update(c_nll=control["nll"], c_hits=control["hits"])
         specs["bits_per_chunk"] = _mean("c_nll", "p_nll", scale=1 / ln2)
@@ -86,6 +92,9 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
         if tf1_probe is not None and tf1_control is not None:
             cols["c_tf1"] = np.asarray(tf1_control)
             specs["token_set_f1_gain"] = _mean("p_tf1", "c_tf1")
+        if free_probe is not None and free_control is not None:
+            cols["c_free"] = np.asarray(free_control)
+            specs["free_running_accuracy_gain"] = _ratio("", "tokens", sign=("p_free", "c_free"))
     for i, (name, per) in enumerate((readouts or {}).items()):
         pairs = [("recovered", "prior", "recovered", "gain"), ("tf1", "prior_tf1", "token_set_f1", "token_set_f1_gain")]
         for got, base, level_name, gain_name in pairs:

@@ -75,7 +75,9 @@ def write_report(report, run_dir: str | Path) -> list[Path]:
 
 
 def _metrics_line(name: str, m: dict) -> str:
-    return (f"{name:<8} token_accuracy={m['token_accuracy']:.3f}  TF1={m.get('token_set_f1', float('nan')):.3f}  "
+    return (f"{name:<8} token_accuracy={m['token_accuracy']:.3f}  "
+            f"free_running_accuracy={m.get('free_running_accuracy', float('nan')):.3f}  "
+            f"TF1={m.get('token_set_f1', float('nan')):.3f}  "
             f"BLEU={m.get('sentence_bleu', float('nan')):.3f}  exact={m.get('exact_match', float('nan')):.3f}  "
             f"CE={m['ce']:.3f}  H_r={m['entropy_ratio']:.3f}")
 
@@ -98,6 +100,8 @@ def calibration_lines(cal: dict | None) -> list[str]:
 READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char", "bits per character", True, 4),
                  ("information_gain", "information gain", True, 3), ("token_accuracy", "token accuracy", False, 3),
                  ("token_accuracy_gain", "token accuracy over the control", True, 3),
+                 ("free_running_accuracy", "free-running token accuracy", False, 3),
+                 ("free_running_accuracy_gain", "free-running token accuracy over the control", True, 3),
                  ("token_set_f1", "TF1", False, 3), ("token_set_f1_gain", "TF1 over the control", True, 3))
 """The summary's interval lines of the sequence decoder: (reading, label, is a gain, digits); each read-out's
 follow (:func:`memlab.probes.parts.readout_lines`)."""

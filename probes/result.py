@@ -12,7 +12,12 @@ DEFINITIONS = {
     "bits_per_chunk": "what the embedding adds: (NLL_control - NLL_probe) summed over a chunk's target tokens, in "
                       "bits, mean over held-out chunks (the text rendered as report.text.rendering says)",
     "bits_per_char": "the same bits summed over all held-out chunks, divided by their characters",
+    "bits_per_token": "the same bits summed over all held-out chunks, divided by their target tokens (bits per "
+                      "chunk over the mean target tokens per chunk)",
     "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
+    "free_running_accuracy": "share of held-out target tokens where the greedy reconstruction (the decoder reading "
+                             "its own previous outputs, never the true tokens) holds the true token at the same "
+                             "position; beside the teacher-forced token_accuracy",
     "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
     "entropy_ratio": "H_r = 1 - CE / ln V",
     "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",

@@ -105,7 +105,8 @@ def interval_readings(opts, eval_ids, tok, probe, control, chars=None, readouts:
     per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if v.get("_per_chunk")}
     return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
                     (probe or {}).get("_tf1"), (control or {}).get("_tf1"), n_resamples=opts.ci_resamples,
-                    level=opts.ci_level, seed=opts.seed, readouts=per)
+                    level=opts.ci_level, seed=opts.seed, readouts=per, free_probe=(probe or {}).get("_free_hits"),
+                    free_control=(control or {}).get("_free_hits"))
 
 
 def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):

@@ -10,6 +10,9 @@ repetition penalty for autoregressive decoders, see :func:`reconstruct_ids`):
   tokens, smoothing method 4, 0-1) of the decoded reconstruction against the
   decoded chunk, averaged over chunks.
 * **Exact match**: share of chunks rebuilt token for token.
+* **Free-running accuracy**: share of the held-out target tokens where the reconstruction's token at position i
+  equals the true token at i (positional, as token accuracy is, but the decoder reads its own previous outputs,
+  never the true tokens); per chunk, so it gets a paired bootstrap interval against the control's.
 * **Information gain**: ``(CE_control - CE_probe) / CE_control``.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from memlab.probes.chunks import rows
+from memlab.probes.chunks import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
 
 
@@ -80,6 +83,17 @@ def token_set_f1(pred: torch.Tensor, true: torch.Tensor) -> float:
     return sum(scores) / max(len(scores), 1)
 
 
+def free_running_hits(pred: torch.Tensor, true: torch.Tensor) -> list[int]:
+    """Each chunk's count of real (non-PAD) positions where ``pred`` holds the true token (both (N, T))."""
+    real = mask_of(true)  # (N, T)
+    return ((pred[:, : true.shape[1]] == true) & real).sum(1).tolist()
+
+
+def free_running_accuracy(pred: torch.Tensor, true: torch.Tensor) -> float:
+    """Share of the real tokens of ``true`` (N, T) that ``pred`` (N, T) holds at the same position."""
+    return sum(free_running_hits(pred, true)) / max(int(mask_of(true).sum()), 1)
+
+
 def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
     """Share of chunks whose reconstruction equals the chunk token for token."""
     p, t = _cut(pred, true)
@@ -87,15 +101,18 @@ def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
 
 
 def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str], opts=None) -> dict:
-    """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D); the
-    per-chunk TF1 (``_tf1``, for its interval) and the decoded reconstructions (``_reconstruction``)."""
+    """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D), its
+    free-running accuracy; the per-chunk TF1 (``_tf1``) and free-running hits (``_free_hits``), for their intervals,
+    and the decoded reconstructions (``_reconstruction``)."""
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (N, T)
     cut, true = _cut(pred, ids)
     hyps = tokenizer.batch_decode(cut, skip_special_tokens=True)
     refs = tokenizer.batch_decode(true, skip_special_tokens=True)
     parts = {name: get_part("scorer", name) for name in scorers}  # each given its own options, when it has any
     out = {n: float(p.impl(pred, ids, hyps, refs, **own_options(p, opts))) for n, p in parts.items()}
-    return {**out, "_tf1": token_set_f1_per_chunk(pred, ids), "_reconstruction": hyps}
+    free = free_running_hits(pred, ids)
+    return {**out, "free_running_accuracy": sum(free) / max(int(mask_of(ids).sum()), 1),
+            "_tf1": token_set_f1_per_chunk(pred, ids), "_free_hits": free, "_reconstruction": hyps}
 
 
 def limit_line(probe: dict, control: dict | None) -> str:

@@ -42,10 +42,12 @@ def _row(fit: Fit) -> dict:
     row["readings"], row["retention"] = r, fit.retention
     if fit.probe:
         p, c = fit.probe, fit.control
-        row.update(token_accuracy=p["token_accuracy"], token_set_f1=p["token_set_f1"],
+        row.update(token_accuracy=p["token_accuracy"], free_running_accuracy=p.get("free_running_accuracy"),
+                   token_set_f1=p["token_set_f1"],
                    sentence_bleu=p["sentence_bleu"], exact_match=p["exact_match"], ce=p["ce"],
                    control_accuracy=c["token_accuracy"] if c else None,
-                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit.information_gain)
+                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit.information_gain,
+                   control_free_running_accuracy=c.get("free_running_accuracy") if c else None)
     row["seconds"] = sum(v for v in fit.timing.values())
     return row
 
@@ -58,7 +60,8 @@ def _own_columns(fit: Fit) -> list[str]:
 def _table(rows: list[dict], first: str, own: list[str]) -> str:
     """The sweep's markdown table: ``first``, the bits, the read-outs' own columns ``own``, the decoder's."""
     cols = [first, "bits_per_chunk", "bits_low", "bits_high", *own, "token_accuracy", "control_accuracy",
-            "token_set_f1", "control_token_set_f1", "sentence_bleu", "information_gain", "seconds"]
+            "free_running_accuracy", "control_free_running_accuracy", "token_set_f1", "control_token_set_f1",
+            "sentence_bleu", "information_gain", "seconds"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -78,7 +81,9 @@ def _plot(rows: list[dict], x: str, path: Path, title: str, own: list[str], logx
     series = [(k, ":" if k.endswith("_prior") else "-o", k.replace("_", " ")) for k in own
               if k.endswith(("_recovered", "_prior"))]
     series += [("token_set_f1", "-s", "probe TF1"), ("control_token_set_f1", "--", "control TF1"),
-              ("token_accuracy", "-^", "probe token accuracy"), ("information_gain", "-d", "information gain")]
+              ("token_accuracy", "-^", "probe token accuracy"),
+              ("free_running_accuracy", "-v", "probe free-running accuracy"),
+              ("information_gain", "-d", "information gain")]
     for key, style, label in series:
         if all(r.get(key) is not None for r in rows):
             ax.plot(xs, [r[key] for r in rows], style, ms=4, label=label)
@@ -203,7 +208,8 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
                 r.update(method=spec, **cells(fit, o, t))
                 log(f"{spec}, n_train {n}: {fit.retention}, {r['seconds']:.0f}s")
                 continue
-            seq = (f"; token accuracy {r['token_accuracy']:.3f}, TF1 {r['token_set_f1']:.3f} (control "
+            seq = (f"; token accuracy {r['token_accuracy']:.3f} (free-running {r['free_running_accuracy']:.3f}), "
+                   f"TF1 {r['token_set_f1']:.3f} (control "
                    f"{r['control_token_set_f1'] or 0:.3f})" if fit.probe else "; read-outs alone")
             log(f"n_train {n}: {fit.retention}{seq}, {r['seconds']:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,

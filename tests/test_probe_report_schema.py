@@ -19,9 +19,10 @@ TOP = {"model", "encoder", "options", "vocab_size", "seq_len", "n_train", "n_eva
        "budget_note", "eval_note", "run_dir", "schema_version"}
 TEXT = {"chunk_by", "per_chunk", "mean_chars", "mean_tokens", "max_tokens", "truncated_chunks", "rendering", "targets"}
 METRICS = {"ce", "token_accuracy", "entropy_ratio", "accuracy_by_position", "n_tokens", "token_set_f1",
-           "sentence_bleu", "exact_match"}
+           "sentence_bleu", "exact_match", "free_running_accuracy"}
 READINGS = {"bits_per_chunk", "bits_per_char", "information_gain", "token_accuracy", "token_accuracy_gain",
-            "token_set_f1", "token_set_f1_gain", "bow_recovered", "bow_gain"}
+            "token_set_f1", "token_set_f1_gain", "bow_recovered", "bow_gain", "free_running_accuracy",
+            "free_running_accuracy_gain"}
 BOW = {"recovered", "prior", "gain", "epochs", "kept_vocab", "device", "seconds"}
 DECODER = {"kind", "targets_in", "parameters", "trained_parameters", "kept_vocab", "conditioning", "inputs",
            "bag_head", "input_dropout", "repeat_penalty"}
@@ -49,6 +50,11 @@ def test_report_json_keeps_its_keys_and_says_its_schema_version(tmp_path):
     for side in ("probe", "control"):
         assert METRICS <= set(data[side]), side
     assert READINGS <= set(data["readings"])
+    free = data["readings"]["free_running_accuracy"]
+    assert free["value"] == pytest.approx(data["probe"]["free_running_accuracy"])
+    assert data["readings"]["free_running_accuracy_gain"]["value"] == pytest.approx(
+        data["probe"]["free_running_accuracy"] - data["control"]["free_running_accuracy"])
+    assert "free_running_accuracy" in data["definitions"]
     assert all(set(r) == {"value", "low", "high"} for r in data["readings"].values())
     assert BOW <= set(data["bow"]) and data["readouts"]["bow"]["recovered"] == data["bow"]["recovered"]
     assert set(data["decoder"]) == DECODER and TIMING <= set(data["timing"])

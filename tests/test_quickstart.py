@@ -32,6 +32,7 @@ def test_quickstart_fast_cli(tmp_path, capsys):
     for r in rows.values():
         assert 0 <= r["token_accuracy"] <= 1 and r["entropy_ratio"] < 1
         assert 0 <= r["token_set_f1"] <= 1 and 0 <= r["bow_recovered"] <= 1
+        assert r["free_running_accuracy"] == pytest.approx(r["readings"]["free_running_accuracy"]["value"])
     # the constant calibration row gives nothing: it shares token_lm's control (same chunks, same decoder options),
     # and from the same start weights, batches and dropout draws the probe of a constant embedding is that control
     const = rows["synthetic:constant"]
@@ -50,6 +51,8 @@ def test_quickstart_fast_cli(tmp_path, capsys):
     assert "| token_lm |" in printed and "| random_init |" in printed and "TF1" in printed
     lines = printed.splitlines()
     assert next(x for x in lines if x.startswith("| model |")).split("|")[4].strip() == "bits per chunk"
+    head = [c.strip() for c in next(x for x in lines if x.startswith("| model |")).split("|")]
+    assert head[head.index("token acc") + 1] == "free-running acc"
     const_line = next(x for x in lines if x.startswith("| synthetic:constant |"))
     assert const_line.split("|")[4].strip().startswith("no evidence [")  # never a bare figure
 
