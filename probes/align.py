@@ -44,7 +44,14 @@ from functools import lru_cache
 import torch
 
 from memlab.errors import ConfigError, DataError, ModelError
+from memlab.paths import resource
+from memlab.probes.cache import cached_encode
+from memlab.probes.chunks import PAD, fill_pad, mask_of, tokenize_chunks, trim
+from memlab.probes.loading import load_encoder
+from memlab.probes.options import train_sizes
+from memlab.probes.scores import token_set_f1_per_chunk
 from memlab.probes.sections import AlignOptions
+from memlab.probes.train import Timer
 
 DEFAULT_TARGET = AlignOptions.align_target
 """``space:memory_ae`` without a path: the shipped memory autoencoder (memlab/resources/checkpoints/memory_ae-small)."""
@@ -63,7 +70,6 @@ def target_spec(spec: str | None) -> str:
         raise ConfigError(f"align_target must be space:NAME[:PATH] (a registered embedding space whose decoder reads "
                           f"its vectors, e.g. {DEFAULT_TARGET}), got {spec!r}")
     if spec == DEFAULT_TARGET:
-        from memlab.paths import resource
 
         return f"{DEFAULT_TARGET}:{resource('checkpoints') / 'memory_ae-small'}"
     return spec
@@ -73,7 +79,6 @@ def target_spec(spec: str | None) -> str:
 def load_target(spec: str):
     """The target space of ``align_target`` as a frozen encoder (:class:`memlab.probes.capture.SpaceEncoder`:
     ``.space`` decodes); one kept in memory."""
-    from memlab.probes.loading import load_encoder
 
     enc = load_encoder(target_spec(spec))
     missing = [m for m in ("decoder_inputs", "decode_logits", "generate") if not hasattr(enc.space, m)]
@@ -86,7 +91,6 @@ def load_target(spec: str):
 def target_ids(target, texts: list[str]) -> torch.Tensor:
     """Chunk texts -> (N, T') ids in the target's tokenizer (PAD after each chunk); one line when it cannot read
     them: an unknown token, no token, or more tokens than the target space reads."""
-    from memlab.probes.chunks import tokenize_chunks
 
     tok, name = target.tokenizer, target.name
     ids, _ = tokenize_chunks(texts, tok)  # (N, T')
@@ -112,7 +116,6 @@ def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
     """Chunk texts -> (N, T'') ids the target's decoder is scored over: ``ids`` (its encoder's) when its decoder
     reads the same tokenizer, else the texts in the decoder's (one line when it cannot encode them or rebuilds
     fewer positions)."""
-    from memlab.probes.chunks import tokenize_chunks
 
     tok = decoder_tokenizer(target.space)
     out = ids if tok is target.tokenizer else tokenize_chunks(texts, tok)[0]  # (N, T'')
@@ -129,7 +132,6 @@ def label_ids(target, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
 
 def check_target(context) -> None:
     """Before any fitting: the target loads, reads every chunk text, and the map fits (``Part.check_context``)."""
-    from memlab.probes.options import train_sizes
 
     target = load_target(context.option("align_target", DEFAULT_TARGET))
     n = min(train_sizes(context.opts)) if context.opts is not None else len(context.texts_train)
@@ -198,7 +200,6 @@ def decode_stats(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_
     """The target decoder reading vectors ``y`` (M, D') of chunks ``ids`` (M, T', in the tokenizer its decoder
     rebuilds: :func:`label_ids`) teacher-forced: per chunk the NLL (nats) and argmax hits over its labels, and how
     many labels."""
-    from memlab.probes.chunks import fill_pad, mask_of, trim
 
     pad = getattr(decoder_tokenizer(space), "pad_token_id", None) or 0
     nll, hits, tokens = [], [], []
@@ -219,8 +220,6 @@ def decode_stats(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_
 @torch.no_grad()
 def greedy_tf1(space, y: torch.Tensor, ids: torch.Tensor, shape: tuple, batch_size: int = 64) -> list[float]:
     """Token-set F1 of the target decoder's greedy reconstruction from ``y`` (M, D') against ``ids`` (M, T')."""
-    from memlab.probes.chunks import PAD
-    from memlab.probes.scores import token_set_f1_per_chunk
 
     texts = []
     for i in range(0, y.shape[0], batch_size):
@@ -243,8 +242,6 @@ def _mean(x: list[float]) -> float:
 
 def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = True) -> dict:
     """Fit the map on the training pairs, decode the held-out chunks through it (see the module doc)."""
-    from memlab.probes.cache import cached_encode
-    from memlab.probes.train import Timer
 
     if context is None or context.texts_train is None or context.texts_eval is None:
         raise ModelError("the align read-out needs the chunk texts (a ReadoutContext, memlab.probes.parts)")

@@ -57,7 +57,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, DynamicCache, LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -353,7 +353,6 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
     def _next(self, z: torch.Tensor, decoder_input_ids: torch.Tensor, state: dict) -> torch.Tensor:
         """Conditionings join causally (appending a token changes no earlier row), so only the rows after those
         already in the cache go through the body."""
-        from transformers import DynamicCache
 
         if not state:
             state["zn"], _ = self._prepare(z, decoder_input_ids[:, :1])  # (B, D)

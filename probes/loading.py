@@ -24,16 +24,16 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from memlab import assets
 from memlab.devices import auto_dtype, running_on
 from memlab.errors import ModelError
-from memlab.loading import resolve_model_dir
+from memlab.loading import resolve_model_dir, strict_from_pretrained
 from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
 from memlab.probes.parts import encoder_kind
 from memlab.space import build_space
-
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
                    "spiece.model", "sentencepiece.bpe.model")
@@ -60,7 +60,6 @@ def _gguf_error(what: str, stage: str, e: Exception) -> ModelError:
 
 
 def _load_tokenizer(folder: str, gguf_file: str | None, what: str):
-    from transformers import AutoTokenizer
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     if Path(folder).is_dir() and not gguf_file and not any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
@@ -89,7 +88,6 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
                 device: str = "cpu", placement: P.Placement = P.Placement()):
     """The model of ``folder`` built in ``dtype`` straight on ``device`` (no full float32 copy in host memory), or
     placed by accelerate over the GPUs, host memory and disk (:mod:`memlab.probes.placement`)."""
-    from transformers import AutoConfig, AutoModel
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     try:
@@ -112,7 +110,6 @@ def _load_model(folder: str, gguf_file: str | None, random_init: bool, what: str
         if place:  # the one copy in host memory is spread by accelerate (disk-offloaded blocks written out)
             model = P.dispatch(model, place)
     else:
-        from memlab.loading import strict_from_pretrained
 
         # weights that do not fit are refused, not run at random; a task head the encoder does not read may stay
         try:

@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from accelerate import dispatch_model, infer_auto_device_map
+from transformers import AutoModel
 
 from memlab.errors import ConfigError
+from memlab.loading import safetensors_files
 from memlab.probes.parts import encoder_kind
 
 DEVICE_MAPS = ("auto", "none")
@@ -147,7 +150,6 @@ def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype
     """Bytes the model's weights take in ``dtype``: from the safetensors headers of a local folder (a causal LM's
     head, which the encoder does not read, left out), else counted on a ``meta``-device build of ``config``;
     None when neither can be read (the loader then names what is wrong)."""
-    from memlab.loading import safetensors_files
 
     size = torch.empty((), dtype=dtype).element_size()
     files = [] if gguf_file else safetensors_files(folder)
@@ -156,7 +158,6 @@ def weights_bytes(folder: str, gguf_file: str | None, config, dtype: torch.dtype
             return size * sum(_header_elements(f, ("lm_head.",)) for f in files)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, struct.error):
             pass  # a damaged header: the loader names it; count the config's weights
-    from transformers import AutoModel
 
     try:
         with torch.device("meta"):
@@ -234,7 +235,6 @@ def plan(placement: Placement, device: str | torch.device, size: Callable[[], in
 def dispatch(model: torch.nn.Module, kw: dict) -> torch.nn.Module:
     """Place an already built model (``random_init``) by the plan ``kw``: accelerate infers the map under its
     budget and dispatches it (disk-offloaded blocks written to the offload folder)."""
-    from accelerate import dispatch_model, infer_auto_device_map
 
     device_map = infer_auto_device_map(model, max_memory=kw["max_memory"],
                                        no_split_module_classes=list(getattr(model, "_no_split_modules", None) or []),

@@ -52,10 +52,15 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
 from memlab.errors import ConfigError, ModelError
+from memlab.loading import strict_from_pretrained
 from memlab.probes.decoder import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
+from memlab.probes.loading import _load_tokenizer, resolve_source
 from memlab.probes.parts import DecoderKind, Part, get_part, register_part
 from memlab.probes.sections import PretrainedOptions
 
@@ -84,7 +89,6 @@ class PretrainedDecoderConfig(ProbeDecoderConfig):
 
 
 def _is_causal_lm(config) -> bool:
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if getattr(config, "is_encoder_decoder", False):
         return False
@@ -97,7 +101,6 @@ def _is_causal_lm(config) -> bool:
 @lru_cache(maxsize=8)
 def _lm_config(folder: str, gguf_file: str | None, what: str):
     """The config of the causal LM of ``folder``; a ModelError when it cannot be read or is not a causal LM."""
-    from transformers import AutoConfig
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     try:
@@ -113,9 +116,7 @@ def _lm_config(folder: str, gguf_file: str | None, what: str):
 @lru_cache(maxsize=2)
 def _base_lm(folder: str, gguf_file: str | None, what: str):
     """The causal LM of ``folder`` (float32, CPU, eval), read once per process; callers copy it."""
-    from transformers import AutoModelForCausalLM
 
-    from memlab.loading import strict_from_pretrained
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     config = copy.deepcopy(_lm_config(folder, gguf_file, what))
@@ -132,7 +133,6 @@ def _base_lm(folder: str, gguf_file: str | None, what: str):
 
 
 def _source(name: str) -> tuple[str, str | None, str]:
-    from memlab.probes.loading import resolve_source
 
     what = f"decoder 'pretrained:{name}'"
     try:
@@ -149,7 +149,6 @@ def load_lm(name: str):
 
 def load_decoder_tokenizer(name: str):
     """The tokenizer of the causal LM ``name``: the one its targets are in."""
-    from memlab.probes.loading import _load_tokenizer
 
     folder, gguf_file, what = _source(name)
     return _load_tokenizer(folder, gguf_file, what)
@@ -166,7 +165,7 @@ def fingerprint(lm) -> str:
 def _lora(body: nn.Module, model_type: str, r: int, alpha: float) -> None:
     """LoRA adapters of rank ``r`` injected into ``body`` in place (peft); only they train there."""
     try:
-        from peft import LoraConfig, inject_adapter_in_model
+        from peft import LoraConfig, inject_adapter_in_model  # optional (the lora extra)
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
     except ImportError:
         raise ConfigError(f"lora_r={r} needs peft: pip install peft (or pip install 'memlab[lora]')") from None
@@ -282,7 +281,6 @@ class PretrainedDecoder(CompactVocab, EmbeddingNorm, nn.Module):
         return kept
 
     def save_pretrained(self, folder: str | Path) -> None:
-        from safetensors.torch import save_file
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
@@ -312,8 +310,6 @@ def _stored_name(arg: str) -> str:
 
 def load_decoder(folder: str | Path) -> PretrainedDecoder:
     """A saved pretrained decoder back: its LM rebuilt by name, the trained weights loaded strictly."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     folder = Path(folder)
     try:
@@ -357,7 +353,7 @@ def check(opts, arg: str, explicit: set) -> None:
         if not opts.lora_alpha > 0:
             raise ConfigError(f"'lora_alpha' must be > 0, got {opts.lora_alpha}")
         try:
-            import peft  # noqa: F401
+            import peft  # noqa: F401  (optional: the lora extra)
         except ImportError:
             raise ConfigError(f"lora_r={opts.lora_r} needs peft, which is not installed: pip install peft "
                               "(or pip install 'memlab[lora]')") from None

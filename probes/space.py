@@ -19,10 +19,13 @@ from pathlib import Path
 import torch
 
 from memlab.errors import ModelError
+from memlab.loading import strict_from_pretrained
 from memlab.probes.capture import right_pad
-from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.chunks import shift_right
-from memlab.probes.parts import reads_tokens
+from memlab.probes.decoder import ProbeDecoder
+from memlab.probes.loading import load_encoder, load_tokenizer
+from memlab.probes.parts import PARTS, DecoderKind, reads_tokens
+from memlab.probes.scores import reconstruct_ids
 
 
 class FittedProbe:
@@ -73,7 +76,6 @@ class FittedProbe:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         parallel = not reads_tokens(self.decoder.config)  # the inputs hold no true token: all positions at once
         if not do_sample and (num_beams <= 1 or parallel):
-            from memlab.probes.scores import reconstruct_ids
 
             seq = reconstruct_ids(self.decoder, z, steps)  # (B, T): the greedy reconstruction the report scores
             return self.target_tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
@@ -130,7 +132,6 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     """Reload a fitted probe from its run directory (``memlab probe --out DIR``)."""
-    from memlab.probes.loading import load_encoder
 
     if path is None:
         raise ModelError("the 'probe' space needs the run directory of a fitted probe")
@@ -144,7 +145,6 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
                            max_len=spec.get("max_len"))
     decoder, target_tokenizer = load_decoder(p / "decoder")
     if target_tokenizer is None and spec.get("target_tokenizer"):  # a scratch decoder's targets in a named tokenizer
-        from memlab.probes.loading import load_tokenizer
 
         target_tokenizer = load_tokenizer(spec["target_tokenizer"])
     return FittedProbe(encoder, decoder, target_tokenizer)
@@ -153,8 +153,6 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
 def load_decoder(folder: Path):
     """A saved probe decoder (strict) and its targets' tokenizer (None: the encoder's): the built-in decoder, or
     the registered :class:`~memlab.probes.parts.DecoderKind` whose ``config_type`` its config.json names."""
-    from memlab.loading import strict_from_pretrained
-    from memlab.probes.parts import PARTS, DecoderKind
 
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from memlab.data.tokenizer import load_tokenizer
 from memlab.errors import ModelError
 from memlab.paths import resource
 
@@ -94,7 +95,6 @@ def load_synthetic_kind(spec: str, random_init: bool = False, max_len: int | Non
 
 def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
     """``synthetic:KIND[:TOKENIZER_DIR]`` -> a :class:`SyntheticEncoder`."""
-    from memlab.data.tokenizer import load_tokenizer
 
     _, _, rest = spec.partition(":")
     kind, _, folder = rest.partition(":")

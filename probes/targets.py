@@ -19,6 +19,8 @@ import torch
 
 from memlab.errors import DataError
 from memlab.probes.chunks import PAD, mask_of, rendering, tokenize_chunks
+from memlab.probes.loading import load_tokenizer
+from memlab.probes.parts import DecoderKind, get_part, split_name
 
 MAX_UNK_SHARE = 0.05
 MIN_ROUND_TRIP = 0.5
@@ -62,13 +64,11 @@ class Targets:
 def decoder_tokenizer(opts):
     """The tokenizer the chosen decoder's targets are in (its own, or ``target_tokenizer``), or None for the
     encoder's."""
-    from memlab.probes.parts import DecoderKind, get_part, split_name
 
     impl = get_part("decoder", opts.decoder).impl
     if isinstance(impl, DecoderKind):
         return impl.tokenizer(split_name(opts.decoder)[1])
     if getattr(opts, "target_tokenizer", None):
-        from memlab.probes.loading import load_tokenizer
 
         return load_tokenizer(opts.target_tokenizer)
     return None
@@ -76,7 +76,6 @@ def decoder_tokenizer(opts):
 
 def target_name(opts) -> str:
     """Whose tokenizer the targets are in, for the report."""
-    from memlab.probes.parts import DecoderKind, get_part
 
     if isinstance(get_part("decoder", opts.decoder).impl, DecoderKind):
         return opts.decoder.partition(":")[2] or opts.decoder
