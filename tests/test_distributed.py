@@ -65,8 +65,12 @@ COMPARED = ("loss", "next_sentence_ce", "blank_copy_loss", "copy_loss", "next_to
 
 
 def assert_same_curves(one: Path, two: Path, steps: int) -> None:
-    """Train and eval records of the 1- and 2-process runs: the same steps, phases and losses (rel 2e-4)."""
-    assert json.loads((two / "summary.json").read_text())["processes"] == 2
+    """Train and eval records of the 1- and 2-process runs: the same steps, phases and losses (rel 2e-4). Under bf16
+    autocast (a CPU or GPU that multiplies bf16 natively) a batch split over two processes rounds its logits
+    otherwise, so an argmax within rounding of a tie may flip: accuracies then agree to two tokens in 512."""
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2
+    acc_abs = 2 / 512 if summary.get("mixed_precision") == "bf16" else 0.0
     for split in ("train", "eval"):
         a, b = _records(one, split), _records(two, split)
         assert [r["step"] for r in a] == [r["step"] for r in b] and a, split
@@ -74,7 +78,8 @@ def assert_same_curves(one: Path, two: Path, steps: int) -> None:
             assert x.get("phase") == y.get("phase") and x.get("objective") == y.get("objective")
             for k in COMPARED:
                 if k in x:
-                    assert y[k] == pytest.approx(x[k], rel=REL), (split, x["step"], k)
+                    tol = dict(abs=acc_abs, rel=REL) if k.endswith("accuracy") else dict(rel=REL)
+                    assert y[k] == pytest.approx(x[k], **tol), (split, x["step"], k)
     assert _records(one, "train")[-1]["step"] == steps
 
 
