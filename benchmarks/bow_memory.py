@@ -25,6 +25,7 @@ def measure(n: int, args) -> dict:
     """One fit of ``n`` chunks in this process: its peak memory above the start of the fit."""
     from memlab.app.bench.measure import PeakMemory
     from memlab.probes.bow import fit_bow
+    from memlab.probes.sections import FitSection
 
     g = torch.Generator().manual_seed(n)
     ids = torch.randint(0, args.vocab, (n + args.n_eval, args.seq_len), generator=g)  # (N + M, T)
@@ -33,7 +34,8 @@ def measure(n: int, args) -> dict:
     z = torch.randn(n + args.n_eval, 64, generator=g)  # (N + M, 64)
     t0 = time.perf_counter()
     with PeakMemory(args.device) as mem:
-        out = fit_bow(z[:n], ids[:n], z[n:], ids[n:], epochs=args.epochs, patience=args.epochs, device=args.device)
+        out = fit_bow(z[:n], ids[:n], z[n:], ids[n:], fit=FitSection(epochs=args.epochs, patience=args.epochs),
+                      device=args.device)
     return {"n_train": n, "kept_vocab": out["kept_vocab"], "peak_above_start_mb": round(mem.peak_bytes / 2**20, 1),
             "dense_labels_mb": round(n * out["kept_vocab"] * 4 / 2**20, 1),
             "seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads()}

@@ -11,6 +11,11 @@ word frequencies gives. Cheap (seconds on cached embeddings) and
 data-efficient: it reads content where a sequence decoder cannot yet read
 order.
 
+The head is trained by the probe's fit loop (:func:`memlab.probes.group.train_members`) as a member of its own
+(:class:`BagHeadMember`): beside the decoders when a sequence probe is fitted, alone otherwise; the loop's optimiser,
+schedule, batches and held-back chunks, its own learning rate and weight decay (:class:`~memlab.probes.sections.
+BowOptions`), its own early stopping on its held-back binary cross-entropy, counted from its start (the prior).
+
 Labels stay sparse: each batch's multi-hot targets (b, n) are built on the
 fly from its token ids on the probe's device, so memory is O(N * T) for the
 chunks plus O(batch * n) for one batch, never the N x n label matrix; the
@@ -19,10 +24,13 @@ held-out scores are computed a batch at a time too.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
-from memlab.probes.sections import BowOptions
+from memlab.probes.group import train_readouts
+from memlab.probes.sections import BowOptions, FitSection
 
 
 def multi_hot(ids: torch.Tensor, to_compact: torch.Tensor, n: int) -> torch.Tensor:
@@ -67,15 +75,6 @@ class _Labels:
         return count / ids.shape[0]
 
 
-def _loss(head, x: torch.Tensor, ids: torch.Tensor, labels: _Labels, batch_size: int) -> float:
-    """Mean binary cross-entropy of ``head`` over all (chunk, token) pairs of (N, D) ``x``, a batch at a time."""
-    total = torch.zeros((), device=x.device)  # () summed on the device: one read back at the end
-    for i in range(0, x.shape[0], batch_size):
-        b = slice(i, i + batch_size)
-        total += F.binary_cross_entropy_with_logits(head(x[b]), labels(ids[b]), reduction="sum")  # (b, n) -> ()
-    return float(total) / (x.shape[0] * labels.n)
-
-
 def _score(head, z: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, prior: torch.Tensor,
            batch_size: int) -> tuple[list[float], list[float]]:
     """Per-chunk recovered shares of the head's scores and of the prior on (M, D) ``z``, a batch at a time."""
@@ -89,55 +88,91 @@ def _score(head, z: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, prior: 
     return got, base
 
 
+class BagHeadMember:
+    """The read-out as a unit of the fit loop (:func:`memlab.probes.group.train_members`): one member, the linear
+    head on (N, D) embeddings ``z_train`` standardised with their own statistics, labels the compact vocabulary of
+    ``ids_train`` (N, T), started as the prior (zero weights, the prior's logits as bias). ``options``: its own
+    (:class:`BowOptions`); ``fit``: the loop's settings (betas, clipping, batch size of the held-back pass)."""
+
+    def __init__(self, z_train: torch.Tensor, ids_train: torch.Tensor, ids_eval: torch.Tensor, options: BowOptions,
+                 fit, device: str | torch.device = "cpu"):
+        self.device = device = torch.device(device)
+        self.options, self.fit = options, fit
+        self.labels = _Labels(ids_train, ids_eval, device)
+        self.ids = ids_train.to(device)  # (N, T)
+        z = z_train.to(device, torch.float32)  # (N, D)
+        self.mean, self.std = z.mean(0), z.std(0).clamp(min=1e-6)  # (D,)
+        self.x = (z - self.mean) / self.std  # (N, D)
+        self.prior = self.labels.prior(self.ids, fit.batch_size)  # (n,): share of training chunks holding each token
+        self.head = torch.nn.Linear(self.x.shape[1], self.labels.n, device=device)
+        with torch.no_grad():  # no random draw: the start is the prior, whatever the seed
+            self.head.weight.zero_()
+            self.head.bias.copy_(torch.logit(self.prior.clamp(1e-4, 1 - 1e-4)))
+        self.decs, self.active = [self.head], [0]
+        self.history: list[dict] = []  # its curve, once the fit loop has trained it
+        self.seconds = 0.0
+
+    def optimised(self):
+        """The head's weights, at its own learning rate and weight decay (the fit's betas), unstacked."""
+        return self.head, SimpleNamespace(lr=self.options.bow_lr, weight_decay=self.options.bow_weight_decay,
+                                          beta1=self.fit.beta1, beta2=self.fit.beta2), 0
+
+    def loss(self, rows: torch.Tensor) -> torch.Tensor:
+        """(1,) mean binary cross-entropy over (chunk, token) pairs of chunks ``rows`` (b,)."""
+        r = rows.to(self.device)
+        return F.binary_cross_entropy_with_logits(self.head(self.x[r]), self.labels(self.ids[r])).view(1)  # (1,)
+
+    def before_step(self) -> None:
+        if self.fit.clip_grad:
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.fit.clip_grad)
+
+    @torch.no_grad()
+    def held_back_ce(self, rows: torch.Tensor) -> torch.Tensor:
+        """(1,) mean binary cross-entropy over all (chunk, token) pairs of chunks ``rows``, a batch at a time."""
+        total = torch.zeros((), device=self.device)  # () summed on the device: one read back at the end
+        r, bs = rows.to(self.device), self.fit.batch_size
+        for i in range(0, r.shape[0], bs):
+            b = r[i : i + bs]
+            total += F.binary_cross_entropy_with_logits(self.head(self.x[b]), self.labels(self.ids[b]),
+                                                        reduction="sum")  # (b, n) -> ()
+        return (total / (r.shape[0] * self.labels.n)).view(1)  # (1,)
+
+    def drop(self, gone: list[int], state=None) -> None:
+        self.active = [m for m in self.active if m not in gone]
+
+    def weights(self, g: int) -> dict:
+        return {k: t.clone() for k, t in self.head.state_dict().items()}
+
+    def load_into(self, m: int, state: dict) -> None:
+        self.head.load_state_dict(state)
+
+    def result(self, z_eval: torch.Tensor, ids_eval: torch.Tensor) -> dict:
+        """The fitted head and the prior scored on (M, D) held-out embeddings of chunks ``ids_eval`` (M, T)."""
+        z_ev = (z_eval.to(self.device, torch.float32) - self.mean) / self.std  # (M, D)
+        got, base = _score(self.head, z_ev, ids_eval, self.labels.kept, self.prior.cpu(), self.fit.batch_size)
+        got_m, base_m = sum(got) / max(len(got), 1), sum(base) / max(len(base), 1)
+        steps = [h for h in self.history if "best_val_ce" in h]
+        return {"recovered": got_m, "prior": base_m, "gain": got_m - base_m,
+                "_per_chunk": {"recovered": got, "prior": base},
+                "epochs": sum(1 for h in self.history if "val_ce" in h and h["step"] > 0),
+                "best_step": steps[-1]["best_step"] if steps else None, "kept_vocab": self.labels.n,
+                "device": str(self.device), "seconds": self.seconds,
+                "definition": "share of each held-out chunk's k distinct tokens among the read-out's top k (prior: "
+                              "the k tokens in most training chunks), averaged over chunks"}
+
+
 def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor, ids_eval: torch.Tensor,
-            epochs: int = BowOptions.bow_epochs, lr: float = BowOptions.bow_lr,
-            weight_decay: float = BowOptions.bow_weight_decay, batch_size: int = BowOptions.bow_batch_size,
-            val_fraction: float = BowOptions.bow_val_fraction, patience: int = BowOptions.bow_patience, seed: int = 0,
+            options: BowOptions | None = None, fit=None, seed: int | None = None,
             device: str | torch.device = "cpu") -> dict:
-    """Fit the read-out on (N, D) embeddings of (N, T) chunks on ``device``; score it and its prior on the
-    held-out chunks (the training settings: the read-out's options, :class:`memlab.probes.sections.BowOptions`)."""
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
-    labels = _Labels(ids_train, ids_eval, device)
-    ids = ids_train.to(device)  # (N, T)
-    z = z_train.to(device, torch.float32)  # (N, D)
-    mean, std = z.mean(0), z.std(0).clamp(min=1e-6)  # (D,)
-    x = (z - mean) / std  # (N, D)
-    prior = labels.prior(ids, batch_size)  # (n,): share of training chunks holding each token
-    torch.manual_seed(seed)
-    head = torch.nn.Linear(x.shape[1], labels.n)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.copy_(torch.logit(prior.clamp(1e-4, 1 - 1e-4)))  # starts as the prior
-    head.to(device)
-    order = torch.randperm(x.shape[0], generator=gen)
-    n_val = int(round(val_fraction * x.shape[0])) if x.shape[0] > 20 else 0
-    val, tr = order[:n_val].to(device), order[n_val:]
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-    best, best_state, bad, ep = float("inf"), None, 0, 0
-    for ep in range(1, epochs + 1):
-        perm = tr[torch.randperm(tr.numel(), generator=gen)]
-        for i in range(0, perm.numel(), batch_size):
-            b = perm[i : i + batch_size].to(device)
-            loss = F.binary_cross_entropy_with_logits(head(x[b]), labels(ids[b]))  # (b, n) -> ()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        if n_val:
-            with torch.no_grad():
-                v = _loss(head, x[val], ids[val], labels, batch_size)
-            if v < best:
-                best, bad, best_state = v, 0, {k: t.clone() for k, t in head.state_dict().items()}
-            else:
-                bad += 1
-                if bad >= patience:
-                    break
-    if best_state is not None:
-        head.load_state_dict(best_state)
-    z_ev = (z_eval.to(device, torch.float32) - mean) / std  # (M, D)
-    got, base = _score(head, z_ev, ids_eval, labels.kept, prior.cpu(), batch_size)
-    got_m, base_m = sum(got) / max(len(got), 1), sum(base) / max(len(base), 1)
-    return {"recovered": got_m, "prior": base_m, "gain": got_m - base_m, "_per_chunk": {"recovered": got, "prior": base},
-            "epochs": ep, "kept_vocab": labels.n, "device": str(device),
-            "definition": "share of each held-out chunk's k distinct tokens among the read-out's top k (prior: the k "
-                          "tokens in most training chunks), averaged over chunks"}
+    """Fit the read-out alone on (N, D) embeddings of (N, T) chunks on ``device``, in the fit loop (``fit``: its
+    settings, a :class:`~memlab.probes.options.ProbeOptions` or :class:`~memlab.probes.sections.FitSection`;
+    default the fit's defaults; ``seed`` replaces its seed); score it and its prior on the held-out chunks."""
+    fit = fit if fit is not None else FitSection()
+    loop = SimpleNamespace(**{k: getattr(fit, k) for k in ("epochs", "val_fraction", "patience", "batch_size",
+                                                           "warmup_fraction", "min_lr_ratio", "clip_grad", "beta1",
+                                                           "beta2", "seed")}, device=str(device))
+    if seed is not None:
+        loop.seed = seed
+    member = BagHeadMember(z_train, ids_train, ids_eval, options or BowOptions(), loop, device)
+    train_readouts([member], z_train.shape[0], loop, progress=getattr(fit, "progress", None))
+    return member.result(z_eval, ids_eval)

@@ -9,7 +9,7 @@ import torch
 
 from memlab import assets
 from memlab.metrics import sentence_bleu
-from memlab.probes import calibration, loading, scores, synthetic
+from memlab.probes import bow, calibration, loading, scores, synthetic
 from memlab.probes.parts import Conditioning, EncoderKind, InputMode, Part, register_part
 from memlab.probes.sections import AlignOptions, BowOptions, LlamaOptions, PrefixOptions, TeacherOptions
 
@@ -102,13 +102,14 @@ register_part("decoder", Part("llama", _llama, options_class=LlamaOptions,
                                description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
-def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu",
+def _bow(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None,
          options: BowOptions = BowOptions()) -> dict:
-    from memlab.probes.bow import fit_bow
+    fit = context.opts if context is not None else None  # the probe's fit settings (None: the defaults)
+    return bow.fit_bow(z_train, train_ids, z_eval, eval_ids, options=options, fit=fit, seed=seed, device=device)
 
-    return fit_bow(z_train, train_ids, z_eval, eval_ids, epochs=options.bow_epochs, lr=options.bow_lr,
-                   weight_decay=options.bow_weight_decay, batch_size=options.bow_batch_size,
-                   val_fraction=options.bow_val_fraction, patience=options.bow_patience, seed=seed, device=device)
+
+def _bow_member(z_train, train_ids, eval_ids, options: BowOptions, fit, device: str = "cpu"):
+    return bow.BagHeadMember(z_train, train_ids, eval_ids, options, fit, device)
 
 
 def _bow_summary(b: dict) -> str:
@@ -120,8 +121,8 @@ register_part("readout", Part(
     "bow", _bow, options_class=BowOptions, summary=_bow_summary, gain_unit="of the bag of words over its prior",
     readings=(("recovered", "bag-of-words read-out", False, 3),
               ("gain", "bag-of-words read-out over its prior", True, 3)),
-    columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]},
-    description="bag-of-words read-out: a linear multi-label head"))
+    columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}, member=_bow_member,
+    description="bag-of-words read-out: a linear multi-label head, trained in the fit loop"))
 
 
 def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:

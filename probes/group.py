@@ -16,6 +16,12 @@ step update them. What each member would have on its own, it keeps:
 * its early stopping: the held-back CE of every member is computed on the device and read once per epoch; a
   member that stops leaves the group with the weights of its best epoch, the others train on.
 
+Other trainable members join the same loop (:func:`train_members`): a read-out trained by gradient (the
+bag-of-words head, :class:`memlab.probes.bow.BagHeadMember`) is a unit of its own kind beside the decoders' group. Its
+weights are a param group of the same optimiser (its own learning rate and weight decay where its part's options say),
+it takes the same batches under the same schedule, and it stops on its own held-back loss and keeps its own best epoch.
+With no sequence decoder the loop trains the read-out alone.
+
 A decoder kind without the ``prepare``/``read`` modes (``group_modes`` false: e.g. another registered decoder)
 still trains in a group, member by member, each through its own whole ``forward`` (its noise drawn there, from
 its own stream); only trained weights are stacked (frozen ones stay the base decoder's own).
@@ -147,10 +153,14 @@ class DecoderGroup:
 
     def _build(self, stacked: list[torch.Tensor], old_state: list[dict] | None) -> None:
         self.params = nn.ParameterList([nn.Parameter(t.clone()) for t in stacked])
-        self.opt = make_optimizer(self.params, self.opts, self.device, batch_dims=1)
+        self.opt = optimiser([self], self.device)  # its own, when trained alone (train_step); the loop builds one for all
         if old_state is not None:  # each member keeps its own moments
             for p, st in zip(self.params, old_state):
                 self.opt.state[p] = st
+
+    def optimised(self) -> tuple[nn.Module, object, int]:
+        """What the optimiser trains: the stacked weights, their settings (the fit's), one stacking dimension."""
+        return self.params, self.opts, 1
 
     def member_params(self, g: int) -> dict[str, torch.Tensor]:
         """Active member ``g``'s weights (views into the stack)."""
@@ -192,13 +202,26 @@ class DecoderGroup:
                     out.append(member_nll(self.decs[m], own, zn[g], ids[g], tc, mode=None))
             return torch.stack(out)  # (G,)
 
-    def train_step(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
-        """One optimiser step of every active member on chunks ``rows`` (b,); their losses (G,) stay on the device
-        (full-vocabulary CE per target token: the units of :func:`memlab.probes.train.evaluate`)."""
+    def loss(self, rows: torch.Tensor) -> torch.Tensor:
+        """(G,) training loss of every active member on chunks ``rows`` (b,), with its training noise (full-vocabulary
+        CE per target token: the units of :func:`memlab.probes.train.evaluate`)."""
         zn, ids, tc, other, n_real = self._batch(rows, noise=True)
-        loss = (self.nll(zn, ids, tc) + other) / n_real.clamp(min=1)  # (G,)
+        return (self.nll(zn, ids, tc) + other) / n_real.clamp(min=1)  # (G,)
+
+    def train_step(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
+        """One step of the group trained alone (its own optimiser, learning rate ``lr``) on chunks ``rows`` (b,);
+        the losses (G,) stay on the device."""
+        loss = self.loss(rows)  # (G,)
         self.opt.zero_grad(set_to_none=True)
         loss.sum().backward()  # the members share no weight: each gets its own loss's gradient
+        self.before_step()
+        for grp in self.opt.param_groups:
+            grp["lr"] = lr
+        self.opt.step()
+        return loss.detach()
+
+    def before_step(self) -> None:
+        """The gradients as each member would have them alone: a weight it lacks held at zero, its own clipping."""
         for p in self.params:  # a weight only members that lack it still train (a plain member left alone)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -209,10 +232,6 @@ class DecoderGroup:
                 g.mul_(torch.tensor(has, dtype=g.dtype, device=g.device).view(-1, *[1] * (g.ndim - 1)))
         if self.opts.clip_grad:
             clip_per_member(grads, self.opts.clip_grad)
-        for grp in self.opt.param_groups:
-            grp["lr"] = lr
-        self.opt.step()
-        return loss.detach()
 
     @torch.no_grad()
     def held_back_ce(self, rows: torch.Tensor, batch_size: int = 128) -> torch.Tensor:
@@ -224,14 +243,17 @@ class DecoderGroup:
             nll, other, n_real = nll + self.nll(zn, ids, tc), other + o, n_real + n
         return (nll + other) / n_real.clamp(min=1)  # (G,)
 
-    def drop(self, gone: list[int]) -> None:
-        """Members ``gone`` (decoder indices) leave the group; the others keep their weights and moments."""
+    def drop(self, gone: list[int], state: dict | None = None) -> None:
+        """Members ``gone`` (decoder indices) leave the group; the others keep their weights and moments (from
+        ``state``, the optimiser state of the loop that trains the group, default its own; the new weights' states
+        are then in :attr:`opt`)."""
         keep = [i for i, m in enumerate(self.active) if m not in gone]
         self.active = [self.active[i] for i in keep]
         if not self.active:
             return
+        state = self.opt.state if state is None else state
         k = torch.tensor(keep, device=self.device)
-        old = [{key: v if key == "step" else v[k] for key, v in self.opt.state[p].items()} for p in self.params]
+        old = [{key: v if key == "step" else v[k] for key, v in state[p].items()} for p in self.params]
         self._build([p.detach()[k] for p in self.params], old)
 
     def weights(self, g: int) -> list[torch.Tensor]:
@@ -247,6 +269,28 @@ class DecoderGroup:
                     own[n].copy_(t)
 
 
+def optimiser(units: list, device: torch.device, state: dict | None = None) -> torch.optim.Optimizer:
+    """One AdamW (:func:`memlab.train.loop.make_optimizer`: weight decay on matrices) over the weights of every unit
+    that still trains, each unit's groups at its own settings (``optimised()``: weights, settings with ``lr``,
+    ``weight_decay``, ``beta1``, ``beta2``, stacking dimensions), ``base_lr`` its peak learning rate; ``state``:
+    moments carried over (by weight)."""
+    opt = None
+    for u in units:
+        if not u.active:
+            continue
+        module, cfg, dims = u.optimised()
+        own = make_optimizer(module, cfg, device, batch_dims=dims)
+        for grp in own.param_groups:
+            grp["base_lr"] = cfg.lr
+            if opt is not None:
+                opt.add_param_group(grp)
+        if opt is None:
+            opt = own
+    for p, st in (state or {}).items():
+        opt.state[p] = st
+    return opt
+
+
 def held_back_rows(n: int, fraction: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rows to train on and rows held back (``fraction`` of ``n``; None when none) for early stopping."""
     n_val = int(round(fraction * n))
@@ -257,78 +301,139 @@ def held_back_rows(n: int, fraction: float, gen: torch.Generator) -> tuple[torch
 
 
 def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
-                   desc: str = "train", batched: bool | None = None,
-                   epoch0: bool = False) -> tuple[list[list[dict]], list[float]]:
+                   desc: str = "train", batched: bool | None = None, epoch0: bool = False,
+                   readouts: tuple = ()) -> tuple[list[list[dict]], list[float]]:
     """Train decoders ``decs`` as one group, decoder m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T),
-    for up to ``opts.epochs`` epochs; returns each one's curve and its share of the seconds (by the steps it ran).
+    beside the read-out members ``readouts`` (each its own unit, see :func:`train_members`); returns each decoder's
+    curve and its share of the seconds (by the steps it ran). The read-outs keep theirs (``history``, ``seconds``)."""
+    group = DecoderGroup(decs, zs, ids, opts, batched)
+    hist, secs = train_members([group, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0)
+    for r, h, t in zip(readouts, hist[len(decs):], secs[len(decs):]):
+        r.history, r.seconds = h, t
+    return hist[: len(decs)], secs[: len(decs)]
 
-    Early stopping (``opts.val_fraction > 0``): that share of the chunks is held back, every member's CE on them is
+
+def train_readouts(readouts: list, n_rows: int, opts, progress: bool | None = None) -> None:
+    """Train read-out members ``readouts`` (of ``n_rows`` training chunks) in the fit loop with no decoder beside
+    them, each from its start (epoch 0); each keeps its curve (``history``) and its share of the seconds."""
+    hist, secs = train_members(readouts, n_rows, opts, progress=progress, desc="read-outs", epoch0=True)
+    for r, h, t in zip(readouts, hist, secs):
+        r.history, r.seconds = h, t
+
+
+def train_members(units: list, n_rows: int, opts, progress: bool | None = None, desc: str = "train",
+                  epoch0: bool = False) -> tuple[list[list[dict]], list[float]]:
+    """The fit loop: train ``units`` (a :class:`DecoderGroup`, read-out members) on the same batches of ``n_rows``
+    chunks for up to ``opts.epochs`` epochs, with one optimiser (:func:`optimiser`) and one schedule; returns each
+    member's curve and its share of the seconds (by the steps it ran), the members in unit order.
+
+    A unit has ``active`` (its members still training), ``optimised()``, ``loss(rows) -> (G,)``, ``before_step()``,
+    ``held_back_ce(rows) -> (G,)``, ``drop(gone, state)``, ``weights(g)``, ``load_into(m, weights)`` and ``decs``
+    (its members, each put in eval mode at the end).
+
+    Early stopping (``opts.val_fraction > 0``): that share of the chunks is held back, every member's loss on them is
     measured after every epoch, a member stops after ``opts.patience`` epochs without a new best and ends with the
     weights of its best epoch. memlab's optimiser (:func:`memlab.train.loop.make_optimizer`: AdamW,
     ``opts.beta1``/``beta2``, weight decay on matrices) and schedule (:func:`memlab.train.schedule.warmup_cosine`:
-    ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``), gradients clipped at ``opts.clip_grad``
-    (each member on its own norm); bf16 autocast where the hardware has it (:func:`memlab.devices.probe_autocast`).
+    ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``, each param group at its own peak), gradients
+    clipped at ``opts.clip_grad`` (each member on its own norm); bf16 autocast where the hardware has it
+    (:func:`memlab.devices.probe_autocast`).
 
-    ``epoch0``: the held-back CE of the starting weights is measured before the first step and counts as an epoch
-    (step 0: a best, its weights, patience counted from it), so a member that starts as a trained control never ends
-    above it. The curve's last row holds ``best_val_ce`` and ``best_step`` (the kept epoch's step; 0: the start).
+    ``epoch0``: the held-back loss of the starting weights is measured before the first step and counts as an epoch
+    (step 0: a best, its weights, patience counted from it), so a member that starts as a trained control (or as its
+    prior) never ends above it. The curve's last row holds ``best_val_ce`` and ``best_step`` (the kept epoch's step;
+    0: the start).
     """
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(opts.seed)
-    rows_tr, rows_val = held_back_rows(ids.shape[0], opts.val_fraction, gen)
-    group = DecoderGroup(decs, zs, ids, opts, batched)
+    rows_tr, rows_val = held_back_rows(n_rows, opts.val_fraction, gen)
+    device = torch.device(opts.device)
+    first = [sum(len(u.decs) for u in units[:k]) for k in range(len(units))]  # each unit's first member
+    opt = optimiser(units, device)
     n, bs = rows_tr.shape[0], min(opts.batch_size, rows_tr.shape[0])
     total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
     warm = max(1, int(opts.warmup_fraction * total))
-    g_all = len(decs)
-    hist, best, bad, best_w = [[] for _ in decs], [float("inf")] * g_all, [0] * g_all, [None] * g_all
+    g_all = first[-1] + len(units[-1].decs)
+    hist, best, bad, best_w = [[] for _ in range(g_all)], [float("inf")] * g_all, [0] * g_all, [None] * g_all
     ran, best_step = [0] * g_all, [0] * g_all
+
+    def live():  # (unit, its first member) of the units still training
+        return [(u, f) for u, f in zip(units, first) if u.active]
+
     if epoch0 and rows_val is not None:  # the starting weights are epoch 0
-        for g, (m, ce) in enumerate(zip(group.active, group.held_back_ce(rows_val).tolist())):
-            hist[m].append({"step": 0, "val_ce": ce})
-            best[m], best_w[m] = ce, group.weights(g)
+        for u, f in live():
+            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):
+                hist[f + m].append({"step": 0, "val_ce": ce})
+                best[f + m], best_w[f + m] = ce, u.weights(g)
     step, bar = 0, progress_bar(total, desc, progress)
-    while step < total and group.active:
+    while step < total and live():
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, bs):
             if step >= total:
                 break
-            loss = group.train_step(rows_tr[perm[i : i + bs]], opts.lr * warmup_cosine(step, warm, total,
-                                                                                   min_ratio=opts.min_lr_ratio))
+            rows = rows_tr[perm[i : i + bs]]
+            losses = [(u, f, u.loss(rows)) for u, f in live()]  # each (G_u,)
+            opt.zero_grad(set_to_none=True)
+            sum(loss.sum() for _, _, loss in losses).backward()  # the members share no weight
+            for u, _, _ in losses:
+                u.before_step()
+            factor = warmup_cosine(step, warm, total, min_ratio=opts.min_lr_ratio)
+            for grp in opt.param_groups:
+                grp["lr"] = grp["base_lr"] * factor
+            opt.step()
             step += 1
             if step % LOG_EVERY == 0 or step == total:  # the host reads the losses here only
-                values = loss.tolist()
-                for m, value in zip(group.active, values):
-                    if not math.isfinite(value):
-                        raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning rate")
-                    hist[m].append({"step": step, "loss": value})
-                bar.set_postfix(loss=f"{values[0]:.3f}")
+                for k, (u, f, loss) in enumerate(losses):
+                    values = loss.detach().tolist()
+                    for m, value in zip(u.active, values):
+                        if not math.isfinite(value):
+                            raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning "
+                                              "rate")
+                        hist[f + m].append({"step": step, "loss": value})
+                    if k == 0:
+                        bar.set_postfix(loss=f"{values[0]:.3f}")
             bar.update(1)
-        for m in group.active:
-            ran[m] = step
+        for u, f in live():
+            for m in u.active:
+                ran[f + m] = step
         if rows_val is None:
             continue
-        gone = []
-        for g, (m, ce) in enumerate(zip(group.active, group.held_back_ce(rows_val).tolist())):  # one read an epoch
-            hist[m].append({"step": step, "val_ce": ce})
-            if ce < best[m]:
-                best[m], bad[m], best_w[m], best_step[m] = ce, 0, group.weights(g), step
-            else:
-                bad[m] += 1
-            if bad[m] >= opts.patience:
-                gone.append(m)
-        group.drop(gone)
+        dropped = False
+        for u, f in live():
+            gone = []
+            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):  # one read an epoch
+                hist[f + m].append({"step": step, "val_ce": ce})
+                if ce < best[f + m]:
+                    best[f + m], bad[f + m], best_w[f + m], best_step[f + m] = ce, 0, u.weights(g), step
+                else:
+                    bad[f + m] += 1
+                if bad[f + m] >= opts.patience:
+                    gone.append(m)
+            if gone:
+                u.drop(gone, opt.state)
+                dropped = True
+        if dropped:  # the weights still training, with their moments
+            opt = optimiser(units, device, {p: st for u, _ in live() for p, st in _states(u, opt).items()})
     bar.close()
-    for g, m in enumerate(group.active):  # still training when the steps ran out: the last weights
-        if best_w[m] is None:
-            best_w[m], best_step[m] = group.weights(g), step
-    for m in range(g_all):
-        group.load_into(m, best_w[m])
-        if math.isfinite(best[m]):
-            hist[m].append({"step": ran[m], "best_val_ce": best[m], "best_step": best_step[m]})
-        group.decs[m].eval()
+    for u, f in zip(units, first):
+        for g, m in enumerate(u.active):  # still training when the steps ran out: the last weights
+            if best_w[f + m] is None:
+                best_w[f + m], best_step[f + m] = u.weights(g), step
+        for m in range(len(u.decs)):
+            u.load_into(m, best_w[f + m])
+            if math.isfinite(best[f + m]):
+                hist[f + m].append({"step": ran[f + m], "best_val_ce": best[f + m], "best_step": best_step[f + m]})
+            u.decs[m].eval()
     secs = time.perf_counter() - t0
     return hist, [secs * r / max(sum(ran), 1) for r in ran]
+
+
+def _states(unit, opt: torch.optim.Optimizer) -> dict:
+    """The optimiser state of ``unit``'s weights: the loop's, or (rebuilt by a drop) the unit's own."""
+    module = unit.optimised()[0]
+    own = getattr(unit, "opt", None)
+    return {p: (opt.state[p] if p in opt.state else own.state[p]) for p in module.parameters()
+            if p in opt.state or (own is not None and p in own.state)}
 
 
 def train_decoder(dec, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,

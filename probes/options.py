@@ -98,7 +98,7 @@ def _check_range(opts) -> None:
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
     for k in ("input_dropout", "cond_dropout", "plain_input_dropout", "beta1", "beta2", "warmup_fraction",
-              "val_fraction", "bow_val_fraction"):
+              "val_fraction"):
         if not 0.0 <= getattr(opts, k) < 1.0:
             raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
     for k in ("epochs", "lr", "bow_lr"):
@@ -114,7 +114,7 @@ def _check_range(opts) -> None:
     if not 0.5 <= opts.ci_level < 1.0:
         raise ConfigError(f"'ci_level' must be in [0.5, 1), got {opts.ci_level}")
     for k in ("seq_len", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
-              "patience", "ci_resamples", "encode_batch_size", "bow_epochs", "bow_batch_size", "bow_patience"):
+              "patience", "ci_resamples", "encode_batch_size"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
     if opts.threads is not None and opts.threads < 1:

@@ -36,7 +36,8 @@ Contracts (``impl``; ``options``: the part's options dataclass, given to a funct
   ``NAME_bits_per_chunk``; with ``tf1`` and ``prior_tf1``, ``NAME_token_set_f1_gain``). A read-out whose ``f``
   takes a ``context`` keyword is also given a :class:`ReadoutContext` (the chunk texts, the encoder's tokenizer
   and width, the options); a part's optional ``check_context(context)`` runs once the chunks are cut, before
-  anything is encoded or fitted, and refuses what cannot be read in one line. It declares its summary line,
+  anything is encoded or fitted, and refuses what cannot be read in one line. A read-out trained by gradient
+  also gives a ``member`` (:class:`Part`), trained in the probe's fit loop. It declares its summary line,
   interval lines, sweep columns and retention unit (:class:`Part`);
 * ``scorer``: ``f(pred (N, T), true (N, T), hyps, refs[, options]) -> float``.
 """
@@ -91,6 +92,11 @@ class Part:
     columns: Callable[[dict], dict] | None = None
     """Read-outs: ``columns(result) -> {column: value}``, its columns of a sweep's table (default:
     ``NAME_recovered`` and ``NAME_prior``)."""
+    member: Callable[..., Any] | None = None
+    """Read-outs trained by gradient: ``member(z_train, train_ids, eval_ids, options, fit, device)`` -> a member of the
+    probe's fit loop (:func:`memlab.probes.group.train_members`; ``fit``: the probe's options) with ``history``
+    (empty until the loop trains it) and ``seconds``, whose ``result(z_eval, eval_ids)`` is what ``impl`` returns
+    (with ``seconds``). A probe trains it beside its decoders (alone without them); ``impl`` fits it alone."""
 
     @property
     def options(self) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ import torch
 from memlab.errors import ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
+from memlab.probes.group import train_readouts
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
@@ -127,9 +128,13 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
     held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode).
     """
     out = Fit()
+    names = list(opts.readouts) if fit_readouts else []
+    # read-outs trained by gradient are members of the fit loop: beside the probe decoders, else alone
+    members = {n: part.member(z_train, train_ids, eval_ids, part_options(opts, part), opts, opts.device)
+               for n in names if (part := get_part("readout", n)).member is not None}
     if sequence:
         got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
-                           cache=control_cache, key=control_key, owner=opts.model)
+                           cache=control_cache, key=control_key, owner=opts.model, readouts=tuple(members.values()))
         out.decoder, out.probe, out.history["probe"], out.timing["train_s"] = got["probe"]
         if opts.control:
             out.control, out.history["control"], out.timing["control_s"], out.control_shared_with = got["control"]
@@ -137,9 +142,12 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
         out.limited_by = limit_line(out.probe, out.control)
     context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, fit_readouts),
                               int(z_train.shape[1]))
-    for name in opts.readouts if fit_readouts else []:
-        out.readouts[name] = fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
-                                         context=context, device=opts.device)
+    if untrained := [m for m in members.values() if not m.history]:
+        train_readouts(untrained, int(train_ids.shape[0]), opts, progress=opts.progress)
+    for name in names:
+        out.readouts[name] = (members[name].result(z_eval, eval_ids) if name in members else
+                              fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
+                                          context=context, device=opts.device))
         out.timing["bow_s"] += out.readouts[name]["seconds"]
     out.readings = interval_readings(opts, eval_ids, tok, out.probe, out.control, chars, out.readouts)
     out.retention = retention(out.readings, opts.ci_level, readout_gains(out.readouts))

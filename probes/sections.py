@@ -254,20 +254,14 @@ class PretrainedOptions:
 
 @dataclass
 class BowOptions:
-    """readouts=[bow]: the bag-of-words read-out's own training (AdamW, early stopping on a held-back share)."""
+    """readouts=[bow]: the bag-of-words head's own param group in the fit loop (which gives it its batches, schedule,
+    epochs and held-back chunks; it stops on its own held-back loss)."""
 
-    bow_epochs: int = 60
-    """Most epochs of the read-out."""
     bow_lr: float = 1e-2
-    """Its learning rate."""
+    """Its peak learning rate (the fit's schedule): a linear head started at the prior takes larger steps than the
+    decoders."""
     bow_weight_decay: float = 1e-4
     """Its weight decay."""
-    bow_batch_size: int = 256
-    """Its batch size."""
-    bow_val_fraction: float = 0.1
-    """Share of the training chunks held back for its early stopping."""
-    bow_patience: int = 5
-    """Epochs without a better held-back loss before it stops."""
 
 
 @dataclass

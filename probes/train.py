@@ -3,7 +3,8 @@
 :func:`fit_decoders` is the probe run's decoder step: the probe decoder, with ``select_decoder`` the plain decoder
 beside it, and the control (the same decoder on a constant embedding) are built from the same seed and trained
 together by :func:`memlab.probes.group.train_decoders` (one loop: the same batches, optimiser, schedule and early
-stopping for each); the kept one is scored by :func:`evaluate` and the reconstruction scorers
+stopping for each; read-outs trained by gradient, such as the bag-of-words head, join the probe's group as members of
+their own); the kept one is scored by :func:`evaluate` and the reconstruction scorers
 (:mod:`memlab.probes.scores`).
 
 Definitions (all on held-out chunks, nats, over the full vocabulary V of the
@@ -139,7 +140,7 @@ def _scored(dec, opts, tok, z_eval, eval_ids) -> dict:
 
 def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool = False, cache: dict | None = None,
                  key: str | None = None, owner: str | None = None, desc: str = "probe decoder",
-                 batched: bool | None = None) -> dict:
+                 batched: bool | None = None, readouts: tuple = ()) -> dict:
     """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.group`: one batched
     pass, the same batches, each its own optimiser state and early stopping):
 
@@ -156,6 +157,10 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
       trained from a random start; ``metrics["start"]`` says which was kept (``control``: epoch 0, ``contained``,
       ``scratch``). Without held-back chunks all are trained together from their random starts.
 
+    ``readouts``: read-out members (:func:`memlab.probes.group.train_members`) trained in the probe's group, beside
+    the probe decoders; one left untrained (``history`` empty: no probe was trained, the probe is the control of a
+    constant embedding) is the caller's to train.
+
     Returns ``{"probe": (decoder, held-out metrics, history, seconds), "control": (metrics, history, seconds, name
     of the probe that trained it or None) or None}``; ``metrics["decoder_choice"]`` says which decoder was kept
     and why. Seconds: the group's, split over its members by the steps each ran.
@@ -168,7 +173,7 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
                 "control": (metrics, hist_c, 0.0, owner_)}
     if control and opts.val_fraction > 0:  # without held-back chunks: the three trained together from scratch
         return _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc,
-                              batched)
+                              batched, readouts)
     members = {"probe": (opts, z_train, z_eval)}
     if selects:
         members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
@@ -179,7 +184,8 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     decs = {k: _new_decoder(o, tok, train_ids, zt) for k, (o, zt, _) in members.items()}
     what = " and ".join(members) + (" decoders" if len(members) > 1 else " decoder")
     hists, secs = train_decoders(list(decs.values()), [zt for _, zt, _ in members.values()], train_ids, opts,
-                                 progress=opts.progress, desc=desc if len(members) == 1 else what, batched=batched)
+                                 progress=opts.progress, desc=desc if len(members) == 1 else what, batched=batched,
+                                 readouts=readouts)
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     kept = "probe"
     if "plain" in members:
@@ -233,7 +239,8 @@ def _best_step(history: list[dict]) -> int | None:
     return rows[-1] if rows else None
 
 
-def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched):
+def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched,
+                   readouts=()):
     """:func:`fit_decoders` with a control and held-back chunks, in two phases.
 
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
@@ -242,7 +249,7 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
        run's metrics, the first run's history).
     2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
        pathway (:func:`contain`), trained with epoch 0 beside the probe trained from its own random start (the
-       *scratch* candidate), as one group.
+       *scratch* candidate), as one group, with the read-out members ``readouts``.
 
     Each candidate is read against the control trained as much as it was: the contained probe against the second
     run, the scratch probe against the first. Kept: the candidate whose held-back CE lies furthest below its own
@@ -279,7 +286,7 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
         contain(d, start)
     members["scratch"], decs["scratch"] = opts, _new_decoder(opts, tok, train_ids, z_train)
     hists, secs = train_decoders(list(decs.values()), [z_train] * len(decs), train_ids, opts, progress=opts.progress,
-                                 desc=desc, batched=batched, epoch0=True)
+                                 desc=desc, batched=batched, epoch0=True, readouts=readouts)
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     ce = {k: _held_back_ce(h) for k, h in hist.items()}
     ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])

@@ -103,7 +103,7 @@ def test_sections_in_yaml_and_flat_names_read_the_same(tmp_path):
     (["--decoder", "pretrained:memlab-lm", "--hidden-size", "64"], "'hidden_size' applies to decoder=llama"),
     (["--layers-sequence"], "'layers_sequence' applies to a layer sweep"),
     (["select_decoder=false", "plain_input_dropout=0.2"], "'plain_input_dropout' applies to the plain decoder"),
-    (["--no-bow", "bow_epochs=3"], "'bow_epochs' applies to readouts=bow"),
+    (["--no-bow", "bow_weight_decay=0.1"], "'bow_weight_decay' applies to readouts=bow"),
     (["bow_lr=fast"], "'bow_lr' must be a number"),
     (["colour=red"], "unknown config key 'colour'; valid keys: "),
 ])
