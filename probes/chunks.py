@@ -226,7 +226,7 @@ def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpu
     return tuple(tr), tuple(ev)
 
 
-def _words_data(opts, encoder):
+def _words_data(opts, encoder, cap_to_fit: bool = True):
     args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
             opts.max_chunk_tokens)
     if opts.max_chunk_tokens is None or opts.chunk_tokenizer:
@@ -236,7 +236,7 @@ def _words_data(opts, encoder):
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
-    default_len = opts.seq_len == type(opts).seq_len  # a length the user chose is refused below, never cut
+    default_len = cap_to_fit and opts.seq_len == type(opts).seq_len  # a length the user chose is refused, never cut
     if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit and default_len:  # the encoder's cap, as a note
         print(f"memlab: note: {cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
               f"({limit} tokens); each keeps the words that fit (max_chunk_tokens={limit}; lower seq_len to keep "
@@ -251,10 +251,11 @@ def _words_data(opts, encoder):
     return pad(tr), pad(ev), texts_tr, texts_ev, cut_tr + cut_ev
 
 
-def probe_data(opts, encoder):
+def probe_data(opts, encoder, cap_to_fit: bool = True):
     """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), how
     the text was cut (``report.text``; ``chars``: characters of each held-out chunk, ``_texts``: the training and
-    held-out chunk texts)."""
+    held-out chunk texts). ``cap_to_fit``: chunks of the default ``seq_len`` words that the encoder cannot read whole
+    keep the words that fit, with a note (False: refused, as a length the user chose is)."""
     tok = encoder.tokenizer
     if opts.chunk_by == "tokens":
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
@@ -268,7 +269,7 @@ def probe_data(opts, encoder):
         chars = chunk_chars(eval_ids, tok)
         render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
     else:
-        train_ids, eval_ids, texts_tr, texts, cut = _words_data(opts, encoder)
+        train_ids, eval_ids, texts_tr, texts, cut = _words_data(opts, encoder, cap_to_fit)
         chars, render = [len(x) for x in texts], rendering(texts, eval_ids, tok)
     note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
     if note:

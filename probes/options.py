@@ -91,6 +91,41 @@ def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple
     return out
 
 
+def seq_lens(opts) -> list[int]:
+    """``seq_len`` as a list of lengths: one, or a length sweep's (sorted, distinct)."""
+    n = opts.seq_len
+    return sorted(set(n)) if isinstance(n, (list, tuple)) else [n]
+
+
+def parse_lengths(value):
+    """``seq_len`` as written: ``"8,16,32"`` (``key=value``, ``--seq-len``) -> [8, 16, 32], ``"16"`` -> 16; a number
+    or a list is left to the option's type. A non-integer is refused in one line."""
+    if not isinstance(value, str):
+        return value
+    try:
+        got = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"'seq_len' takes an integer or a comma list of integers (a length sweep), "
+                          f"got {value!r}") from None
+    return got if len(got) != 1 else got[0]
+
+
+def _check_lengths(opts) -> None:
+    """A length sweep (a list of ``seq_len``) is one sweep: not with a layer sweep, a learning curve, a comparison
+    or ``max_chunk_tokens`` (one ConfigError naming the other)."""
+    if len(seq_lens(opts)) < 2:
+        return
+    other = ("'layers' (a layer sweep)" if opts.layers is not None
+             else "'compare' (a comparison)" if opts.compare is not None
+             else "a list of 'n_train' sizes (a learning curve)" if len(train_sizes(opts)) > 1 else None)
+    if other:
+        raise ConfigError(f"a list of 'seq_len' lengths (a length sweep) and {other} are separate sweeps; run them "
+                          "one at a time")
+    if opts.max_chunk_tokens is not None:
+        raise ConfigError("'max_chunk_tokens' caps a chunk of one length; a length sweep cuts every length whole: drop "
+                          "it, or sweep token lengths (chunk_by=tokens)")
+
+
 def _check_range(opts) -> None:
     """Each option's own range (one ConfigError naming it)."""
     if opts.chunk_by not in CHUNK_BY:
@@ -113,7 +148,7 @@ def _check_range(opts) -> None:
             raise ConfigError(f"'{k}' must be a finite number >= 0, got {v}")
     if not 0.5 <= opts.ci_level < 1.0:
         raise ConfigError(f"'ci_level' must be in [0.5, 1), got {opts.ci_level}")
-    for k in ("seq_len", "n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
+    for k in ("n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
               "patience", "ci_resamples", "encode_batch_size"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
@@ -123,8 +158,8 @@ def _check_range(opts) -> None:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
     if opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
-    if opts.seq_len < 2:
-        raise ConfigError("'seq_len' must be >= 2")
+    if not seq_lens(opts) or min(seq_lens(opts)) < 2:
+        raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
 
 
 def _check_together(opts, explicit: set[str]) -> None:
@@ -152,6 +187,7 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     options the user set (their parts must be chosen)."""
     if opts.pool is not None:
         get_part("pool", opts.pool)
+    _check_lengths(opts)
     if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
         if opts.layers is not None:
             raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
@@ -162,6 +198,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     _check_range(opts)
     _check_together(opts, set(explicit))
     values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts)}
+    lens = seq_lens(opts)  # a length sweep's lengths sorted; a list of one is that length
+    values["seq_len"] = lens if len(lens) > 1 else lens[0]
     return ResolvedOptions(**{**values, "device": str(resolve_device(opts.device))})
 
 
@@ -246,4 +284,6 @@ def load_options(path: str | Path | None = None, overrides: list[str] | None = N
             data = _flatten(data, str(p))
     apply_overrides(data, overrides)
     data = _flatten({**data, **{k: v for k, v in kw.items() if v is not None}}, "overrides")
+    if "seq_len" in data:  # "8,16,32" (key=value, --seq-len): a length sweep
+        data["seq_len"] = parse_lengths(data["seq_len"])
     return validate(_typed(data, prefix), explicit={k for k in data if k not in ("model", "name")})

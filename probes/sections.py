@@ -64,8 +64,10 @@ class TextSection:
     chunk_by: str = "words"
     """How the text is cut: words (chunks of seq_len words, the same text for every model; each model reads them in
     its own tokens, padded to its longest chunk) or tokens (seq_len tokens of the model's own tokenizer)."""
-    seq_len: int = 32
-    """Words per chunk (chunk_by=words) or tokens per chunk in the probed model's tokenizer (chunk_by=tokens)."""
+    seq_len: int | list[int] = 32
+    """Words per chunk (chunk_by=words) or tokens per chunk in the probed model's tokenizer (chunk_by=tokens); a list
+    (e.g. [8, 16, 32]) fits each length on one model load and writes the retention-against-length curve
+    (memlab.probes.lengths)."""
     max_chunk_tokens: int | None = None
     """chunk_by=words: a chunk's trailing words are dropped until it holds at most this many tokens of
     ``chunk_tokenizer`` (every model still reads the same text; an encoder of fixed length reads it whole)."""

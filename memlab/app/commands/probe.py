@@ -11,7 +11,9 @@ from memlab.probes.sections import ReadoutSection
 FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the field's default (memlab.probes.sections)
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end"),
     "--pool": ("pool", str, "a registered pooling: last, second_last, mean or first (unset: the shortcut's, else last)"),
-    "--seq-len": ("seq_len", int, "words per chunk (with chunk_by=tokens: tokens of the model's tokenizer)"),
+    "--seq-len": ("seq_len", str, "words per chunk (with chunk_by=tokens: tokens of the model's tokenizer); a comma "
+                                  "list (8,16,32,64,128) fits each length on one model load and writes the "
+                                  "retention-against-length curve"),
     "--n-train": ("n_train", str, "training chunks; a comma list (1000,4000,16000) fits each size on one encoder pass "
                                   "and writes the learning curve"),
     "--n-eval": ("n_eval", int, "held-out chunks (all there are, with a warning, when the split holds fewer)"),
@@ -94,6 +96,8 @@ def run(args) -> int:
     from memlab.probes.run import load_options, run_probe
     from memlab.probes.report import format_summary
 
+    from memlab.probes.lengths import run_length_sweep
+    from memlab.probes.options import seq_lens
     from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
@@ -130,6 +134,10 @@ def run(args) -> int:
     try:
         if opts.layers is not None:
             run_layer_sweep(opts, opts.layers, out, sequence=opts.layers_sequence)
+            print(f"run: {out}")
+            return 0
+        if len(seq_lens(opts)) > 1:
+            run_length_sweep(opts, out)
             print(f"run: {out}")
             return 0
         if len(sizes) > 1 or opts.compare is not None:
