@@ -15,6 +15,8 @@ Readings (:func:`readings`; nats summed over a chunk's target tokens, as
 * ``bits_per_chunk``: mean over chunks of ``(NLL_control - NLL_probe) / ln 2``:
   what the embedding adds, in bits, for a chunk of the shared text;
 * ``bits_per_char``: the same sum over all chunks divided by their characters;
+* ``bits_per_token``: the same sum divided by the chunks' target tokens (bits per chunk over the mean target tokens
+  per chunk);
 * ``information_gain``: ``(sum NLL_control - sum NLL_probe) / sum NLL_control``;
 * ``token_accuracy`` and ``token_accuracy_gain`` (over the control);
 * ``token_set_f1`` and ``token_set_f1_gain`` (over the control);
@@ -87,6 +89,7 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
         cols.update(c_nll=control["nll"], c_hits=control["hits"])
         specs["bits_per_chunk"] = _mean("c_nll", "p_nll", scale=1 / ln2)
         specs["bits_per_char"] = _ratio("", "chars", sign=("c_nll", "p_nll"), scale=1 / ln2)
+        specs["bits_per_token"] = _ratio("", "tokens", sign=("c_nll", "p_nll"), scale=1 / ln2)
         specs["information_gain"] = _ratio("", "c_nll", sign=("c_nll", "p_nll"))
         specs["token_accuracy_gain"] = _ratio("", "tokens", sign=("p_hits", "c_hits"))
         if tf1_probe is not None and tf1_control is not None:

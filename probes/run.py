@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from memlab.errors import ModelError
+from memlab.errors import ConfigError, ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
 from memlab.probes.group import train_readouts
@@ -193,6 +193,9 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with
     (the resolved options first)."""
     opts = resolved(opts)  # checked once: options from load_options are not checked again
+    if isinstance(opts.seq_len, list):
+        raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.lengths."
+                          "run_length_sweep (or probe(...), memlab probe --seq-len)")
     claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -267,7 +270,12 @@ def probe(model: str = "minilm", out: str | Path | None = None, config: str | Pa
           **options) -> ProbeReport:
     """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
-    ``report.fitted`` is the fitted probe (an EmbeddingSpace).
+    ``report.fitted`` is the fitted probe (an EmbeddingSpace). A list of lengths (``seq_len=[8, 16, 32]``) is a
+    length sweep: it returns the curve's content (:func:`memlab.probes.lengths.run_length_sweep`).
     """
     opts = load_options(config, model=model, **options)
+    if isinstance(opts.seq_len, list):
+        from memlab.probes.lengths import run_length_sweep  # lengths builds on this module
+
+        return run_length_sweep(opts, out, encoder=encoder)
     return run_probe(opts, out, encoder=encoder)
