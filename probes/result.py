@@ -14,8 +14,6 @@ DEFINITIONS = {
     "bits_per_char": "the same bits summed over all held-out chunks, divided by their characters",
     "bits_per_token": "the same bits summed over all held-out chunks, divided by their target tokens (bits per "
                       "chunk over the mean target tokens per chunk)",
-    "bits_per_token": "the same bits summed over all held-out chunks, divided by their target tokens (bits per "
-                      "chunk over the mean target tokens per chunk)",
     "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
     "free_running_accuracy": "share of held-out target tokens where the greedy reconstruction (the decoder reading "
                              "its own previous outputs, never the true tokens) holds the true token at the same "
