@@ -25,6 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from memlab.errors import ConfigError
+from memlab.probes.chunks import mask_of
+from memlab.probes.intervals import cell
+from memlab.probes.result import Reading, jsonable
 
 SHARED = frozenset({
     "model", "layer", "pool", "final_norm", "random_init", "special_tokens", "chunk_by", "seq_len",
@@ -176,50 +179,67 @@ def readout_name(opts) -> str | None:
     return None if opts.sequence else opts.readouts[0]
 
 
-def cells(fit, opts, targets) -> dict:
-    """The comparison's common columns of one fitted method: ``bits`` per chunk, ``tf1``, ``accuracy`` (each
-    ``{"value", "low", "high"}`` or None), ``baseline_tf1`` (the control's or the prior's), and the ``targets``
-    the bits are counted over (``targets`` names whose tokens, ``target_tokens`` how many held-out ones)."""
-    from memlab.probes.chunks import mask_of
+@dataclass
+class Cells:
+    """The comparison's common columns of one fitted method (:func:`cells`)."""
 
+    bits: Reading | None
+    """Bits per chunk: the probe's over its control, or the read-out's over its prior."""
+    tf1: Reading | None
+    """Token-set F1 (a bag-of-words read-out: its recovered share of the token set)."""
+    accuracy: Reading | None
+    """Token accuracy (None for a read-out without a token-set F1)."""
+    baseline_tf1: float | None
+    """The control's TF1, or the read-out's prior."""
+    targets: str | None
+    """Whose tokens the bits are counted over."""
+    target_tokens: int
+    """How many held-out target tokens."""
+    own: dict | None = None
+    """The alignment read-out's target decoder on its own vectors."""
+
+    def to_dict(self) -> dict:
+        out = {"bits": jsonable(self.bits), "tf1": jsonable(self.tf1), "accuracy": jsonable(self.accuracy),
+               "baseline_tf1": self.baseline_tf1, "targets": self.targets, "target_tokens": self.target_tokens}
+        return {**out, "own": self.own} if self.own else out
+
+
+def cells(fit, opts, targets) -> Cells:
+    """The comparison's common columns of one fitted method (:class:`Cells`); ``targets`` names whose tokens the bits
+    are counted over and gives the held-out ones."""
     r, name = fit.readings, readout_name(opts)
     if name is None:
         p, c = fit.probe, fit.control
-        return {"bits": r.get("bits_per_chunk"), "tf1": r.get("token_set_f1"), "accuracy": r.get("token_accuracy"),
-                "baseline_tf1": c["token_set_f1"] if c else None, "targets": targets.name,
-                "target_tokens": int(p["n_tokens"])}
-    out = fit.readouts[name]
+        return Cells(r.get("bits_per_chunk"), r.get("token_set_f1"), r.get("token_accuracy"),
+                     c["token_set_f1"] if c else None, targets.name, int(p["n_tokens"]))
+    out = fit.readouts[name].values
     tf1 = r.get(f"{name}_token_set_f1") or r.get(f"{name}_recovered")  # bow: its recovered share of the token set
-    return {"bits": r.get(f"{name}_bits_per_chunk"), "tf1": tf1,
-            "accuracy": r.get(f"{name}_recovered") if f"{name}_token_set_f1" in r else None,
-            "baseline_tf1": out.get("prior_token_set_f1", out.get("prior")),
-            "targets": out.get("target", targets.name),
-            "target_tokens": int(out.get("n_tokens", mask_of(targets.eval_ids).sum())),
-            **({"own": out["own"]} if out.get("own") else {})}  # align: its target decoder on its own vectors
+    return Cells(r.get(f"{name}_bits_per_chunk"), tf1,
+                 r.get(f"{name}_recovered") if f"{name}_token_set_f1" in r else None,
+                 out.get("prior_token_set_f1", out.get("prior")), out.get("target", targets.name),
+                 int(out.get("n_tokens", mask_of(targets.eval_ids).sum())),
+                 out.get("own") or None)  # align: its target decoder on its own vectors
 
 
-def _span(r: dict | None, gain: bool = False) -> str:
-    from memlab.probes.intervals import cell
-
-    return cell(r, gain=gain)
-
-
-def table(rows: list[dict]) -> str:
-    """The comparison's markdown table: one row per method and size, with the intervals and the targets."""
+def table(rows) -> str:
+    """The comparison's markdown table: one row per method and size (:class:`memlab.probes.sweep.SweepRow`), with
+    the intervals and the targets."""
     head = ["method", "n_train", "bits per chunk [95 % interval]", "TF1 [interval]", "baseline TF1",
             "token accuracy [interval]", "targets (held-out tokens)", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        base = f"{r['baseline_tf1']:.3f}" if r["baseline_tf1"] is not None else ""
+        c = r.cells
+        base = f"{c.baseline_tf1:.3f}" if c.baseline_tf1 is not None else ""
         lines.append("| " + " | ".join([
-            r["method"], str(r["n_train"]), _span(r["bits"], gain=True), _span(r["tf1"]), base, _span(r["accuracy"]),
-            f"{r['targets'] or 'the encoder'} ({r['target_tokens']})", f"{r['seconds']:.0f}"]) + " |")
+            r.method, str(r.n_train), cell(c.bits, gain=True), cell(c.tf1, gain=False), base,
+            cell(c.accuracy, gain=False), f"{c.targets or 'the encoder'} ({c.target_tokens})",
+            f"{r.seconds:.0f}"]) + " |")
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path, title: str):
     """One figure, two panels (bits per chunk, TF1) against training chunks on a log axis: one line per method,
-    its 95 % interval as a band."""
+    its 95 % interval as a band. ``rows``: as curve.json holds them."""
     from memlab.plots import finish_axes, pyplot, save_figure
 
     plt = pyplot()

@@ -9,8 +9,8 @@ default), as ``scipy.stats.bootstrap(..., paired=True, method="percentile")``
 gives; the statistics here are ratios of sums over chunks, vectorised over
 resamples.
 
-Readings (:func:`readings`; nats summed over a chunk's target tokens, as
-:func:`memlab.probes.train.evaluate` gives them per chunk):
+Readings (:func:`readings`, each a :class:`~memlab.probes.result.Reading`; nats summed over a chunk's target
+tokens, as :func:`memlab.probes.train.evaluate` gives them per chunk):
 
 * ``bits_per_chunk``: mean over chunks of ``(NLL_control - NLL_probe) / ln 2``:
   what the embedding adds, in bits, for a chunk of the shared text;
@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from memlab.probes.result import ChunkScores, Reading
 
 NO_EVIDENCE = "no evidence of retention"
 
@@ -64,39 +66,38 @@ def _mean(a: str, b: str | None = None, scale: float = 1.0):
     return lambda c: scale * ((c[a] - c[b]) if b else c[a]).mean(-1)
 
 
-def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf1_control=None,
-             n_resamples: int = 2000, level: float = 0.95, seed: int = 0, readouts: dict | None = None,
-             free_probe=None, free_control=None) -> dict:
-    """Each reading ``{"value", "low", "high"}`` (see the module doc) from per-chunk numbers.
+def readings(probe: ChunkScores | None, control: ChunkScores | None, chars, n_resamples: int = 2000,
+             level: float = 0.95, seed: int = 0, readouts: dict | None = None) -> dict[str, Reading]:
+    """Each :class:`~memlab.probes.result.Reading` (see the module doc) from per-chunk numbers.
 
-    ``probe`` / ``control``: ``evaluate(...)["_per_chunk"]`` (nll, hits, tokens); ``chars``: characters of each
-    held-out chunk; ``tf1_*``: per-chunk token-set F1; ``free_*``: per-chunk free-running hits
-    (:func:`memlab.probes.scores.free_running_hits`); ``readouts``: each read-out's ``_per_chunk`` by name.
+    ``probe`` / ``control``: each decoder's numbers per held-out chunk (NLL, hits and tokens, and the greedy
+    reconstruction's token-set F1 and free-running hits where scored); ``chars``: characters of each held-out
+    chunk; ``readouts``: each read-out's per-chunk numbers by name.
     """
     ln2 = math.log(2)
     specs: dict[str, tuple] = {}
     cols: dict[str, np.ndarray] = {}
     if probe is not None:
-        cols.update(p_nll=probe["nll"], p_hits=probe["hits"], tokens=probe["tokens"], chars=np.asarray(chars))
+        cols.update(p_nll=probe.nll, p_hits=probe.hits, tokens=probe.tokens, chars=np.asarray(chars))
         specs["token_accuracy"] = _ratio("p_hits", "tokens")
-        if tf1_probe is not None:
-            cols["p_tf1"] = np.asarray(tf1_probe)
+        if probe.tf1 is not None:
+            cols["p_tf1"] = np.asarray(probe.tf1)
             specs["token_set_f1"] = _mean("p_tf1")
-        if free_probe is not None:
-            cols["p_free"] = np.asarray(free_probe)
+        if probe.free_hits is not None:
+            cols["p_free"] = np.asarray(probe.free_hits)
             specs["free_running_accuracy"] = _ratio("p_free", "tokens")
     if probe is not None and control is not None:
-        cols.update(c_nll=control["nll"], c_hits=control["hits"])
+        cols.update(c_nll=control.nll, c_hits=control.hits)
         specs["bits_per_chunk"] = _mean("c_nll", "p_nll", scale=1 / ln2)
         specs["bits_per_char"] = _ratio("", "chars", sign=("c_nll", "p_nll"), scale=1 / ln2)
         specs["bits_per_token"] = _ratio("", "tokens", sign=("c_nll", "p_nll"), scale=1 / ln2)
         specs["information_gain"] = _ratio("", "c_nll", sign=("c_nll", "p_nll"))
         specs["token_accuracy_gain"] = _ratio("", "tokens", sign=("p_hits", "c_hits"))
-        if tf1_probe is not None and tf1_control is not None:
-            cols["c_tf1"] = np.asarray(tf1_control)
+        if probe.tf1 is not None and control.tf1 is not None:
+            cols["c_tf1"] = np.asarray(control.tf1)
             specs["token_set_f1_gain"] = _mean("p_tf1", "c_tf1")
-        if free_probe is not None and free_control is not None:
-            cols["c_free"] = np.asarray(free_control)
+        if probe.free_hits is not None and control.free_hits is not None:
+            cols["c_free"] = np.asarray(control.free_hits)
             specs["free_running_accuracy_gain"] = _ratio("", "tokens", sign=("p_free", "c_free"))
     for i, (name, per) in enumerate((readouts or {}).items()):
         pairs = [("recovered", "prior", "recovered", "gain"), ("tf1", "prior_tf1", "token_set_f1", "token_set_f1_gain")]
@@ -112,13 +113,13 @@ def readings(probe: dict | None, control: dict | None, chars, tf1_probe=None, tf
     for name, stat in specs.items():
         value = float(stat({k: np.asarray(v, dtype=np.float64)[None] for k, v in cols.items()})[0])
         lo, hi = bootstrap(stat, cols, n_resamples, level, seed)
-        out[name] = {"value": value, "low": lo, "high": hi}
+        out[name] = Reading(value, lo, hi)
     return out
 
 
-def shows_retention(r: dict | None) -> bool:
+def shows_retention(r: Reading | dict | None) -> bool:
     """A gain's interval lies above zero."""
-    return r is not None and r["low"] > 0
+    return r is not None and Reading.of(r).low > 0
 
 
 def retention(read: dict, level: float = 0.95, gains: dict[str, str] | None = None) -> str:
@@ -130,20 +131,22 @@ def retention(read: dict, level: float = 0.95, gains: dict[str, str] | None = No
     key = "bits_per_chunk" if "bits_per_chunk" in read else aligned[0] if aligned else gained[0] if gained else None
     if key is None:
         return "no control: retention not measured"
-    r = read[key]
+    r = Reading.of(read[key])
     unit = ("bits per chunk" if key == "bits_per_chunk" else gains[key] if key in (gains or {})
             else f"bits per chunk ({key[: -len('_bits_per_chunk')]} read-out over its prior)")
-    span = f"{r['value']:.3g} {unit}, {level:.0%} interval [{r['low']:.3g}, {r['high']:.3g}]"
+    span = f"{r.value:.3g} {unit}, {level:.0%} interval [{r.low:.3g}, {r.high:.3g}]"
     if shows_retention(r):
         return f"retained: {span}"
     return f"{NO_EVIDENCE} at this budget: {span}"  # at or below zero: the decoder found nothing to read
 
 
-def cell(r: dict | None, gain: bool, digits: int = 3) -> str:
-    """A table cell: ``value [low, high]``; a gain without evidence reads ``no evidence [low, high]``."""
+def cell(r: Reading | dict | None, gain: bool, digits: int = 3) -> str:
+    """A table cell: ``value [low, high]``; a gain without evidence reads ``no evidence [low, high]`` (``r``: a
+    Reading, or report.json's form of one)."""
     if r is None:
         return ""
-    span = f"[{r['low']:.{digits}f}, {r['high']:.{digits}f}]"
+    r = Reading.of(r)
+    span = f"[{r.low:.{digits}f}, {r.high:.{digits}f}]"
     if gain and not shows_retention(r):
         return f"no evidence {span}"
-    return f"{r['value']:.{digits}f} {span}"
+    return f"{r.value:.{digits}f} {span}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.parts import readout_lines, readout_summary
+from memlab.probes.result import Calibration, Reading
 
 
 def peak_memory_mb() -> dict:
@@ -82,16 +83,16 @@ def _metrics_line(name: str, m: dict) -> str:
             f"CE={m['ce']:.3f}  H_r={m['entropy_ratio']:.3f}")
 
 
-def calibration_lines(cal: dict | None) -> list[str]:
+def calibration_lines(cal: Calibration | None) -> list[str]:
     """The calibration status, with a warning when a positive control failed."""
     if not cal:
         return []
-    if cal["status"] == "unchecked":
-        return [f"calibration: unchecked ({cal.get('note', '')})"]
-    parts = [f"{c['control']} {c['metric']}={c['value']:.3f} ({'ok' if c['passed'] else 'FAILED'}, needs {c['needs']})"
-             for c in cal["checks"]]
-    lines = [f"calibration: {cal['status']}: " + "; ".join(parts)]
-    if cal["status"] == "failed":
+    if cal.status == "unchecked":
+        return [f"calibration: unchecked ({cal.note or ''})"]
+    parts = [f"{c.control} {c.metric}={c.value:.3f} ({'ok' if c.passed else 'FAILED'}, needs {c.needs})"
+             for c in cal.checks]
+    lines = [f"calibration: {cal.status}: " + "; ".join(parts)]
+    if cal.status == "failed":
         lines.append("WARNING: the probe failed a positive control: at this budget it cannot read what is there, so a "
                      "low reading says the probe could not see, not that the model forgot")
     return lines
@@ -107,7 +108,7 @@ READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char"
 follow (:func:`memlab.probes.parts.readout_lines`)."""
 
 
-def reading_lines(readings: dict, level: float, readouts=()) -> list[str]:
+def reading_lines(readings: dict[str, Reading], level: float, readouts=()) -> list[str]:
     """``label: value [low, high]`` per reading (the decoder's, then each of ``readouts``'); a gain without evidence
     says so (never a bare negative figure)."""
     from memlab.probes.intervals import NO_EVIDENCE, cell, shows_retention
@@ -136,10 +137,10 @@ def format_summary(report) -> str:
     enc, text = report.encoder, report.text
     lines = [f"model: {report.model}  layer: {enc.get('layer')}  pool: {enc.get('pool')}  dim: {enc.get('dim')}  "
              f"V: {report.vocab_size}  n_train: {report.n_train}  n_eval: {report.n_eval}",
-             f"text: chunks of {text['per_chunk']} ({text['mean_chars']:.0f} characters, {text['mean_tokens']:.1f} "
-             f"tokens on average, at most {text['max_tokens']}); bits counted over {text['rendering']}",
+             f"text: chunks of {text.per_chunk} ({text.mean_chars:.0f} characters, {text.mean_tokens:.1f} "
+             f"tokens on average, at most {text.max_tokens}); bits counted over {text.rendering}",
              f"retention: {report.retention}"]
-    tg = text.get("targets") or {}
+    tg = text.targets or {}
     if tg and tg.get("tokenizer") != "the encoder's":  # the bits are counted over the decoder's tokens
         lines[1] = lines[1].split("; bits counted over")[0].replace(" tokens on average", " encoder tokens on average")
         lines.insert(2, f"targets: the chunk texts in the tokens of {tg['tokenizer']} (V {tg['vocab_size']}, "
@@ -166,7 +167,7 @@ def format_summary(report) -> str:
     if report.limited_by:
         lines.append(f"limited by: {report.limited_by}")
     for name, result in (report.readouts or {}).items():
-        lines.append(readout_summary(name, result))
+        lines.append(readout_summary(name, result.values))
     lines += calibration_lines(report.calibration)
     if report.budget_note:
         lines.append(f"note: {report.budget_note}")

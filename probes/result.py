@@ -35,6 +35,190 @@ SCHEMA_VERSION = 1
 ever added within one version (``tests/test_probe_report_schema.py`` pins the layout)."""
 
 
+
+def jsonable(x):
+    """``x`` as report.json holds it: each typed part by its ``to_dict()``, containers element by element."""
+    if hasattr(x, "to_dict"):
+        return x.to_dict()
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading with the percentile interval of its paired bootstrap over held-out chunks
+    (:mod:`memlab.probes.intervals`)."""
+
+    value: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, r) -> Reading | None:
+        """``r`` as a Reading: a Reading, report.json's ``{value, low, high}`` or None."""
+        return r if r is None or isinstance(r, Reading) else cls(r["value"], r["low"], r["high"])
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+    def __getitem__(self, key: str) -> float:
+        """``reading["value"]``: report.json's form, for scripts written against it."""
+        if key not in ("value", "low", "high"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+@dataclass
+class ChunkScores:
+    """One decoder's numbers per held-out chunk: what its paired intervals resample."""
+
+    nll: Any
+    """Summed NLL of each chunk's target tokens, nats."""
+    hits: Any
+    """Teacher-forced argmax hits per chunk."""
+    tokens: Any
+    """Real target tokens per chunk."""
+    tf1: list | None = None
+    """Token-set F1 of each chunk's greedy reconstruction (None: not scored)."""
+    free_hits: list | None = None
+    """Free-running hits per chunk: positions where the greedy reconstruction holds the true token."""
+
+
+@dataclass
+class DecoderScores:
+    """A fitted sequence decoder's held-out scores: ``metrics`` (report.json's ``probe`` or ``control``), its
+    numbers per chunk and its decoded greedy reconstructions."""
+
+    metrics: dict
+    chunks: ChunkScores | None = None
+    reconstruction: list | None = None
+
+    @classmethod
+    def split(cls, evaluated: dict | None) -> DecoderScores | None:
+        """The metrics of :func:`memlab.probes.train.evaluate` and the scorers, with their per-chunk parts (the keys
+        starting with ``_``) moved into typed fields."""
+        if evaluated is None:
+            return None
+        per = evaluated.get("_per_chunk")
+        chunks = None if per is None else ChunkScores(per["nll"], per["hits"], per["tokens"],
+                                                      evaluated.get("_tf1"), evaluated.get("_free_hits"))
+        return cls({k: v for k, v in evaluated.items() if not k.startswith("_")}, chunks,
+                   evaluated.get("_reconstruction"))
+
+
+@dataclass
+class ReadoutResult:
+    """One fitted read-out: ``values`` (report.json's ``readouts[name]``: ``recovered``, ``prior``, ``gain``,
+    ``seconds`` and the read-out's own) and its numbers per held-out chunk (``chunks``, for its intervals)."""
+
+    name: str
+    values: dict
+    chunks: dict | None = None
+
+    @classmethod
+    def split(cls, name: str, result: dict) -> ReadoutResult:
+        """A read-out's result dict (:func:`memlab.probes.parts.fit_readout`), its ``_per_chunk`` moved to ``chunks``."""
+        return cls(name, {k: v for k, v in result.items() if not k.startswith("_")}, result.get("_per_chunk") or None)
+
+    @property
+    def recovered(self) -> float:
+        return self.values["recovered"]
+
+    @property
+    def prior(self) -> float:
+        return self.values["prior"]
+
+    @property
+    def gain(self) -> float:
+        return self.values["gain"]
+
+    @property
+    def seconds(self) -> float:
+        return self.values.get("seconds", 0.0)
+
+    def to_dict(self) -> dict:
+        return jsonable(self.values)
+
+
+@dataclass
+class CalibrationCheck:
+    """One positive control: what it read (``metric``, ``value``), what it needs and whether it passed; ``extra``:
+    what the check adds (``interval``, ``own``, ``r2``, ``seconds``)."""
+
+    control: str
+    metric: str
+    value: Any
+    needs: str
+    passed: bool
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"control": self.control, "metric": self.metric, "value": self.value, "needs": self.needs,
+                "passed": self.passed, **self.extra}
+
+
+@dataclass
+class Calibration:
+    """The report's calibration: ``passed``, ``failed`` (a positive control failed) or ``unchecked`` (``note``
+    says why), with its checks."""
+
+    status: str
+    checks: list = field(default_factory=list)
+    """Each :class:`CalibrationCheck`."""
+    note: str | None = None
+
+    @classmethod
+    def verdict(cls, checks: list[CalibrationCheck], note: str | None = None) -> Calibration:
+        return cls("passed" if all(c.passed for c in checks) else "failed", list(checks), note)
+
+    @classmethod
+    def unchecked(cls, note: str) -> Calibration:
+        return cls("unchecked", [], note)
+
+    def to_dict(self) -> dict:
+        out = {"status": self.status, "checks": [c.to_dict() for c in self.checks]}
+        return out if self.note is None else {**out, "note": self.note}
+
+
+TEXT_FIELDS = ("chunk_by", "per_chunk", "mean_chars", "mean_tokens", "max_tokens", "truncated_chunks", "rendering")
+
+
+@dataclass
+class TextAccounting:
+    """How the text was cut and rendered (report.json's ``text``): words or tokens per chunk, characters and tokens
+    per held-out chunk, the rendering the bits are counted over and the decoder's targets."""
+
+    chunk_by: str
+    per_chunk: Any
+    mean_chars: float
+    mean_tokens: float
+    max_tokens: int
+    truncated_chunks: int
+    rendering: str
+    targets: dict | None = None
+    """The decoder's targets (:meth:`memlab.probes.targets.Targets.describe`)."""
+    extra: dict = field(default_factory=dict)
+    """Any further key the text's accounting holds, kept as it is."""
+
+    @classmethod
+    def from_dict(cls, text: dict) -> TextAccounting:
+        """From :func:`memlab.probes.chunks.public_text`."""
+        rest = {k: v for k, v in text.items() if k not in TEXT_FIELDS and k != "targets"}
+        return cls(**{k: text[k] for k in TEXT_FIELDS}, targets=text.get("targets"), extra=rest)
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in TEXT_FIELDS}
+        return {**out, **({"targets": self.targets} if self.targets is not None else {}), **self.extra}
+
+    @property
+    def target_rendering(self) -> str:
+        """The rendering the bits are counted over: the targets' when they have one, else the text's."""
+        return (self.targets or {}).get("rendering", self.rendering)
+
+
 @dataclass
 class Fit:
     """One fit of a set of cached embeddings (:func:`memlab.probes.run.fit_one`): what a probe's report, every row
@@ -44,16 +228,20 @@ class Fit:
     """The kept sequence decoder's held-out metrics (None: no sequence decoder)."""
     control: dict | None = None
     """The control's held-out metrics (None: no control)."""
+    probe_chunks: ChunkScores | None = None
+    """The probe's numbers per held-out chunk (its intervals' input)."""
+    control_chunks: ChunkScores | None = None
+    """The control's numbers per held-out chunk."""
     information_gain: float | None = None
     control_shared_with: str | None = None
     """The probe that trained the control this fit reuses (None: trained here, or none)."""
     limited_by: str | None = None
     readouts: dict = field(default_factory=dict)
-    """Each read-out's result by name."""
+    """Each read-out's :class:`ReadoutResult` by name."""
     readings: dict = field(default_factory=dict)
-    """Each reading with its interval: {name: {value, low, high}}."""
+    """Each :class:`Reading` by name."""
     retention: str = ""
-    calibration: dict = field(default_factory=dict)
+    calibration: Calibration | None = None
     history: dict = field(default_factory=lambda: {"probe": [], "control": []})
     timing: dict = field(default_factory=lambda: {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0})
     """Seconds: the decoders' (``train_s``, ``control_s``) and the read-outs' (``bow_s``, report.json's name)."""
@@ -67,7 +255,9 @@ class Fit:
 class ProbeReport:
     """One probe run. ``to_dict()`` is report.json; ``fitted`` (the fitted probe, an EmbeddingSpace) is not saved.
 
-    ``report["key"]`` reads a field as report.json would hold it (``report["_fitted"]``: the fitted probe).
+    Its parts are typed (:class:`Reading`, :class:`ReadoutResult`, :class:`Calibration`, :class:`TextAccounting`)
+    and read by attribute; ``report["key"]`` reads a field as report.json holds it (``report["_fitted"]``: the
+    fitted probe).
     """
 
     model: str
@@ -77,18 +267,18 @@ class ProbeReport:
     seq_len: int
     n_train: int
     n_eval: int
-    text: dict
+    text: TextAccounting
     """How the text was cut and rendered: chunk_by, words or tokens per chunk, characters, tokens, rendering."""
     probe: dict | None
     control: dict | None
     information_gain: float | None
     readings: dict
-    """Each reading with its interval: {name: {value, low, high}} (memlab.probes.intervals)."""
+    """Each :class:`Reading` by name (:mod:`memlab.probes.intervals`); report.json: {name: {value, low, high}}."""
     retention: str
     """One line: the bits the embedding adds with their interval, or 'no evidence of retention'."""
     readouts: dict
-    """Each read-out's result by name."""
-    calibration: dict
+    """Each read-out's :class:`ReadoutResult` by name."""
+    calibration: Calibration
     limited_by: str | None = None
     control_shared_with: str | None = None
     decoder: dict | None = None
@@ -105,7 +295,7 @@ class ProbeReport:
     schema_version: int = SCHEMA_VERSION
     """The layout of this report (:data:`SCHEMA_VERSION`)."""
     fitted: Any = field(default=None, repr=False, compare=False)
-    bow: dict | None = None
+    bow: ReadoutResult | None = None
     """report.json's ``bow``: ``readouts["bow"]`` again, kept for the scripts that read it (schema version 1)."""
 
     def __post_init__(self):
@@ -114,14 +304,15 @@ class ProbeReport:
 
     def to_dict(self) -> dict:
         """report.json's content (JSON types only; without the fitted probe)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fitted"}
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "fitted"}
 
     def __getitem__(self, key: str):
+        """A field as report.json holds it (``report["readings"]["bits_per_chunk"]["value"]``)."""
         if key == "_fitted":
             return self.fitted
         if key not in {f.name for f in fields(self)} or key == "fitted":
             raise KeyError(key)
-        return getattr(self, key)
+        return jsonable(getattr(self, key))
 
     def get(self, key: str, default=None):
         try:

@@ -47,7 +47,7 @@ from memlab.probes.options import ProbeOptions, load_options, resolved, train_si
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
                                  readout_gains, takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
-from memlab.probes.result import Fit, ProbeReport
+from memlab.probes.result import DecoderScores, Fit, ProbeReport, Reading, ReadoutResult, TextAccounting
 from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
@@ -94,20 +94,13 @@ def fit_length(encoder, ids: torch.Tensor):
     return encoder
 
 
-def _public(m: dict | None) -> dict | None:
-    """A metrics dict without its per-chunk arrays (keys starting with ``_``)."""
-    return None if m is None else {k: v for k, v in m.items() if not k.startswith("_")}
-
-
-def interval_readings(opts, eval_ids, tok, probe, control, chars=None, readouts: dict | None = None) -> dict:
-    """:func:`memlab.probes.intervals.readings` of fitted metrics (their ``_per_chunk`` parts); ``readouts``: every
-    fitted read-out by name."""
+def interval_readings(opts, fit: Fit, eval_ids, tok, chars=None) -> dict[str, Reading]:
+    """:func:`memlab.probes.intervals.readings` of a fit's numbers per held-out chunk (its decoders' and its
+    read-outs')."""
     chars = chars if chars is not None else chunks.chunk_chars(eval_ids, tok)
-    per = {k: v["_per_chunk"] for k, v in (readouts or {}).items() if v.get("_per_chunk")}
-    return readings((probe or {}).get("_per_chunk"), (control or {}).get("_per_chunk"), chars,
-                    (probe or {}).get("_tf1"), (control or {}).get("_tf1"), n_resamples=opts.ci_resamples,
-                    level=opts.ci_level, seed=opts.seed, readouts=per, free_probe=(probe or {}).get("_free_hits"),
-                    free_control=(control or {}).get("_free_hits"))
+    per = {k: v.chunks for k, v in fit.readouts.items() if v.chunks is not None}
+    return readings(fit.probe_chunks, fit.control_chunks, chars, n_resamples=opts.ci_resamples, level=opts.ci_level,
+                    seed=opts.seed, readouts=per)
 
 
 def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):
@@ -149,11 +142,14 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
                               fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
                                           context=context, device=opts.device))
         out.timing["bow_s"] += out.readouts[name]["seconds"]
-    out.readings = interval_readings(opts, eval_ids, tok, out.probe, out.control, chars, out.readouts)
+    # the per-chunk numbers move out of the metrics into typed fields
+    if (probe := DecoderScores.split(out.probe)) is not None:
+        out.probe, out.probe_chunks, out.reconstruction = probe.metrics, probe.chunks, probe.reconstruction
+    if (control := DecoderScores.split(out.control)) is not None:
+        out.control, out.control_chunks = control.metrics, control.chunks
+    out.readouts = {k: ReadoutResult.split(k, v) for k, v in out.readouts.items()}
+    out.readings = interval_readings(opts, out, eval_ids, tok, chars)
     out.retention = retention(out.readings, opts.ci_level, readout_gains(out.readouts))
-    out.reconstruction = (out.probe or {}).get("_reconstruction")
-    out.probe, out.control = _public(out.probe), _public(out.control)
-    out.readouts = {k: _public(v) for k, v in out.readouts.items()}
     out.calibration = calibration(opts, tok, train_ids, eval_ids, out)
     return out
 
@@ -168,7 +164,7 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: Fit, tex
         model=opts.model if not opts.random_init else f"{opts.model} (random init)",
         encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(targets.tokenizer), seq_len=opts.seq_len,
         n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
-        text=chunks.public_text(text),
+        text=TextAccounting.from_dict(chunks.public_text(text)),
         decoder=None if dec is None else {"kind": opts.decoder, "targets_in": targets.name,
                                           "parameters": sum(p.numel() for p in dec.parameters()),
                                           "trained_parameters": sum(p.numel() for p in dec.parameters()

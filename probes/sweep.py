@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,59 +26,110 @@ from memlab.errors import ModelError
 from memlab.probes.cache import encode_data
 from memlab.probes.chunks import public_text
 from memlab.probes.parts import readout_columns, readout_context
-from memlab.probes.result import Fit
+from memlab.probes.result import Fit, Reading, jsonable
 from memlab.probes.run import control_key, fit_one, setup
 from memlab.probes.train import Timer
 
 
-def _row(fit: Fit) -> dict:
-    """A sweep's row: the readings (with their intervals under ``readings``) of one fit."""
-    row = {}
-    for name, result in fit.readouts.items():  # each read-out's own columns
-        row.update(readout_columns(name, result))
-    r = fit.readings
-    if "bits_per_chunk" in r:
-        row.update(bits_per_chunk=r["bits_per_chunk"]["value"], bits_low=r["bits_per_chunk"]["low"],
-                   bits_high=r["bits_per_chunk"]["high"])
-    row["readings"], row["retention"] = r, fit.retention
+SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",
+          "control_accuracy", "control_token_set_f1", "information_gain", "control_free_running_accuracy")
+"""A row's decoder scores, in its JSON's order (a row without a sequence probe has none of them)."""
+
+
+@dataclass
+class SweepRow:
+    """One fit's row of a sweep (:func:`_row`): its readings with their intervals, the retention line, the decoders'
+    scores, the read-outs' own columns and the fit's seconds; the sweep sets what leads it (``layer`` or
+    ``n_train``) and, in a comparison, the ``method`` and its :class:`memlab.probes.compare.Cells`."""
+
+    readings: dict[str, Reading]
+    retention: str
+    seconds: float
+    columns: dict = field(default_factory=dict)
+    """The read-outs' own columns (each read-out's ``columns``)."""
+    bits: Reading | None = None
+    """The bits per chunk the embedding adds (None: no control)."""
+    sequence: bool = False
+    """Whether the fit has a sequence probe (its scores below are set)."""
+    token_accuracy: float | None = None
+    free_running_accuracy: float | None = None
+    token_set_f1: float | None = None
+    sentence_bleu: float | None = None
+    exact_match: float | None = None
+    ce: float | None = None
+    control_accuracy: float | None = None
+    control_token_set_f1: float | None = None
+    control_free_running_accuracy: float | None = None
+    information_gain: float | None = None
+    layer: int | None = None
+    n_train: int | None = None
+    method: str | None = None
+    cells: Any = None
+
+    def get(self, column: str):
+        """A table column's value (None: not in this row)."""
+        return self.to_dict().get(column)
+
+    def to_dict(self) -> dict:
+        """The row as layers.json and curve.json hold it."""
+        lead = {k: getattr(self, k) for k in ("layer", "n_train") if getattr(self, k) is not None}
+        row = {**lead, **self.columns}
+        if self.bits is not None:
+            row.update(bits_per_chunk=self.bits.value, bits_low=self.bits.low, bits_high=self.bits.high)
+        row.update(readings=jsonable(self.readings), retention=self.retention)
+        if self.sequence:
+            row.update({k: getattr(self, k) for k in SCORES})
+        row["seconds"] = self.seconds
+        if self.method is not None:
+            row.update(method=self.method, **self.cells.to_dict())
+        return row
+
+
+def _row(fit: Fit) -> SweepRow:
+    """A sweep's row: the readings (with their intervals) of one fit."""
+    row = SweepRow(fit.readings, fit.retention, sum(v for v in fit.timing.values()),
+                   columns={k: v for name, result in fit.readouts.items()  # each read-out's own columns
+                            for k, v in readout_columns(name, result.values).items()},
+                   bits=fit.readings.get("bits_per_chunk"))
     if fit.probe:
         p, c = fit.probe, fit.control
-        row.update(token_accuracy=p["token_accuracy"], free_running_accuracy=p.get("free_running_accuracy"),
-                   token_set_f1=p["token_set_f1"],
-                   sentence_bleu=p["sentence_bleu"], exact_match=p["exact_match"], ce=p["ce"],
-                   control_accuracy=c["token_accuracy"] if c else None,
-                   control_token_set_f1=c["token_set_f1"] if c else None, information_gain=fit.information_gain,
-                   control_free_running_accuracy=c.get("free_running_accuracy") if c else None)
-    row["seconds"] = sum(v for v in fit.timing.values())
+        row.sequence = True
+        row.token_accuracy, row.free_running_accuracy = p["token_accuracy"], p.get("free_running_accuracy")
+        row.token_set_f1, row.sentence_bleu, row.exact_match = p["token_set_f1"], p["sentence_bleu"], p["exact_match"]
+        row.ce, row.information_gain = p["ce"], fit.information_gain
+        if c:
+            row.control_accuracy, row.control_token_set_f1 = c["token_accuracy"], c["token_set_f1"]
+            row.control_free_running_accuracy = c.get("free_running_accuracy")
     return row
 
 
 def _own_columns(fit: Fit) -> list[str]:
     """The columns the read-outs of ``fit`` add to a sweep's table (each read-out's own)."""
-    return [k for name, result in fit.readouts.items() for k in readout_columns(name, result)]
+    return [k for name, result in fit.readouts.items() for k in readout_columns(name, result.values)]
 
 
-def _table(rows: list[dict], first: str, own: list[str]) -> str:
+def _table(rows: list[SweepRow], first: str, own: list[str]) -> str:
     """The sweep's markdown table: ``first``, the bits, the read-outs' own columns ``own``, the decoder's."""
     cols = [first, "bits_per_chunk", "bits_low", "bits_high", *own, "token_accuracy", "control_accuracy",
             "free_running_accuracy", "control_free_running_accuracy", "token_set_f1", "control_token_set_f1",
             "sentence_bleu", "information_gain", "seconds"]
-    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    dicts = [r.to_dict() for r in rows]
+    cols = [c for c in cols if any(r.get(c) is not None for r in dicts)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
+    for r in dicts:
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
                                        for c in cols) + " |")
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:
+def _plot(rows: list[SweepRow], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:
     """Shares against ``x``: the read-outs' own columns ``own`` (their recovered shares and priors) and the
     decoder's."""
     from memlab.plots import finish_axes, pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    xs = [r[x] for r in rows]
+    xs = [getattr(r, x) for r in rows]
     series = [(k, ":" if k.endswith("_prior") else "-o", k.replace("_", " ")) for k in own
               if k.endswith(("_recovered", "_prior"))]
     series += [("token_set_f1", "-s", "probe TF1"), ("control_token_set_f1", "--", "control TF1"),
@@ -86,7 +138,7 @@ def _plot(rows: list[dict], x: str, path: Path, title: str, own: list[str], logx
               ("information_gain", "-d", "information gain")]
     for key, style, label in series:
         if all(r.get(key) is not None for r in rows):
-            ax.plot(xs, [r[key] for r in rows], style, ms=4, label=label)
+            ax.plot(xs, [r.get(key) for r in rows], style, ms=4, label=label)
     if logx:
         ax.set_xscale("log")
     ax.set_ylim(0, 1)
@@ -134,10 +186,11 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
                       sequence=sequence, fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
-        rows.append({"layer": layer, **_row(fit)})
+        rows.append(replace(_row(fit), layer=layer))
         own.update(dict.fromkeys(_own_columns(fit)))
         log(f"layer {layer}: {fit.retention}")
-    payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": rows, "n_train": opts.n_train,
+    payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": [r.to_dict() for r in rows],
+               "n_train": opts.n_train,
                "text": public_text(text),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
@@ -199,20 +252,21 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             fit = fit_one(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
                           sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text["chars"],
                                texts=(text["_texts"][0][:n], text["_texts"][1]))
-            rows.append({"n_train": n, **_row(fit)})
+            rows.append(replace(_row(fit), n_train=n))
             own.update(dict.fromkeys(_own_columns(fit)))
             r = rows[-1]
             if spec is not None:
                 from memlab.probes.compare import cells
 
-                r.update(method=spec, **cells(fit, o, t))
-                log(f"{spec}, n_train {n}: {fit.retention}, {r['seconds']:.0f}s")
+                r.method, r.cells = spec, cells(fit, o, t)
+                log(f"{spec}, n_train {n}: {fit.retention}, {r.seconds:.0f}s")
                 continue
-            seq = (f"; token accuracy {r['token_accuracy']:.3f} (free-running {r['free_running_accuracy']:.3f}), "
-                   f"TF1 {r['token_set_f1']:.3f} (control "
-                   f"{r['control_token_set_f1'] or 0:.3f})" if fit.probe else "; read-outs alone")
-            log(f"n_train {n}: {fit.retention}{seq}, {r['seconds']:.0f}s")
-    payload = {"model": opts.model, "sizes": sizes, "rows": rows, "n_eval": opts.n_eval, "seq_len": opts.seq_len,
+            seq = (f"; token accuracy {r.token_accuracy:.3f} (free-running {r.free_running_accuracy:.3f}), "
+                   f"TF1 {r.token_set_f1:.3f} (control {r.control_token_set_f1 or 0:.3f})" if fit.probe
+                   else "; read-outs alone")
+            log(f"n_train {n}: {fit.retention}{seq}, {r.seconds:.0f}s")
+    payload = {"model": opts.model, "sizes": sizes, "rows": [r.to_dict() for r in rows], "n_eval": opts.n_eval,
+               "seq_len": opts.seq_len,
                "text": public_text(text),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     if opts.compare is None:
@@ -226,7 +280,7 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             k: v for k, v in vars(m).items() if v != getattr(opts, k)}} for spec, m, tgm in methods]
         table = C.table(rows)
         title = f"{opts.model}: {len(methods)} method{'s' * (len(methods) > 1)}, one encoder pass"
-        plot = lambda d: C.plot(rows, d / "compare.png", title)  # noqa: E731
+        plot = lambda d: C.plot(payload["rows"], d / "compare.png", title)  # noqa: E731
     _write(run_dir, "curve", payload, table, plot)
     log(table)
     return payload

@@ -11,6 +11,7 @@ from torch import nn
 from memlab.probes.chunks import PAD
 from memlab.probes.decoder import CompactVocab
 from memlab.probes.intervals import readings
+from memlab.probes.result import ChunkScores, DecoderScores, Reading
 from memlab.probes.scores import free_running_accuracy, free_running_hits, reconstruction_scores
 from memlab.probes.train import evaluate
 
@@ -51,17 +52,21 @@ def test_perfect_under_teacher_forcing_but_wrong_when_free_reads_high_then_low()
     assert teacher["token_accuracy"] == pytest.approx((n - 3) / n)  # only each chunk's first token is missed
     assert free["free_running_accuracy"] == 0.0  # it writes 1, 2, 3, ... and never meets the chunk
     assert free["_free_hits"] == [0, 0, 0]
-    read = readings(teacher["_per_chunk"], None, [10, 10, 10], free_probe=free["_free_hits"], n_resamples=50)
-    assert read["token_accuracy"]["value"] > 0.8 and read["free_running_accuracy"]["value"] == 0.0
+    scores = DecoderScores.split({**teacher, **free})
+    assert scores.chunks.free_hits == [0, 0, 0] and "_free_hits" not in scores.metrics
+    read = readings(scores.chunks, None, [10, 10, 10], n_resamples=50)
+    assert read["token_accuracy"].value > 0.8 and read["free_running_accuracy"] == Reading(0.0, 0.0, 0.0)
 
 
 def test_free_running_gain_is_paired_over_the_control():
-    per = {"nll": [1.0, 2.0, 3.0, 4.0], "hits": [1, 1, 1, 1], "tokens": [4, 4, 4, 4]}
-    read = readings(per, per, [10] * 4, free_probe=[4, 3, 2, 4], free_control=[1, 1, 2, 0], n_resamples=200)
-    assert read["free_running_accuracy"]["value"] == pytest.approx(13 / 16)
+    def per(free):
+        return ChunkScores(nll=[1.0, 2.0, 3.0, 4.0], hits=[1, 1, 1, 1], tokens=[4, 4, 4, 4], free_hits=free)
+
+    read = readings(per([4, 3, 2, 4]), per([1, 1, 2, 0]), [10] * 4, n_resamples=200)
+    assert read["free_running_accuracy"].value == pytest.approx(13 / 16)
     gain = read["free_running_accuracy_gain"]
-    assert gain["value"] == pytest.approx(9 / 16) and 0 < gain["low"] <= gain["value"] <= gain["high"]
-    assert "free_running_accuracy_gain" not in readings(per, per, [10] * 4, free_probe=[4, 3, 2, 4], n_resamples=20)
+    assert gain.value == pytest.approx(9 / 16) and 0 < gain.low <= gain.value <= gain.high
+    assert "free_running_accuracy_gain" not in readings(per([4, 3, 2, 4]), per(None), [10] * 4, n_resamples=20)
 
 
 class _Tok:

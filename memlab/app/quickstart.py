@@ -228,16 +228,17 @@ def format_table(rows: list[dict]) -> str:
 
 def _row(e: Entry, rep, seconds: float) -> dict:
     p, c, b = rep.probe or {}, rep.control or {}, rep.bow
-    return {"name": e.name, "embedding": e.embedding, "dim": rep.encoder["dim"], "readings": rep.readings,
-            "retention": rep.retention, "bits_per_chunk": rep.readings.get("bits_per_chunk", {}).get("value"),
+    bits = rep.readings.get("bits_per_chunk")
+    return {"name": e.name, "embedding": e.embedding, "dim": rep.encoder["dim"],
+            "readings": {k: r.to_dict() for k, r in rep.readings.items()},
+            "retention": rep.retention, "bits_per_chunk": bits.value if bits is not None else None,
             "entropy_ratio": p.get("entropy_ratio"), "token_accuracy": p.get("token_accuracy"),
             "free_running_accuracy": p.get("free_running_accuracy"), "control_accuracy": c.get("token_accuracy"), "token_set_f1": p.get("token_set_f1"),
             "control_token_set_f1": c.get("token_set_f1"), "sentence_bleu": p.get("sentence_bleu"),
-            "information_gain": rep.information_gain, "bow_recovered": b["recovered"], "bow_prior": b["prior"],
-            "calibration": rep.calibration["status"] if e.name.startswith("synthetic:") else "",
+            "information_gain": rep.information_gain, "bow_recovered": b.recovered, "bow_prior": b.prior,
+            "calibration": rep.calibration.status if e.name.startswith("synthetic:") else "",
             "limited_by": rep.limited_by, "seconds": seconds, "vocab_size": rep.vocab_size,
-            "mean_tokens": rep.text["mean_tokens"],
-            "rendering": (rep.text.get("targets") or {}).get("rendering", rep.text["rendering"])}  # the bits' text
+            "mean_tokens": rep.text.mean_tokens, "rendering": rep.text.target_rendering}  # the bits' text
 
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
@@ -363,7 +364,7 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
     if failed:
         from memlab.probes.report import seen_line
 
-        seen = (reports[failed[0]].text.get("targets") or {}).get("seen_in_training")
+        seen = (reports[failed[0]].text.targets or {}).get("seen_in_training")
         print(f"WARNING: calibration failed ({', '.join(failed)}): at these options the probe cannot read all that is "
               "there; low readings above say the probe could not see, not that the models forgot"
               + (f" ({seen_line(seen)})" if seen else ""))
