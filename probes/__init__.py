@@ -5,8 +5,8 @@ A probe is a composition of registered parts (:mod:`memlab.probes.parts`); the b
 
 from memlab.probes import builtin_parts  # noqa: F401  (registers the probe's own parts)
 from memlab.probes import pretrained  # noqa: F401  (registers decoder=pretrained:NAME)
+from memlab.probes.lengths import probe  # noqa: F401  (the Python API: a probe, or a length sweep)
 from memlab.probes.options import ProbeOptions
-from memlab.probes.run import probe  # noqa: F401  (the Python API)
 from memlab.probes.space import load_probe
 from memlab.registry import SPACES, VERB_RECIPES, VerbRecipe
 

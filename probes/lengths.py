@@ -1,7 +1,7 @@
 """Retention against length: the same text cut at several lengths, each length fitted and scored, on one model load.
 
 :func:`run_length_sweep` (``memlab probe --seq-len 8,16,32,64,128``, ``seq_len: [8, 16, 32]`` in a probe config,
-``seq_len=8,16`` as ``key=value``, ``probe("minilm", seq_len=[8, 16])``):
+``seq_len=8,16`` as ``key=value``, ``memlab.probes.probe("minilm", seq_len=[8, 16])``, :func:`probe`):
 
 1. the encoder is loaded once, for the longest length; a length it cannot read (longer than its positions) is
    refused, naming its limit, before any text is cut;
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, is_dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,8 @@ from memlab.probes import cache, chunks
 from memlab.probes.intervals import cell
 from memlab.probes.options import seq_lens
 from memlab.probes.parts import check_readouts, readout_context
-from memlab.probes.run import claim_out, control_key, fit_length, fit_one, load_encoder, resolved
+from memlab.probes.run import (claim_out, control_key, fit_length, fit_one, load_encoder, load_options, resolved,
+                               run_probe)
 from memlab.probes.sweep import _row
 from memlab.probes.targets import make_targets
 from memlab.probes.train import Timer
@@ -90,9 +91,7 @@ def cut_lengths(opts, encoder, lengths: list[int]) -> dict[int, tuple]:
 
 def as_dict(row) -> dict:
     """A sweep row (:func:`memlab.probes.sweep._row`) as a JSON-able dict."""
-    if isinstance(row, dict):
-        return dict(row)
-    return row.to_dict() if hasattr(row, "to_dict") else asdict(row) if is_dataclass(row) else dict(vars(row))
+    return row.to_dict() if hasattr(row, "to_dict") else dict(row)
 
 
 def length_row(n: int, o, text: dict, tg, fit) -> dict:
@@ -116,7 +115,7 @@ def _cells(row: dict) -> list[str]:
     return [str(row["seq_len"]), f"{row['tokens_per_chunk']:.1f}", c("bits_per_chunk", True),
             c("bits_per_token", True), c("token_accuracy", False), _num(row.get("control_accuracy")),
             c("free_running_accuracy", False), _num(row.get("control_free_running_accuracy")),
-            f"{row['seconds']:.0f}"]
+            f"{row['seconds'] + row.get('encode_s', 0.0):.0f}"]
 
 
 def _num(v) -> str:
@@ -207,12 +206,12 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
         except BaseException:
             line.close()  # the length's line stays: the error printed next is about it
             raise
-        rows.append(length_row(n, o, text, tg, fit))
+        rows.append({**length_row(n, o, text, tg, fit), "encode_s": t_enc.seconds})
         r = rows[-1]
         seq = (f"; token accuracy {r['token_accuracy']:.3f}" + (f" (free-running {r['free_running_accuracy']:.3f})"
                if r.get("free_running_accuracy") is not None else "") if fit.probe else "")
         line.done(f"{r['tokens_per_chunk']:.1f} tokens per chunk: {fit.retention}{seq}, "
-                  f"{r['seconds'] + t_enc.seconds:.0f}s")
+                  f"{r['seconds'] + r['encode_s']:.0f}s")
     first = data[lengths[0]][0]
     payload = {"model": opts.model, "pool": getattr(encoder, "pool", None), "chunk_by": opts.chunk_by,
                "lengths": lengths, "rows": rows, "n_train": first.n_train, "n_eval": first.n_eval,
@@ -224,3 +223,14 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
         payload["run_dir"] = str(run_dir)
     print(text)
     return payload
+
+
+def probe(model: str = "minilm", out: str | Path | None = None, config: str | Path | None = None, encoder=None,
+          **options):
+    """Python API (``memlab.probes.probe``): probe ``model`` with ProbeOptions fields as keywords and return the
+    typed report (as :func:`memlab.probes.run.probe`); with a list of lengths (``seq_len=[8, 16, 32]``), run the length
+    sweep and return its curve's content (curve.json's dict)."""
+    opts = load_options(config, model=model, **options)
+    if len(seq_lens(opts)) > 1:
+        return run_length_sweep(opts, out, encoder=encoder)
+    return run_probe(opts, out, encoder=encoder)

@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from memlab.app.cli import main
+from memlab.errors import ConfigError
 from memlab.probes import lengths
 from memlab.probes.options import load_options
+from memlab.probes.run import run_probe
 from tests.conftest import one_line_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,6 +86,8 @@ def test_lengths_from_yaml_key_value_and_the_api(tmp_path):
     got = probe("synthetic:concat", seq_len=[3, 6], chunk_by="tokens", readouts=[], n_train=24, n_eval=8, epochs=1,
                 hidden_size=16, num_heads=2, num_layers=1, ci_resamples=50, select_decoder=False, progress=False)
     assert [r["seq_len"] for r in got["rows"]] == [3, 6] and got["model"] == "synthetic:concat"
+    with pytest.raises(ConfigError, match="length sweep"):  # one probe run takes one length
+        run_probe(load_options(None, ["seq_len=3,6"], model="synthetic:concat"))
 
 
 @pytest.mark.parametrize("extra, words", [
