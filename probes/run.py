@@ -190,8 +190,8 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     (the resolved options first)."""
     opts = resolved(opts)  # checked once: options from load_options are not checked again
     if isinstance(opts.seq_len, list):
-        raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.lengths."
-                          "run_length_sweep (or probe(...), memlab probe --seq-len)")
+        raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.probe, "
+                          "memlab.probes.lengths.run_length_sweep or memlab probe --seq-len")
     claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -266,12 +266,8 @@ def probe(model: str = "minilm", out: str | Path | None = None, config: str | Pa
           **options) -> ProbeReport:
     """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
-    ``report.fitted`` is the fitted probe (an EmbeddingSpace). A list of lengths (``seq_len=[8, 16, 32]``) is a
-    length sweep: it returns the curve's content (:func:`memlab.probes.lengths.run_length_sweep`).
+    ``report.fitted`` is the fitted probe (an EmbeddingSpace). ``memlab.probes.probe`` also takes a list of lengths
+    (a length sweep, :func:`memlab.probes.lengths.probe`).
     """
     opts = load_options(config, model=model, **options)
-    if isinstance(opts.seq_len, list):
-        from memlab.probes.lengths import run_length_sweep  # lengths builds on this module
-
-        return run_length_sweep(opts, out, encoder=encoder)
     return run_probe(opts, out, encoder=encoder)
