@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from memlab.devices import resolve_device
 from memlab.errors import ConfigError, ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
+from memlab.probes.control_cache import ControlCache
 from memlab.probes.group import train_readouts
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
@@ -52,7 +55,7 @@ from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
 from memlab.probes.targets import make_targets
-from memlab.probes.train import Timer, fit_decoders, information_gain
+from memlab.probes.train import Timer, build_decoder, fit_decoders, information_gain
 from memlab.rundir import claim
 
 ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
@@ -67,6 +70,13 @@ def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids
     from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
     decoder_side = {k: v for k, v in vars(opts).items() if k not in ENCODER_SIDE}
     return cache.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
+
+
+def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int):
+    """A fresh decoder of ``opts`` for embeddings of width ``embed_dim`` on the probe's device: what a control kept on
+    disk is loaded into (:class:`~memlab.probes.control_cache.ControlCache`)."""
+    dec = build_decoder(embed_dim, tokenizer, train_ids, opts, compact=opts.compact_vocab)
+    return dec.to(resolve_device(opts.device))
 
 
 def load_encoder(opts: ProbeOptions, encoder=None):
@@ -236,7 +246,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
-    same decoder options is reused from it (the report names the probe that trained it).
+    same decoder options is reused from it (the report names the probe that trained it). With ``opts.cache_dir``
+    control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.control_cache`).
     """
     t_start = time.perf_counter()
     # load the encoder and cut the text
@@ -244,6 +255,9 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     # encode once
     with Timer() as t_enc:
         z_train, z_eval, cached = cache.encode_data(opts, encoder, train_ids, eval_ids)
+    if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
+        control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
+                                     control_cache)
     # fit the decoders, read out, score, put intervals on the readings
     fit = fit_one(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache,
                   control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=opts.sequence,

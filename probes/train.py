@@ -246,7 +246,8 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
        will be (epoch 0 counted), so that the probe gets no training the control did not get; the second run is the
        control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start, the first
-       run's metrics, the first run's history).
+       run's metrics, the first run's history); the first run's metrics are None until a kept scratch probe reads
+       them (its greedy reconstruction costs seconds).
     2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
        pathway (:func:`contain`), trained with epoch 0 beside the probe trained from its own random start (the
        *scratch* candidate), as one group, with the read-out members ``readouts``.
@@ -269,7 +270,7 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
                                               desc="control decoder (second run)", batched=batched, epoch0=True)
         hist_c = hist_1 + [{**h, "run": 2} for h in hist_2]
         const_eval = z_train.mean(0, keepdim=True).expand_as(z_eval)
-        mc, mc_1 = _scored(dec_c, opts, tok, const_eval, eval_ids), _scored(start, opts, tok, const_eval, eval_ids)
+        mc, mc_1 = _scored(dec_c, opts, tok, const_eval, eval_ids), None  # the first run's: scored when read
         if cache is not None:
             cache[key] = (mc, hist_c, owner, dec_c, start, mc_1, hist_1)
         control_out, first_out = (mc, hist_c, secs_1 + secs_2, None), (mc_1, hist_1, secs_1, None)
@@ -311,6 +312,11 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
                                 "included), of the control's first run and of the probe trained from a random start; "
                                 "kept: the probe furthest below its own control (the contained probe's: the second "
                                 "run, the scratch probe's: the first), else the control"}
+    if kept == "scratch" and first_out[0] is None:  # the first run's scores are read only with a kept scratch probe
+        first_out = (_scored(start, opts, tok, z_train.mean(0, keepdim=True).expand_as(z_eval), eval_ids),
+                     *first_out[1:])
+        if cache is not None:
+            cache[key] = (*cache[key][:5], first_out[0], cache[key][6])
     return {"probe": (dec, m, h_kept, sum(secs.values())), "control": first_out if kept == "scratch" else control_out}
 
 
