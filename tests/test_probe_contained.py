@@ -14,6 +14,7 @@ import torch
 
 from memlab.probes.group import DecoderGroup, held_back_rows, train_decoders
 from memlab.probes.options import ProbeOptions
+from memlab.probes.result import DecoderScores, Fit
 from memlab.probes.run import interval_readings
 from memlab.probes.train import _new_decoder, contain, fit_decoders
 
@@ -124,6 +125,11 @@ def test_the_kept_probe_is_never_above_its_control(tokenizer, chunks_of):
     assert m["decoder_choice"]["kept"] in ("plain", "bag_head")
 
 
+def _scored(probe: dict, control: dict) -> Fit:
+    """A fit of the probe's and the control's held-out metrics, their per-chunk numbers in typed fields."""
+    return Fit(probe_chunks=DecoderScores.split(probe).chunks, control_chunks=DecoderScores.split(control).chunks)
+
+
 def test_a_probe_that_cannot_improve_keeps_epoch_0_and_reads_zero_bits(tokenizer, chunks_of):
     """No step can change the weights (learning rate 0): the probe kept is its control, bit for bit on the held-out
     chunks, reading exactly 0 bits; the cached control serves a second probe of another width."""
@@ -139,8 +145,8 @@ def test_a_probe_that_cannot_improve_keeps_epoch_0_and_reads_zero_bits(tokenizer
     assert m["start"]["scratch"] > m["start"]["control"]  # a random start, untrained: above the trained control
     assert m["start"]["kept"] == "control" and [h for h in hist if "best_step" in h][-1]["best_step"] == 0
     assert np.array_equal(m["_per_chunk"]["nll"], mc["_per_chunk"]["nll"])
-    bits = interval_readings(opts, ev, tokenizer, m, mc)["bits_per_chunk"]
-    assert bits["value"] == 0.0
+    bits = interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"]
+    assert bits.value == 0.0
 
 
 def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chunks_of):
@@ -159,4 +165,4 @@ def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chun
     (h_p,), _ = train_decoders([probe], [z[:48]], tr, opts, epoch0=True)
     assert [h["val_ce"] for h in h_p if "val_ce" in h] == [h["val_ce"] for h in got["control"][1] if h.get("run") == 2
                                                           and "val_ce" in h]
-    assert interval_readings(opts, ev, tokenizer, m, mc)["bits_per_chunk"]["value"] == 0.0
+    assert interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"].value == 0.0
