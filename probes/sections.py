@@ -50,7 +50,8 @@ class EncoderSection:
     encode_batch_size: int = 32
     """Chunks per encoder call."""
     cache_dir: str | None = None
-    """Cache embeddings on disk (safetensors) here and reuse them; default: in memory only."""
+    """Cache embeddings and trained controls on disk (safetensors, JSON) here and reuse them; default: in memory
+    only."""
 
 
 @dataclass

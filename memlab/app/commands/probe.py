@@ -34,7 +34,7 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
     "--hidden-size": ("hidden_size", int, "decoder width (decoder=llama)"),
     "--num-layers": ("num_layers", int, "decoder blocks (decoder=llama)"),
     "--corpus": ("corpus", str, "corpus of the held-out text"),
-    "--cache-dir": ("cache_dir", str, "cache embeddings on disk here (safetensors) and reuse them"),
+    "--cache-dir": ("cache_dir", str, "cache embeddings and trained controls on disk here and reuse them"),
     "--device": ("device", str, "auto (the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed"),
     "--dtype": ("encoder_dtype", str, "encoder weights: auto (bf16 where the device multiplies it natively, else "
