@@ -148,10 +148,14 @@ def plot(rows: list[dict], path: Path, title: str, chunk_by: str) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [r["seq_len"] for r in rows]
     _band(left, xs, rows, "bits_per_chunk", "-o", "bits per chunk", "C0")
-    left.axhline(0, color="grey", lw=0.8)
     twin = left.twinx()  # bits per token on its own scale
     _band(twin, xs, rows, "bits_per_token", "-s", "bits per token", "C1")
     twin.set_ylabel("bits per token")
+    for ax in (left, twin):  # both bit scales from zero (or below it, with a line at zero)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 0.0), max(hi, 0.0))
+        if lo < 0:
+            ax.axhline(0, color="grey", lw=0.8)
     for key, style, label, color in (("token_accuracy", "-^", "probe, teacher-forced", "C0"),
                                      ("free_running_accuracy", "-v", "probe, free-running", "C1")):
         _band(right, xs, rows, key, style, label, color)
@@ -164,8 +168,11 @@ def plot(rows: list[dict], path: Path, title: str, chunk_by: str) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
     finish_axes(left, f"seq_len ({chunk_by})", "bits per chunk")
+    if left.get_legend() is not None:  # both axes' lines in one legend, drawn above both
+        left.get_legend().remove()
     handles = [h for a in (left, twin) for h in a.get_legend_handles_labels()[0]]
-    left.legend(handles, [h.get_label() for h in handles], fontsize=8)  # both axes' lines in one legend
+    if handles:
+        twin.legend(handles, [h.get_label() for h in handles], fontsize=8)
     finish_axes(right, f"seq_len ({chunk_by})", "token accuracy", legend_fontsize=8)
     fig.suptitle(title)
     return save_figure(fig, path)
