@@ -24,8 +24,9 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,7 +118,8 @@ class ControlCache:
         self._write(key, entry)
 
     def __len__(self) -> int:
-        on_disk = {p.name for p in self.folder.iterdir() if (p / "entry.json").is_file()} if self.folder.is_dir() else set()
+        on_disk = ({p.name for p in self.folder.iterdir() if (p / "entry.json").is_file()} if self.folder.is_dir()
+                   else set())
         return len(on_disk | set(self.memory))
 
     def _read(self, key: str) -> tuple | None:
