@@ -5,6 +5,7 @@ line, exit 2, nothing written."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -119,3 +120,15 @@ def test_a_limit_names_the_models_positions(tiny_llama, small_corpus, tmp_path, 
     line = one_line_error(capsys)
     assert "seq_len 100 tokens is longer than" in line and "reads: 48 tokens" in line, line
     assert not (tmp_path / "x").exists()
+
+
+def test_every_length_scores_as_many_held_out_chunks(tiny_llama, small_corpus, capsys):
+    opts = load_options(None, [*TINY, "n_eval=100000", "seq_len=[3,6]"], model=str(tiny_llama),
+                        corpus=str(small_corpus))
+    enc = lengths.load_encoder(replace(opts, seq_len=6))
+    data = lengths.cut_lengths(opts, enc, [3, 6])
+    counts = {n: d[2].shape[0] for n, d in data.items()}
+    assert counts[3] == counts[6] < 100000  # the split holds fewer chunks of 6 words: that many at every length
+    assert all(d[1].shape[0] == 48 for d in data.values())  # and the same training chunks' number
+    assert data[3][3]["per_chunk"] == "3 words" and data[6][3]["per_chunk"] == "6 words"
+    assert lengths.cut_lengths(replace(opts, seq_len=[3]), enc, [3])[3][2].shape[0] > counts[3]  # alone: more
