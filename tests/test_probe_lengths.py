@@ -58,7 +58,7 @@ def test_each_length_is_fitted_on_one_encoder_load(sweep):
             assert r["free_running_accuracy"] == pytest.approx(read["free_running_accuracy"]["value"])
 
 
-def test_the_curve_files_and_progress(sweep, capsys):
+def test_the_curve_files(sweep):
     _, out, _ = sweep
     table = (out / "curve.md").read_text().splitlines()
     assert table[0].startswith("| seq_len (words) | tokens per chunk | bits per chunk | bits per token")
