@@ -120,7 +120,8 @@ class ReadoutResult:
 
     @classmethod
     def split(cls, name: str, result: dict) -> ReadoutResult:
-        """A read-out's result dict (:func:`memlab.probes.parts.fit_readout`), its ``_per_chunk`` moved to ``chunks``."""
+        """A read-out's result dict (:func:`memlab.probes.parts.fit_readout`), its ``_per_chunk`` moved into
+        ``chunks``."""
         return cls(name, {k: v for k, v in result.items() if not k.startswith("_")}, result.get("_per_chunk") or None)
 
     @property
