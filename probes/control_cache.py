@@ -7,7 +7,7 @@ that :func:`memlab.probes.train.fit_decoders` reads and fills (``key in cache``,
 ``cache[key] = entry``; an entry is ``(metrics, history, owner, control, start, first-run metrics, first-run
 history)``) and keeps every entry it is given on disk as well::
 
-    CACHE_DIR/controls/<key>/
+    CACHE_DIR/controls/<key>-<side>/     side: the compute side (:func:`compute_side`), e.g. cpu-bf16-members
         control.safetensors   the control's weights (its second run)
         start.safetensors     the first run's weights (the decoder the contained probe starts from)
         entry.json            metrics, histories, owner, each decoder's embedding width
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
 
 FORMAT = "memlab-probe-control"
@@ -76,6 +77,15 @@ def decode(x: Any) -> Any:
     return x
 
 
+def compute_side(device: torch.device | str) -> str:
+    """The hardware-dependent choices a control's training depends on (:mod:`memlab.devices`): the device kind,
+    the decoders' compute dtype and whether a group runs as one batched pass. A control trained on another side
+    reads differently in the last digits, so each side keeps its own entry."""
+    dev = torch.device(device)
+    dtype = "bf16" if auto_dtype(dev) == torch.bfloat16 else "fp32"
+    return f"{dev.type}-{dtype}-{'batched' if batched_groups(dev) else 'members'}"
+
+
 def _weights(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The decoder's state as separate host tensors (tied weights are saved once per name)."""
     return {k: v.detach().to("cpu").clone().contiguous() for k, v in decoder.state_dict().items()}
@@ -86,17 +96,20 @@ class ControlCache:
     ``cache_dir/controls``.
 
     ``build(embed_dim)``: a fresh decoder of these decoder options for an embedding of that width; a cached entry's
-    weights are loaded into it (its own standardisation included)."""
+    weights are loaded into it (its own standardisation included). ``side``: :func:`compute_side` of the device the
+    decoders train on (part of each entry's folder name)."""
 
-    def __init__(self, cache_dir: str | Path, build: Callable[[int], torch.nn.Module], memory: dict | None = None):
+    def __init__(self, cache_dir: str | Path, build: Callable[[int], torch.nn.Module], memory: dict | None = None,
+                 side: str = ""):
         self.folder = Path(cache_dir) / FOLDER
         self.build = build
+        self.side = side
         self.memory = memory if memory is not None else {}
         self.loaded: set[str] = set()
         """Keys read from disk by this object (not trained in this process)."""
 
     def entry_path(self, key: str) -> Path:
-        return self.folder / key
+        return self.folder / (f"{key}-{self.side}" if self.side else key)
 
     def __contains__(self, key: str) -> bool:
         if key in self.memory:
@@ -118,9 +131,9 @@ class ControlCache:
         self._write(key, entry)
 
     def __len__(self) -> int:
-        on_disk = ({p.name for p in self.folder.iterdir() if (p / "entry.json").is_file()} if self.folder.is_dir()
-                   else set())
-        return len(on_disk | set(self.memory))
+        tail = f"-{self.side}" if self.side else ""
+        names = [p.name for p in self.folder.iterdir() if (p / "entry.json").is_file()] if self.folder.is_dir() else []
+        return len({n[: len(n) - len(tail)] for n in names if n.endswith(tail)} | set(self.memory))
 
     def _read(self, key: str) -> tuple | None:
         """The entry kept under ``key``, or None: absent, or damaged (named in one warning line)."""
@@ -129,7 +142,7 @@ class ControlCache:
             return None
         try:
             info = json.loads((where / "entry.json").read_text())
-            if info.get("format") != FORMAT or info.get("key") != key:
+            if info.get("format") != FORMAT or info.get("key") != where.name:
                 raise ValueError("not a control entry of this key")
             decs = []
             for name in DECODERS:
@@ -155,13 +168,13 @@ class ControlCache:
         """``entry`` under ``key``: written in a temporary folder, renamed when whole (replacing an older one)."""
         metrics, history, owner, control, start, metrics_1, history_1 = entry
         final = self.entry_path(key)
-        tmp = self.folder / f".{key}.tmp-{os.getpid()}"
+        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             for name, dec in zip(DECODERS, (control, start)):
                 save_file(_weights(dec), str(tmp / f"{name}.safetensors"))
-            info = {"format": FORMAT, "key": key,
+            info = {"format": FORMAT, "key": final.name,
                     "embed_dim": {n: int(d.config.embed_dim) for n, d in zip(DECODERS, (control, start))},
                     "entry": encode({"metrics": metrics, "history": history, "owner": owner, "metrics_1": metrics_1,
                                      "history_1": history_1})}

@@ -43,7 +43,7 @@ from memlab.devices import resolve_device
 from memlab.errors import ConfigError, ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
-from memlab.probes.control_cache import ControlCache
+from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.group import train_readouts
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
@@ -257,7 +257,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         z_train, z_eval, cached = cache.encode_data(opts, encoder, train_ids, eval_ids)
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
         control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
-                                     control_cache)
+                                     control_cache, side=compute_side(resolve_device(opts.device)))
     # fit the decoders, read out, score, put intervals on the readings
     fit = fit_one(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache,
                   control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=opts.sequence,

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from memlab.devices import native_bf16, pretend
 from memlab.probes import train
-from memlab.probes.control_cache import FOLDER, decode, encode
+from memlab.probes.control_cache import FOLDER, compute_side, decode, encode
 from memlab.probes.run import load_options, run_probe
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=64", "n_eval=16",
@@ -65,7 +66,7 @@ def greedy_scorings(monkeypatch):
 
 
 def _probe(tokenizer, corpus, cache, encoder=None, **kw):
-    opts = load_options(None, TINY, model="oracle", corpus=str(corpus), cache_dir=str(cache), **kw)
+    opts = load_options(None, TINY, model="oracle", corpus=str(corpus), cache_dir=str(cache), device="cpu", **kw)
     return run_probe(opts, encoder=encoder or FirstTokens(tokenizer))
 
 
@@ -93,6 +94,12 @@ def test_a_second_probe_reuses_the_control_from_disk(tokenizer, small_corpus, tm
     d = _probe(tokenizer, small_corpus, tmp_path, lr=1e-3)  # another decoder option: its own control
     assert control_runs["n"] == 4 and d["control_shared_with"] is None
     assert len(list((tmp_path / FOLDER).iterdir())) == 2
+    side = compute_side("cpu")
+    with pretend(bf16=not native_bf16("cpu")):  # the other compute dtype: a control of its own
+        other = compute_side("cpu")
+        e = _probe(tokenizer, small_corpus, tmp_path)
+    assert other != side and control_runs["n"] == 6 and e["control_shared_with"] is None
+    assert sorted(p.name.split("-", 1)[1] for p in (tmp_path / FOLDER).iterdir()) == sorted([side, side, other])
     assert "warning" not in capsys.readouterr().err
 
 
