@@ -11,7 +11,7 @@ word frequencies gives. Cheap (seconds on cached embeddings) and
 data-efficient: it reads content where a sequence decoder cannot yet read
 order.
 
-The head is trained by the probe's fit loop (:func:`memlab.probes.group.train_members`) as a member of its own
+The head is trained by the probe's fit loop (:func:`memlab.probes.fitloop.train_members`) as a member of its own
 (:class:`BagHeadMember`): beside the decoders when a sequence probe is fitted, alone otherwise; the loop's optimiser,
 schedule, batches and held-back chunks, its own learning rate and weight decay (:class:`~memlab.probes.sections.
 BowOptions`), its own early stopping on its held-back binary cross-entropy, counted from its start (the prior).
@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from memlab.probes.group import train_readouts
+from memlab.probes.fitloop import train_readouts
 from memlab.probes.sections import BowOptions, FitSection
 
 
@@ -89,7 +89,7 @@ def _score(head, z: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, prior: 
 
 
 class BagHeadMember:
-    """The read-out as a unit of the fit loop (:func:`memlab.probes.group.train_members`): one member, the linear
+    """The read-out as a unit of the fit loop (:func:`memlab.probes.fitloop.train_members`): one member, the linear
     head on (N, D) embeddings ``z_train`` standardised with their own statistics, labels the compact vocabulary of
     ``ids_train`` (N, T), started as the prior (zero weights, the prior's logits as bias). ``options``: its own
     (:class:`BowOptions`); ``fit``: the loop's settings (betas, clipping, batch size of the held-back pass)."""

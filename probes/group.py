@@ -16,11 +16,11 @@ step update them. What each member would have on its own, it keeps:
 * its early stopping: the held-back CE of every member is computed on the device and read once per epoch; a
   member that stops leaves the group with the weights of its best epoch, the others train on.
 
-Other trainable members join the same loop (:func:`train_members`): a read-out trained by gradient (the
-bag-of-words head, :class:`memlab.probes.bow.BagHeadMember`) is a unit of its own kind beside the decoders' group. Its
-weights are a param group of the same optimiser (its own learning rate and weight decay where its part's options say),
-it takes the same batches under the same schedule, and it stops on its own held-back loss and keeps its own best epoch.
-With no sequence decoder the loop trains the read-out alone.
+Other trainable members join the same loop (:func:`memlab.probes.fitloop.train_members`): a read-out trained by
+gradient (the bag-of-words head, :class:`memlab.probes.bow.BagHeadMember`) is a unit of its own kind beside the
+decoders' group. Its weights are a param group of the same optimiser (its own learning rate and weight decay where its
+part's options say), it takes the same batches under the same schedule, and it stops on its own held-back loss and
+keeps its own best epoch. With no sequence decoder the loop trains the read-out alone.
 
 A decoder kind without the ``prepare``/``read`` modes (``group_modes`` false: e.g. another registered decoder)
 still trains in a group, member by member, each through its own whole ``forward`` (its noise drawn there, from
@@ -34,18 +34,13 @@ device only at log points (every 10 steps) and once per epoch (the held-back CE)
 
 from __future__ import annotations
 
-import math
-import time
-
 import torch
 from torch import nn
 
 from memlab.devices import batched_groups, probe_autocast, to_device
 from memlab.errors import MemlabError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right
-from memlab.progress import progress_bar
-from memlab.train.loop import make_optimizer
-from memlab.train.schedule import warmup_cosine
+from memlab.probes.fitloop import held_back_rows, optimiser, train_members  # noqa: F401  (held_back_rows re-exported)
 
 BATCHED = "on accelerators"
 """Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one
@@ -53,10 +48,6 @@ pass instead of several small ones saves launches (:func:`memlab.devices.batched
 forces a side). On a CPU the members run one after another within each step (measured faster on 2 cores:
 docs/results/probes.md), and each member's arithmetic is then exactly what it would be alone, so a probe of a constant
 embedding equals its cached control to the last bit."""
-
-LOG_EVERY = 10
-"""Steps between the host's reads of the losses (the only syncs of the training loop besides the epoch's CE)."""
-
 
 def autocast_context(device: torch.device):
     """bf16 autocast where the device multiplies bf16 natively, a CPU included; otherwise none
@@ -153,7 +144,7 @@ class DecoderGroup:
 
     def _build(self, stacked: list[torch.Tensor], old_state: list[dict] | None) -> None:
         self.params = nn.ParameterList([nn.Parameter(t.clone()) for t in stacked])
-        self.opt = optimiser([self], self.device)  # its own, when trained alone (train_step); the loop builds one for all
+        self.opt = optimiser([self], self.device)  # its own, for train_step; the fit loop builds one for all
         if old_state is not None:  # each member keeps its own moments
             for p, st in zip(self.params, old_state):
                 self.opt.state[p] = st
@@ -269,171 +260,18 @@ class DecoderGroup:
                     own[n].copy_(t)
 
 
-def optimiser(units: list, device: torch.device, state: dict | None = None) -> torch.optim.Optimizer:
-    """One AdamW (:func:`memlab.train.loop.make_optimizer`: weight decay on matrices) over the weights of every unit
-    that still trains, each unit's groups at its own settings (``optimised()``: weights, settings with ``lr``,
-    ``weight_decay``, ``beta1``, ``beta2``, stacking dimensions), ``base_lr`` its peak learning rate; ``state``:
-    moments carried over (by weight)."""
-    opt = None
-    for u in units:
-        if not u.active:
-            continue
-        module, cfg, dims = u.optimised()
-        own = make_optimizer(module, cfg, device, batch_dims=dims)
-        for grp in own.param_groups:
-            grp["base_lr"] = cfg.lr
-            if opt is not None:
-                opt.add_param_group(grp)
-        if opt is None:
-            opt = own
-    for p, st in (state or {}).items():
-        opt.state[p] = st
-    return opt
-
-
-def held_back_rows(n: int, fraction: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rows to train on and rows held back (``fraction`` of ``n``; None when none) for early stopping."""
-    n_val = int(round(fraction * n))
-    if not n_val or n - n_val < 1:
-        return torch.arange(n), None
-    order = torch.randperm(n, generator=gen)
-    return order[n_val:], order[:n_val]
-
-
 def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
                    desc: str = "train", batched: bool | None = None, epoch0: bool = False,
                    readouts: tuple = ()) -> tuple[list[list[dict]], list[float]]:
     """Train decoders ``decs`` as one group, decoder m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T),
-    beside the read-out members ``readouts`` (each its own unit, see :func:`train_members`); returns each decoder's
-    curve and its share of the seconds (by the steps it ran). The read-outs keep theirs (``history``, ``seconds``)."""
+    beside the read-out members ``readouts`` (each a unit of its own) in the fit loop
+    (:func:`memlab.probes.fitloop.train_members`, which says how); returns each decoder's curve and its share of the
+    seconds (by the steps it ran). The read-outs keep theirs (``history``, ``seconds``)."""
     group = DecoderGroup(decs, zs, ids, opts, batched)
     hist, secs = train_members([group, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0)
     for r, h, t in zip(readouts, hist[len(decs):], secs[len(decs):]):
         r.history, r.seconds = h, t
     return hist[: len(decs)], secs[: len(decs)]
-
-
-def train_readouts(readouts: list, n_rows: int, opts, progress: bool | None = None) -> None:
-    """Train read-out members ``readouts`` (of ``n_rows`` training chunks) in the fit loop with no decoder beside
-    them, each from its start (epoch 0); each keeps its curve (``history``) and its share of the seconds."""
-    hist, secs = train_members(readouts, n_rows, opts, progress=progress, desc="read-outs", epoch0=True)
-    for r, h, t in zip(readouts, hist, secs):
-        r.history, r.seconds = h, t
-
-
-def train_members(units: list, n_rows: int, opts, progress: bool | None = None, desc: str = "train",
-                  epoch0: bool = False) -> tuple[list[list[dict]], list[float]]:
-    """The fit loop: train ``units`` (a :class:`DecoderGroup`, read-out members) on the same batches of ``n_rows``
-    chunks for up to ``opts.epochs`` epochs, with one optimiser (:func:`optimiser`) and one schedule; returns each
-    member's curve and its share of the seconds (by the steps it ran), the members in unit order.
-
-    A unit has ``active`` (its members still training), ``optimised()``, ``loss(rows) -> (G,)``, ``before_step()``,
-    ``held_back_ce(rows) -> (G,)``, ``drop(gone, state)``, ``weights(g)``, ``load_into(m, weights)`` and ``decs``
-    (its members, each put in eval mode at the end).
-
-    Early stopping (``opts.val_fraction > 0``): that share of the chunks is held back, every member's loss on them is
-    measured after every epoch, a member stops after ``opts.patience`` epochs without a new best and ends with the
-    weights of its best epoch. memlab's optimiser (:func:`memlab.train.loop.make_optimizer`: AdamW,
-    ``opts.beta1``/``beta2``, weight decay on matrices) and schedule (:func:`memlab.train.schedule.warmup_cosine`:
-    ``opts.warmup_fraction`` warmup, cosine to ``opts.min_lr_ratio``, each param group at its own peak), gradients
-    clipped at ``opts.clip_grad`` (each member on its own norm); bf16 autocast where the hardware has it
-    (:func:`memlab.devices.probe_autocast`).
-
-    ``epoch0``: the held-back loss of the starting weights is measured before the first step and counts as an epoch
-    (step 0: a best, its weights, patience counted from it), so a member that starts as a trained control (or as its
-    prior) never ends above it. The curve's last row holds ``best_val_ce`` and ``best_step`` (the kept epoch's step;
-    0: the start).
-    """
-    t0 = time.perf_counter()
-    gen = torch.Generator().manual_seed(opts.seed)
-    rows_tr, rows_val = held_back_rows(n_rows, opts.val_fraction, gen)
-    device = torch.device(opts.device)
-    first = [sum(len(u.decs) for u in units[:k]) for k in range(len(units))]  # each unit's first member
-    opt = optimiser(units, device)
-    n, bs = rows_tr.shape[0], min(opts.batch_size, rows_tr.shape[0])
-    total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
-    warm = max(1, int(opts.warmup_fraction * total))
-    g_all = first[-1] + len(units[-1].decs)
-    hist, best, bad, best_w = [[] for _ in range(g_all)], [float("inf")] * g_all, [0] * g_all, [None] * g_all
-    ran, best_step = [0] * g_all, [0] * g_all
-
-    def live():  # (unit, its first member) of the units still training
-        return [(u, f) for u, f in zip(units, first) if u.active]
-
-    if epoch0 and rows_val is not None:  # the starting weights are epoch 0
-        for u, f in live():
-            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):
-                hist[f + m].append({"step": 0, "val_ce": ce})
-                best[f + m], best_w[f + m] = ce, u.weights(g)
-    step, bar = 0, progress_bar(total, desc, progress)
-    while step < total and live():
-        perm = torch.randperm(n, generator=gen)
-        for i in range(0, n, bs):
-            if step >= total:
-                break
-            rows = rows_tr[perm[i : i + bs]]
-            losses = [(u, f, u.loss(rows)) for u, f in live()]  # each (G_u,)
-            opt.zero_grad(set_to_none=True)
-            sum(loss.sum() for _, _, loss in losses).backward()  # the members share no weight
-            for u, _, _ in losses:
-                u.before_step()
-            factor = warmup_cosine(step, warm, total, min_ratio=opts.min_lr_ratio)
-            for grp in opt.param_groups:
-                grp["lr"] = grp["base_lr"] * factor
-            opt.step()
-            step += 1
-            if step % LOG_EVERY == 0 or step == total:  # the host reads the losses here only
-                for k, (u, f, loss) in enumerate(losses):
-                    values = loss.detach().tolist()
-                    for m, value in zip(u.active, values):
-                        if not math.isfinite(value):
-                            raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning "
-                                              "rate")
-                        hist[f + m].append({"step": step, "loss": value})
-                    if k == 0:
-                        bar.set_postfix(loss=f"{values[0]:.3f}")
-            bar.update(1)
-        for u, f in live():
-            for m in u.active:
-                ran[f + m] = step
-        if rows_val is None:
-            continue
-        dropped = False
-        for u, f in live():
-            gone = []
-            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):  # one read an epoch
-                hist[f + m].append({"step": step, "val_ce": ce})
-                if ce < best[f + m]:
-                    best[f + m], bad[f + m], best_w[f + m], best_step[f + m] = ce, 0, u.weights(g), step
-                else:
-                    bad[f + m] += 1
-                if bad[f + m] >= opts.patience:
-                    gone.append(m)
-            if gone:
-                u.drop(gone, opt.state)
-                dropped = True
-        if dropped:  # the weights still training, with their moments
-            opt = optimiser(units, device, {p: st for u, _ in live() for p, st in _states(u, opt).items()})
-    bar.close()
-    for u, f in zip(units, first):
-        for g, m in enumerate(u.active):  # still training when the steps ran out: the last weights
-            if best_w[f + m] is None:
-                best_w[f + m], best_step[f + m] = u.weights(g), step
-        for m in range(len(u.decs)):
-            u.load_into(m, best_w[f + m])
-            if math.isfinite(best[f + m]):
-                hist[f + m].append({"step": ran[f + m], "best_val_ce": best[f + m], "best_step": best_step[f + m]})
-            u.decs[m].eval()
-    secs = time.perf_counter() - t0
-    return hist, [secs * r / max(sum(ran), 1) for r in ran]
-
-
-def _states(unit, opt: torch.optim.Optimizer) -> dict:
-    """The optimiser state of ``unit``'s weights: the loop's, or (rebuilt by a drop) the unit's own."""
-    module = unit.optimised()[0]
-    own = getattr(unit, "opt", None)
-    return {p: (opt.state[p] if p in opt.state else own.state[p]) for p in module.parameters()
-            if p in opt.state or (own is not None and p in own.state)}
 
 
 def train_decoder(dec, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,

@@ -94,7 +94,7 @@ class Part:
     ``NAME_recovered`` and ``NAME_prior``)."""
     member: Callable[..., Any] | None = None
     """Read-outs trained by gradient: ``member(z_train, train_ids, eval_ids, options, fit, device)`` -> a member of the
-    probe's fit loop (:func:`memlab.probes.group.train_members`; ``fit``: the probe's options) with ``history``
+    probe's fit loop (:func:`memlab.probes.fitloop.train_members`; ``fit``: the probe's options) with ``history``
     (empty until the loop trains it) and ``seconds``, whose ``result(z_eval, eval_ids)`` is what ``impl`` returns
     (with ``seconds``). A probe trains it beside its decoders (alone without them); ``impl`` fits it alone."""
 

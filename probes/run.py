@@ -44,7 +44,7 @@ from memlab.errors import ConfigError, ModelError
 from memlab.probes import cache, chunks
 from memlab.probes.calibration import calibration
 from memlab.probes.control_cache import ControlCache, compute_side
-from memlab.probes.group import train_readouts
+from memlab.probes.fitloop import train_readouts
 from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,

@@ -157,7 +157,7 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
       trained from a random start; ``metrics["start"]`` says which was kept (``control``: epoch 0, ``contained``,
       ``scratch``). Without held-back chunks all are trained together from their random starts.
 
-    ``readouts``: read-out members (:func:`memlab.probes.group.train_members`) trained in the probe's group, beside
+    ``readouts``: read-out members (:func:`memlab.probes.fitloop.train_members`) trained in the probe's group, beside
     the probe decoders; one left untrained (``history`` empty: no probe was trained, the probe is the control of a
     constant embedding) is the caller's to train.
 

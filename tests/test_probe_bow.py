@@ -1,5 +1,5 @@
-"""The bag-of-words read-out with sparse labels: the same readings as the dense N x n multi-hot fit, with labels
-built a batch at a time on the probe's device."""
+"""The bag-of-words read-out with sparse labels: the multi-hot labels built a batch at a time on the probe's device,
+never the N x n matrix, with the dense matrix's counts."""
 
 from __future__ import annotations
 
@@ -38,3 +38,12 @@ def test_sparse_labels_are_the_dense_multi_hot_a_batch_at_a_time(monkeypatch):
     assert out["_per_chunk"]["prior"] == prior and out["device"] == "cpu"  # the same counts, exactly
     assert out["recovered"] > out["prior"] + 0.1  # the bag is read, not just the prior
     assert 0 < max(fitted) <= 32  # labels exist one batch at a time, never for all 240 chunks
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_the_read_out_fits_on_the_gpu():
+    z, ids = _chunks(200)
+    cpu = bow.fit_bow(z[:160], ids[:160], z[160:], ids[160:], fit=FitSection(epochs=5))
+    gpu = bow.fit_bow(z[:160], ids[:160], z[160:], ids[160:], fit=FitSection(epochs=5), device="cuda")
+    assert gpu["device"].startswith("cuda") and gpu["prior"] == cpu["prior"]
+    assert gpu["recovered"] == pytest.approx(cpu["recovered"], abs=0.05)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from memlab.app.cli import main
-from memlab.probes import bow, group
+from memlab.probes import bow, fitloop, group
 from memlab.probes.options import ProbeOptions
 from memlab.probes.sections import BowOptions
 from memlab.probes.train import build_decoder
@@ -31,8 +31,8 @@ def _data(n: int = 96, t: int = 7):
 
 
 def _opts(**kw) -> ProbeOptions:
-    base = dict(hidden_size=16, num_heads=2, num_layers=1, seq_len=7, epochs=3, batch_size=16, patience=2,
-                val_fraction=0.25, lr=5e-3, device="cpu", progress=False)
+    base = {"hidden_size": 16, "num_heads": 2, "num_layers": 1, "seq_len": 7, "epochs": 3, "batch_size": 16,
+            "patience": 2, "val_fraction": 0.25, "lr": 5e-3, "device": "cpu", "progress": False}
     return replace(ProbeOptions(), **{**base, **kw})
 
 
@@ -47,12 +47,12 @@ def test_the_head_trains_in_the_decoders_optimiser_and_stops_on_its_own_loss(mon
     opts = _opts()
     head = bow.BagHeadMember(z, ids, ids[:8], BowOptions(bow_lr=0.05), opts)
     built = []
-    real = group.optimiser
-    monkeypatch.setattr(group, "optimiser", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    real = fitloop.optimiser
+    monkeypatch.setattr(fitloop, "optimiser", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     dec = _decoder(opts, z, ids)
     alone = _decoder(opts, z, ids)
     (h_dec,), _ = group.train_decoders([dec], [z], ids, opts, readouts=(head,))
-    opt = built[1]  # the loop's (the first: the decoders' group's own, for a step outside the loop)
+    opt = built[0]  # the loop's
     held = {id(p): g["base_lr"] for g in opt.param_groups for p in g["params"]}
     assert {id(p) for p in head.head.parameters()} <= set(held)  # one optimiser holds the head and the decoders
     assert {held[id(p)] for p in head.head.parameters()} == {0.05}  # the head at its own peak learning rate
