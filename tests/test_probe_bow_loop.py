@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 
 from memlab.app.cli import main
@@ -13,6 +14,8 @@ from memlab.probes import bow, fitloop, group
 from memlab.probes.options import ProbeOptions
 from memlab.probes.sections import BowOptions
 from memlab.probes.train import build_decoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Tok:
@@ -68,7 +71,7 @@ def test_the_head_trains_in_the_decoders_optimiser_and_stops_on_its_own_loss(mon
 
 def test_a_head_that_over_fits_stops_while_the_decoder_trains_on():
     z, ids = _data()
-    opts = _opts(epochs=6, patience=1)
+    opts = _opts(epochs=4, patience=1)
     head = bow.BagHeadMember(z, ids, ids[:8], BowOptions(bow_lr=5.0), opts)  # far too large: worse after epoch 1
     (h_dec,), _ = group.train_decoders([_decoder(opts, z, ids)], [z], ids, opts, readouts=(head,), epoch0=True)
     steps = [h["step"] for h in head.history if "val_ce" in h]
