@@ -7,6 +7,7 @@ compare a run's seconds with its rate, or the two runs' shares, not bare seconds
 average, and the readings, which must be the same in both runs.
 
     python benchmarks/probe_minilm_time.py --out runs/probe-time          # the defaults (several minutes)
+    python benchmarks/probe_minilm_time.py --out runs/probe-time --threads 1   # on a shared machine
     python benchmarks/probe_minilm_time.py --out /tmp/pt n_train=500 n_eval=100 epochs=1   # checks the harness
 
 Writes ``probe_time.json`` into ``--out`` and prints a short table.
@@ -62,8 +63,13 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="minilm")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads of the probe and of the matmul measurement (default: torch's)")
     p.add_argument("overrides", nargs="*", help="key=value probe options (default: none, the defaults)")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+        a.overrides = [*a.overrides, f"threads={a.threads}"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
