@@ -4,8 +4,8 @@ A control run depends on the token data, the vocabulary and the decoder's option
 (:func:`memlab.probes.run.control_key` hashes them), not on the encoder, so a probe of any model on the same chunks
 with the same decoder options reads the same control. :class:`ControlCache` has the interface of the in-memory dict
 that :func:`memlab.probes.train.fit_decoders` reads and fills (``key in cache``, ``cache[key]``,
-``cache[key] = entry``; an entry is ``(metrics, history, owner, control, start, first-run metrics, first-run
-history)``) and keeps every entry it is given on disk as well::
+``cache[key] = entry``; an entry is ``(scores, history, owner, control, start, first-run scores, first-run
+history)``, the scores :class:`~memlab.probes.result.DecoderScores`) and keeps every entry it is given on disk as well::
 
     CACHE_DIR/controls/<key>-<side>/     side: the compute side (:func:`compute_side`), e.g. cpu-bf16-members
         control.safetensors   the control's weights (its second run)
@@ -34,8 +34,10 @@ from safetensors.torch import load_file, save_file
 
 from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
+from memlab.probes.result import ChunkScores, DecoderScores
 
-FORMAT = "memlab-probe-control"
+FORMAT = "memlab-probe-control-2"
+"""The entry layout's name (version 2: each decoder's scores as metrics, per-chunk numbers and reconstructions)."""
 FOLDER = "controls"
 """Subfolder of ``cache_dir`` holding the control entries (beside the embedding caches)."""
 DECODERS = ("control", "start")
@@ -75,6 +77,22 @@ def decode(x: Any) -> Any:
             return {decode(k): decode(v) for k, v in x["__items__"]}
         return {k: decode(v) for k, v in x.items()}
     return x
+
+
+def _scores_as_json(scores: DecoderScores | None) -> dict | None:
+    """A decoder's scores as :func:`encode` keeps them (None: not scored)."""
+    if scores is None:
+        return None
+    chunks = None if scores.chunks is None else vars(scores.chunks)
+    return {"metrics": scores.metrics, "chunks": chunks, "reconstruction": scores.reconstruction}
+
+
+def _scores_of(x: dict | None) -> DecoderScores | None:
+    """The inverse of :func:`_scores_as_json` (after :func:`decode`)."""
+    if x is None:
+        return None
+    chunks = None if x["chunks"] is None else ChunkScores(**x["chunks"])
+    return DecoderScores(x["metrics"], chunks, x["reconstruction"])
 
 
 def compute_side(device: torch.device | str) -> str:
@@ -156,6 +174,7 @@ class ControlCache:
             parts = decode(info["entry"])
             metrics, history, owner, metrics_1, history_1 = (parts[k] for k in
                                                              ("metrics", "history", "owner", "metrics_1", "history_1"))
+            metrics, metrics_1 = _scores_of(metrics), _scores_of(metrics_1)
         except Exception as e:  # a partial or damaged entry: SafetensorError, OSError, JSON or shape errors
             if not (is_read_error(e) or isinstance(e, (KeyError, TypeError, RuntimeError))):
                 raise
@@ -176,8 +195,8 @@ class ControlCache:
                 save_file(_weights(dec), str(tmp / f"{name}.safetensors"))
             info = {"format": FORMAT, "key": final.name,
                     "embed_dim": {n: int(d.config.embed_dim) for n, d in zip(DECODERS, (control, start))},
-                    "entry": encode({"metrics": metrics, "history": history, "owner": owner, "metrics_1": metrics_1,
-                                     "history_1": history_1})}
+                    "entry": encode({"metrics": _scores_as_json(metrics), "history": history, "owner": owner,
+                                     "metrics_1": _scores_as_json(metrics_1), "history_1": history_1})}
             (tmp / "entry.json").write_text(json.dumps(info))
             if final.exists():
                 shutil.rmtree(final, ignore_errors=True)

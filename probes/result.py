@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 DEFINITIONS = {
@@ -88,25 +88,40 @@ class ChunkScores:
 
 
 @dataclass
+class Reconstructed:
+    """The scorers' readings of a decoder's greedy reconstructions (:func:`memlab.probes.scores.reconstruction_scores`):
+    ``metrics`` (each scorer's mean and ``free_running_accuracy``), the numbers per chunk its intervals resample and
+    the decoded reconstructions."""
+
+    metrics: dict
+    tf1: list
+    """Token-set F1 of each chunk's reconstruction."""
+    free_hits: list
+    """Positions per chunk where the reconstruction holds the true token."""
+    texts: list
+    """The reconstructions, decoded."""
+
+
+@dataclass
 class DecoderScores:
     """A fitted sequence decoder's held-out scores: ``metrics`` (report.json's ``probe`` or ``control``), its
-    numbers per chunk and its decoded greedy reconstructions."""
+    numbers per chunk and its decoded greedy reconstructions. ``scores["ce"]`` reads ``metrics``."""
 
     metrics: dict
     chunks: ChunkScores | None = None
     reconstruction: list | None = None
 
-    @classmethod
-    def split(cls, evaluated: dict | None) -> DecoderScores | None:
-        """The metrics of :func:`memlab.probes.train.evaluate` and the scorers, with their per-chunk parts (the keys
-        starting with ``_``) moved into typed fields."""
-        if evaluated is None:
-            return None
-        per = evaluated.get("_per_chunk")
-        chunks = None if per is None else ChunkScores(per["nll"], per["hits"], per["tokens"],
-                                                      evaluated.get("_tf1"), evaluated.get("_free_hits"))
-        return cls({k: v for k, v in evaluated.items() if not k.startswith("_")}, chunks,
-                   evaluated.get("_reconstruction"))
+    def with_reconstruction(self, rec: Reconstructed) -> DecoderScores:
+        """These teacher-forced scores (:func:`memlab.probes.train.evaluate`) and the scorers' ``rec``."""
+        chunks = None if self.chunks is None else replace(self.chunks, tf1=rec.tf1, free_hits=rec.free_hits)
+        return DecoderScores({**self.metrics, **rec.metrics}, chunks, rec.texts)
+
+    def noted(self, **notes) -> DecoderScores:
+        """The same scores, ``notes`` added to (a copy of) the metrics."""
+        return replace(self, metrics={**self.metrics, **notes})
+
+    def __getitem__(self, key: str):
+        return self.metrics[key]
 
 
 @dataclass

@@ -50,7 +50,7 @@ from memlab.probes.options import ProbeOptions, load_options, resolved, train_si
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
                                  readout_gains, takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
-from memlab.probes.result import DecoderScores, Fit, ProbeReport, Reading, ReadoutResult, TextAccounting
+from memlab.probes.result import Fit, ProbeReport, Reading, ReadoutResult, TextAccounting
 from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
@@ -138,9 +138,11 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
     if sequence:
         got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
                            cache=control_cache, key=control_key, owner=opts.model, readouts=tuple(members.values()))
-        out.decoder, out.probe, out.history["probe"], out.timing["train_s"] = got["probe"]
+        out.decoder, probe, out.history["probe"], out.timing["train_s"] = got["probe"]
+        out.probe, out.probe_chunks, out.reconstruction = probe.metrics, probe.chunks, probe.reconstruction
         if opts.control:
-            out.control, out.history["control"], out.timing["control_s"], out.control_shared_with = got["control"]
+            control, out.history["control"], out.timing["control_s"], out.control_shared_with = got["control"]
+            out.control, out.control_chunks = dict(control.metrics), control.chunks  # a cached control's: a copy
             out.information_gain = information_gain(out.probe["ce"], out.control["ce"])
         out.limited_by = limit_line(out.probe, out.control)
     context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, fit_readouts),
@@ -152,11 +154,6 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
                               fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
                                           context=context, device=opts.device))
         out.timing["bow_s"] += out.readouts[name]["seconds"]
-    # the per-chunk numbers move out of the metrics into typed fields
-    if (probe := DecoderScores.split(out.probe)) is not None:
-        out.probe, out.probe_chunks, out.reconstruction = probe.metrics, probe.chunks, probe.reconstruction
-    if (control := DecoderScores.split(out.control)) is not None:
-        out.control, out.control_chunks = control.metrics, control.chunks
     out.readouts = {k: ReadoutResult.split(k, v) for k, v in out.readouts.items()}
     out.readings = interval_readings(opts, out, eval_ids, tok, chars)
     out.retention = retention(out.readings, opts.ci_level, readout_gains(out.readouts))

@@ -22,6 +22,7 @@ import torch
 
 from memlab.probes.chunks import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
+from memlab.probes.result import Reconstructed
 
 
 @torch.no_grad()
@@ -100,10 +101,11 @@ def exact_match(pred: torch.Tensor, true: torch.Tensor) -> float:
     return sum(a == b for a, b in zip(p, t)) / len(t) if len(t) else 0.0
 
 
-def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str], opts=None) -> dict:
-    """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D), its
-    free-running accuracy; the per-chunk TF1 (``_tf1``) and free-running hits (``_free_hits``), for their intervals,
-    and the decoded reconstructions (``_reconstruction``)."""
+def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, scorers: list[str],
+                          opts=None) -> Reconstructed:
+    """Each registered scorer in ``scorers`` on the greedy reconstruction of ``ids`` (N, T) from ``z`` (N, D) and its
+    free-running accuracy; the per-chunk TF1 and free-running hits, for their intervals, and the decoded
+    reconstructions."""
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (N, T)
     cut, true = _cut(pred, ids)
     hyps = tokenizer.batch_decode(cut, skip_special_tokens=True)
@@ -111,8 +113,8 @@ def reconstruction_scores(dec, z: torch.Tensor, ids: torch.Tensor, tokenizer, sc
     parts = {name: get_part("scorer", name) for name in scorers}  # each given its own options, when it has any
     out = {n: float(p.impl(pred, ids, hyps, refs, **own_options(p, opts))) for n, p in parts.items()}
     free = free_running_hits(pred, ids)
-    return {**out, "free_running_accuracy": sum(free) / max(int(mask_of(ids).sum()), 1),
-            "_tf1": token_set_f1_per_chunk(pred, ids), "_free_hits": free, "_reconstruction": hyps}
+    out["free_running_accuracy"] = sum(free) / max(int(mask_of(ids).sum()), 1)
+    return Reconstructed(out, token_set_f1_per_chunk(pred, ids), free, hyps)
 
 
 def limit_line(probe: dict, control: dict | None) -> str:

@@ -33,6 +33,7 @@ from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.group import autocast_context, train_decoders  # noqa: F401  (autocast_context re-exported)
 from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
+from memlab.probes.result import ChunkScores, DecoderScores
 from memlab.probes.scores import reconstruction_scores
 
 
@@ -73,10 +74,10 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
 
 
 @torch.no_grad()
-def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 128) -> dict:
+def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 128) -> DecoderScores:
     """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T), over
-    real tokens (PAD skipped); ``_per_chunk`` holds each chunk's summed NLL (nats), hits and tokens (for the
-    intervals, :mod:`memlab.probes.intervals`). Sums stay on the device; the host reads them once."""
+    real tokens (PAD skipped), with each chunk's summed NLL (nats), hits and tokens (``chunks``, for the intervals,
+    :mod:`memlab.probes.intervals`). Sums stay on the device; the host reads them once."""
     dec.eval()
     device = next(dec.parameters()).device
     v, t_all = dec.config.vocab_size, ids.shape[1]
@@ -100,9 +101,10 @@ def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: 
     n_tok = int(counts.sum())
     ce = float(nll_chunk.sum()) / max(n_tok, 1)
     by_pos = (correct.float() / counts.clamp(min=1).float()).tolist()
-    per_chunk = {"nll": nll_chunk.numpy(), "hits": hits.numpy(), "tokens": mask_of(ids).sum(1).numpy()}
-    return {"ce": ce, "token_accuracy": float(correct.sum()) / max(n_tok, 1), "entropy_ratio": 1.0 - ce / math.log(v),
-            "accuracy_by_position": by_pos, "n_tokens": n_tok, "_per_chunk": per_chunk}
+    per_chunk = ChunkScores(nll_chunk.numpy(), hits.numpy(), mask_of(ids).sum(1).numpy())
+    metrics = {"ce": ce, "token_accuracy": float(correct.sum()) / max(n_tok, 1),
+               "entropy_ratio": 1.0 - ce / math.log(v), "accuracy_by_position": by_pos, "n_tokens": n_tok}
+    return DecoderScores(metrics, per_chunk)
 
 
 def information_gain(ce_probe: float, ce_control: float) -> float:
@@ -132,10 +134,10 @@ def _new_decoder(opts, tok, train_ids, z_train):
     return dec
 
 
-def _scored(dec, opts, tok, z_eval, eval_ids) -> dict:
-    metrics = evaluate(dec, z_eval, eval_ids)
-    metrics.update(reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers, opts))
-    return metrics
+def _scored(dec, opts, tok, z_eval, eval_ids) -> DecoderScores:
+    """The held-out scores of ``dec``: teacher-forced (:func:`evaluate`) and of its reconstructions."""
+    return evaluate(dec, z_eval, eval_ids).with_reconstruction(
+        reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers, opts))
 
 
 def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool = False, cache: dict | None = None,
@@ -154,16 +156,16 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
       probes of the same chunks share one through ``cache`` (keyed by ``key``); when cached it is not trained.
       With a control and held-back chunks the fit has two phases (:func:`_fit_contained`): the control first, then
       the probe started as the trained control (:func:`contain`), its start counted as epoch 0, beside the probe
-      trained from a random start; ``metrics["start"]`` says which was kept (``control``: epoch 0, ``contained``,
+      trained from a random start; ``scores["start"]`` says which was kept (``control``: epoch 0, ``contained``,
       ``scratch``). Without held-back chunks all are trained together from their random starts.
 
     ``readouts``: read-out members (:func:`memlab.probes.fitloop.train_members`) trained in the probe's group, beside
     the probe decoders; one left untrained (``history`` empty: no probe was trained, the probe is the control of a
     constant embedding) is the caller's to train.
 
-    Returns ``{"probe": (decoder, held-out metrics, history, seconds), "control": (metrics, history, seconds, name
-    of the probe that trained it or None) or None}``; ``metrics["decoder_choice"]`` says which decoder was kept
-    and why. Seconds: the group's, split over its members by the steps each ran.
+    Returns ``{"probe": (decoder, held-out scores, history, seconds), "control": (scores, history, seconds, name
+    of the probe that trained it or None) or None}``, each scores a :class:`~memlab.probes.result.DecoderScores`;
+    ``scores.metrics["decoder_choice"]`` says which decoder was kept and why. Seconds: the group's, split over its members by the steps each ran.
     """
     selects = opts.select_decoder and opts.bag_head and opts.val_fraction > 0  # a plain decoder to choose from
     if control and cache is not None and key in cache and _is_constant(z_train, z_eval):
@@ -194,7 +196,7 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
         choice = _choice(opts, ce, ce2)
     m = _scored(decs[kept], members[kept][0], tok, z_eval, eval_ids)
     if "plain" in members:
-        m["decoder_choice"] = choice
+        m = m.noted(decoder_choice=choice)
     out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
     if cached:
         metrics, hist_c, owner_ = cache[key][:3]
@@ -299,19 +301,19 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
     best = "scratch" if kept == "scratch" else best
     if kept == "control":  # the control's own function, at the probe's width
         dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
-        m = {**_scored(dec, opts, tok, z_eval, eval_ids), "run": "the control's (nothing read beat it)"}
+        m = _scored(dec, opts, tok, z_eval, eval_ids).noted(run="the control's (nothing read beat it)")
         h_kept = list(hist.get("probe", hist["scratch"]))
     else:
         dec, m, h_kept = decs[best], _scored(decs[best], members[best], tok, z_eval, eval_ids), hist[best]
     if selects:
-        m["decoder_choice"] = _choice(opts, min(ce["probe"], ce["scratch"]), ce["plain"])
-    m["start"] = {"kept": kept, "control": ce_c, "control_first_run": ce_1,
+        m = m.noted(decoder_choice=_choice(opts, min(ce["probe"], ce["scratch"]), ce["plain"]))
+    m = m.noted(start={"kept": kept, "control": ce_c, "control_first_run": ce_1,
                   "contained": min((ce[k] for k in members if k != "scratch"), default=None), "scratch": ce["scratch"],
                   "definition": "held-back CE (nats) of the control (its second run), of the probe started as the "
                                 "trained control with a silent embedding pathway (its best epoch, the start "
                                 "included), of the control's first run and of the probe trained from a random start; "
                                 "kept: the probe furthest below its own control (the contained probe's: the second "
-                                "run, the scratch probe's: the first), else the control"}
+                                "run, the scratch probe's: the first), else the control"})
     if kept == "scratch" and first_out[0] is None:  # the first run's scores are read only with a kept scratch probe
         first_out = (_scored(start, opts, tok, z_train.mean(0, keepdim=True).expand_as(z_eval), eval_ids),
                      *first_out[1:])
@@ -328,7 +330,7 @@ def _as_control(dec_c, opts, tok, train_ids, z_train, metrics, hist_c, whose: st
         dec.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
     else:
         dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
-    return dec, {**metrics, "run": f"{whose} (a constant embedding)"}, list(hist_c), 0.0
+    return dec, metrics.noted(run=f"{whose} (a constant embedding)"), list(hist_c), 0.0
 
 
 def _is_constant(z_train: torch.Tensor, z_eval: torch.Tensor) -> bool:

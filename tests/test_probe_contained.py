@@ -125,9 +125,9 @@ def test_the_kept_probe_is_never_above_its_control(tokenizer, chunks_of):
     assert m["decoder_choice"]["kept"] in ("plain", "bag_head")
 
 
-def _scored(probe: dict, control: dict) -> Fit:
-    """A fit of the probe's and the control's held-out metrics, their per-chunk numbers in typed fields."""
-    return Fit(probe_chunks=DecoderScores.split(probe).chunks, control_chunks=DecoderScores.split(control).chunks)
+def _scored(probe: DecoderScores, control: DecoderScores) -> Fit:
+    """A fit of the probe's and the control's held-out scores: their numbers per chunk."""
+    return Fit(probe_chunks=probe.chunks, control_chunks=control.chunks)
 
 
 def test_a_probe_that_cannot_improve_keeps_epoch_0_and_reads_zero_bits(tokenizer, chunks_of):
@@ -144,7 +144,7 @@ def test_a_probe_that_cannot_improve_keeps_epoch_0_and_reads_zero_bits(tokenizer
     mc = got["control"][0]
     assert m["start"]["scratch"] > m["start"]["control"]  # a random start, untrained: above the trained control
     assert m["start"]["kept"] == "control" and [h for h in hist if "best_step" in h][-1]["best_step"] == 0
-    assert np.array_equal(m["_per_chunk"]["nll"], mc["_per_chunk"]["nll"])
+    assert np.array_equal(m.chunks.nll, mc.chunks.nll)
     bits = interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"]
     assert bits.value == 0.0
 
@@ -159,7 +159,7 @@ def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chun
     got = fit_decoders(opts, tokenizer, tr, ev, z[:48], z[48:], control=True, cache=cache, key="k")
     m, mc = got["probe"][1], got["control"][0]
     assert m["run"].startswith("the cached control's") and got["probe"][0].config.embed_dim == 7
-    assert np.array_equal(m["_per_chunk"]["nll"], mc["_per_chunk"]["nll"])
+    assert np.array_equal(m.chunks.nll, mc.chunks.nll)
     start = cache["k"][4]  # the control's first run: where the probe starts
     probe = contain(_new_decoder(opts, tokenizer, tr, z[:48]), start)  # trained as the control's second run was
     (h_p,), _ = train_decoders([probe], [z[:48]], tr, opts, epoch0=True)

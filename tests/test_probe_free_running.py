@@ -11,7 +11,7 @@ from torch import nn
 from memlab.probes.chunks import PAD
 from memlab.probes.decoder import CompactVocab
 from memlab.probes.intervals import readings
-from memlab.probes.result import ChunkScores, DecoderScores, Reading
+from memlab.probes.result import ChunkScores, Reading
 from memlab.probes.scores import free_running_accuracy, free_running_hits, reconstruction_scores
 from memlab.probes.train import evaluate
 
@@ -50,10 +50,11 @@ def test_perfect_under_teacher_forcing_but_wrong_when_free_reads_high_then_low()
     free = reconstruction_scores(dec, z, ids, tokenizer=_Tok(), scorers=[])
     n = int((ids >= 0).sum())
     assert teacher["token_accuracy"] == pytest.approx((n - 3) / n)  # only each chunk's first token is missed
-    assert free["free_running_accuracy"] == 0.0  # it writes 1, 2, 3, ... and never meets the chunk
-    assert free["_free_hits"] == [0, 0, 0]
-    scores = DecoderScores.split({**teacher, **free})
-    assert scores.chunks.free_hits == [0, 0, 0] and "_free_hits" not in scores.metrics
+    assert free.metrics["free_running_accuracy"] == 0.0  # it writes 1, 2, 3, ... and never meets the chunk
+    assert free.free_hits == [0, 0, 0]
+    scores = teacher.with_reconstruction(free)
+    assert scores.chunks.free_hits == [0, 0, 0] and scores["free_running_accuracy"] == 0.0
+    assert scores.chunks.nll is teacher.chunks.nll and scores["ce"] == teacher["ce"]
     read = readings(scores.chunks, None, [10, 10, 10], n_resamples=50)
     assert read["token_accuracy"].value > 0.8 and read["free_running_accuracy"] == Reading(0.0, 0.0, 0.0)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from memlab.probes.intervals import cell, retention, shows_retention
-from memlab.probes.result import (Calibration, CalibrationCheck, DecoderScores, Fit, Reading, ReadoutResult,
-                                  TextAccounting, jsonable)
+from memlab.probes.result import (Calibration, CalibrationCheck, ChunkScores, DecoderScores, Fit, Reading,
+                                  ReadoutResult, Reconstructed, TextAccounting, jsonable)
 from memlab.probes.sweep import _row
 
 TEXT = {"chunk_by": "words", "per_chunk": "8 words", "mean_chars": 41.5, "mean_tokens": 9.25, "max_tokens": 12,
@@ -52,18 +52,19 @@ def _fit(sequence: bool) -> Fit:
                                       "_per_chunk": {"recovered": [0.4], "prior": [0.3]}})
     fit = Fit(readouts={"bow": bow}, readings={"bow_gain": Reading(0.1, 0.05, 0.15)}, retention="retained")
     if sequence:
-        m = {"ce": 2.0, "token_accuracy": 0.5, "free_running_accuracy": 0.2, "token_set_f1": 0.6,
-             "sentence_bleu": 0.1, "exact_match": 0.0, "_per_chunk": {"nll": np.ones(1), "hits": np.ones(1),
-                                                                       "tokens": np.ones(1)}, "_free_hits": [1]}
-        probe = DecoderScores.split(m)
+        teacher = DecoderScores({"ce": 2.0, "token_accuracy": 0.5}, ChunkScores(np.ones(1), np.ones(1), np.ones(1)))
+        probe = teacher.with_reconstruction(Reconstructed(
+            {"free_running_accuracy": 0.2, "token_set_f1": 0.6, "sentence_bleu": 0.1, "exact_match": 0.0},
+            tf1=[0.6], free_hits=[1], texts=["a b"]))
         fit.probe, fit.probe_chunks, fit.control = probe.metrics, probe.chunks, dict(probe.metrics)
         fit.readings["bits_per_chunk"] = Reading(3.0, 2.0, 4.0)
     return fit
 
 
-def test_a_split_moves_per_chunk_numbers_out_of_the_metrics():
+def test_decoder_scores_carry_per_chunk_numbers_beside_the_metrics():
     fit = _fit(sequence=True)
     assert not any(k.startswith("_") for k in fit.probe) and fit.probe_chunks.free_hits == [1]
+    assert fit.probe_chunks.tf1 == [0.6] and fit.probe["token_set_f1"] == 0.6 and fit.probe["ce"] == 2.0
     assert fit.readouts["bow"].recovered == 0.4 and fit.readouts["bow"].chunks == {"recovered": [0.4], "prior": [0.3]}
     assert jsonable(fit.readouts) == {"bow": {"recovered": 0.4, "prior": 0.3, "gain": 0.1, "seconds": 1.0}}
 
