@@ -160,6 +160,10 @@ class ControlCache:
             return None
         try:
             info = json.loads((where / "entry.json").read_text())
+            if info.get("format") != FORMAT and str(info.get("format", "")).startswith("memlab-probe-control"):
+                print(f"memlab: note: control cache {where} was written in another layout ({info['format']}, this "
+                      f"memlab reads {FORMAT}); training the control again", file=sys.stderr)
+                return None
             if info.get("format") != FORMAT or info.get("key") != where.name:
                 raise ValueError("not a control entry of this key")
             decs = []

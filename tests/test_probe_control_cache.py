@@ -119,6 +119,12 @@ def test_a_damaged_or_partial_entry_is_trained_again(tokenizer, small_corpus, tm
     assert control_runs["n"] == 6 and c["control_shared_with"] is None
     d = _probe(tokenizer, small_corpus, tmp_path)  # the entry was replaced by a whole one
     assert control_runs["n"] == 6 and d["control_shared_with"] == "oracle"
+    info = json.loads((entry / "entry.json").read_text())
+    (entry / "entry.json").write_text(json.dumps({**info, "format": "memlab-probe-control-0"}))  # an older layout
+    capsys.readouterr()
+    e = _probe(tokenizer, small_corpus, tmp_path)
+    assert control_runs["n"] == 8 and e["control_shared_with"] is None
+    assert "another layout" in capsys.readouterr().err
 
 
 def test_a_kept_scratch_probe_scores_the_first_run_once(tokenizer, small_corpus, tmp_path, monkeypatch,
