@@ -125,6 +125,8 @@ class ControlCache:
         self.memory = memory if memory is not None else {}
         self.loaded: set[str] = set()
         """Keys read from disk by this object (not trained in this process)."""
+        self.missed: set[str] = set()
+        """Keys looked for on disk and not found whole (not looked for again until written)."""
 
     def entry_path(self, key: str) -> Path:
         return self.folder / (f"{key}-{self.side}" if self.side else key)
@@ -132,8 +134,11 @@ class ControlCache:
     def __contains__(self, key: str) -> bool:
         if key in self.memory:
             return True
+        if key in self.missed:
+            return False
         entry = self._read(key)
         if entry is None:
+            self.missed.add(key)
             return False
         self.memory[key] = entry
         self.loaded.add(key)
@@ -146,6 +151,7 @@ class ControlCache:
 
     def __setitem__(self, key: str, entry: tuple) -> None:
         self.memory[key] = entry
+        self.missed.discard(key)
         self._write(key, entry)
 
     def __len__(self) -> int:
