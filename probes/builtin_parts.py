@@ -10,6 +10,8 @@ import torch
 from memlab import assets
 from memlab.metrics import sentence_bleu
 from memlab.probes import bow, calibration, loading, scores, synthetic
+from memlab.probes.align import check_target, fit_align
+from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.parts import Conditioning, EncoderKind, InputMode, Part, register_part
 from memlab.probes.sections import AlignOptions, BowOptions, LlamaOptions, PrefixOptions, TeacherOptions
 
@@ -92,13 +94,7 @@ register_part("inputs", Part("blank", InputMode(_blank, reads_tokens=False),
                              description="the start token everywhere (a blank copy)"))
 
 
-def _llama(config):
-    from memlab.probes.decoder import ProbeDecoder
-
-    return ProbeDecoder(config)
-
-
-register_part("decoder", Part("llama", _llama, options_class=LlamaOptions,
+register_part("decoder", Part("llama", ProbeDecoder, options_class=LlamaOptions,
                                description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
@@ -126,15 +122,7 @@ register_part("readout", Part(
 
 
 def _align(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
-    from memlab.probes.align import fit_align
-
     return fit_align(z_train, z_eval, context)
-
-
-def _align_check(context) -> None:
-    from memlab.probes.align import check_target
-
-    check_target(context)
 
 
 def _align_summary(a: dict) -> str:
@@ -150,7 +138,7 @@ def _align_columns(a: dict) -> dict:
             "align_bits_per_chunk": a["bits_per_chunk"]}
 
 
-register_part("readout", Part("align", _align, options_class=AlignOptions, check_context=_align_check,
+register_part("readout", Part("align", _align, options_class=AlignOptions, check_context=check_target,
                               summary=_align_summary, columns=_align_columns,
                               readings=(("bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
                                         ("recovered", "alignment read-out, token accuracy in its target", False, 3),

@@ -31,6 +31,7 @@ from memlab.data.corpus import describe_splits, load_corpus, make_splits, requir
 from memlab.data.views import clean_text, token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
+from memlab.probes.result import ProbeText, TextAccounting
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
@@ -226,37 +227,40 @@ def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpu
     return tuple(tr), tuple(ev)
 
 
-def _words_data(opts, encoder, cap_to_fit: bool = True):
-    args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
-            opts.max_chunk_tokens)
-    if opts.max_chunk_tokens is None or opts.chunk_tokenizer:
+def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None):
+    """Word chunks in the encoder's tokenizer: (training ids, held-out ids, training texts, held-out texts, chunks
+    cut at the encoder's limit, the ``max_chunk_tokens`` cap they were cut to). ``cap``: the cap (default the
+    option's); ``cap_to_fit``: chunks the encoder cannot read whole keep the words that fit, with a note (else they
+    are refused)."""
+    cap = opts.max_chunk_tokens if cap is None else cap
+    args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
+    if cap is None or opts.chunk_tokenizer:
         texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer))
     else:  # capped in the encoder's own tokenizer
         texts_tr, texts_ev = _cut(*args, encoder.tokenizer)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
-    default_len = cap_to_fit and opts.seq_len == type(opts).seq_len  # a length the user chose is refused, never cut
-    if cut_tr + cut_ev and opts.max_chunk_tokens is None and limit and default_len:  # the encoder's cap, as a note
+    if cut_tr + cut_ev and cap is None and limit and cap_to_fit:  # the encoder's cap, as a note
         print(f"memlab: note: {cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
               f"({limit} tokens); each keeps the words that fit (max_chunk_tokens={limit}; lower seq_len to keep "
               "whole chunks)", file=sys.stderr)
-        opts.max_chunk_tokens = limit  # the report's options and text say how the chunks were cut
-        return _words_data(opts, encoder)
+        return _words_data(opts, encoder, cap=limit)  # the report's options and text say how the chunks were cut
     if cut_tr + cut_ev:
         raise MemlabError(f"{cut_tr + cut_ev} chunks of {opts.seq_len} words are longer than {encoder.name} allows "
                           f"({encoder.max_length} tokens besides its special tokens); lower seq_len")
     t = max(tr.shape[1], ev.shape[1])
     pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
-    return pad(tr), pad(ev), texts_tr, texts_ev, cut_tr + cut_ev
+    return pad(tr), pad(ev), texts_tr, texts_ev, cut_tr + cut_ev, cap
 
 
-def probe_data(opts, encoder, cap_to_fit: bool = True):
-    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens), how
-    the text was cut (``report.text``; ``chars``: characters of each held-out chunk, ``_texts``: the training and
-    held-out chunk texts). ``cap_to_fit``: chunks of the default ``seq_len`` words that the encoder cannot read whole
-    keep the words that fit, with a note (False: refused, as a length the user chose is)."""
-    tok = encoder.tokenizer
+def probe_data(opts, encoder, cap_to_fit: bool = False) -> tuple[torch.Tensor, torch.Tensor, ProbeText]:
+    """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens) and the
+    text (:class:`~memlab.probes.result.ProbeText`: how it was cut, the chunk texts, the characters of each held-out
+    chunk, the token cap). ``cap_to_fit`` (a probe run whose user did not set ``seq_len``): chunks of words that the
+    encoder cannot read whole keep the words that fit, with a note, and ``text.cap`` says so (False: refused, as a
+    length the user chose is)."""
+    tok, cap = encoder.tokenizer, None
     if opts.chunk_by == "tokens":
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
             raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
@@ -269,30 +273,20 @@ def probe_data(opts, encoder, cap_to_fit: bool = True):
         chars = chunk_chars(eval_ids, tok)
         render = "the model's own tokens (chunk_by=tokens: each model reads other text)"
     else:
-        train_ids, eval_ids, texts_tr, texts, cut = _words_data(opts, encoder, cap_to_fit)
+        train_ids, eval_ids, texts_tr, texts, cut, cap = _words_data(opts, encoder, cap_to_fit)
         chars, render = [len(x) for x in texts], rendering(texts, eval_ids, tok)
     note = eval_note(opts, eval_ids)  # fewer held-out chunks than asked: all are scored, and the report says so
     if note:
         print(f"memlab: warning: {note}", file=sys.stderr)
     n_tok = mask_of(eval_ids).sum(1).float()  # (M,)
     per_chunk = f"{opts.seq_len} {opts.chunk_by}"
-    if opts.max_chunk_tokens is not None:
-        per_chunk += (f", trailing words dropped to fit {opts.max_chunk_tokens} tokens of "
+    if cap is not None:
+        per_chunk += (f", trailing words dropped to fit {cap} tokens of "
                       f"{opts.chunk_tokenizer or 'its own tokenizer'}")
-    text = {"chunk_by": opts.chunk_by, "per_chunk": per_chunk,
-            "mean_chars": sum(chars) / len(chars), "mean_tokens": float(n_tok.mean()),
-            "max_tokens": int(eval_ids.shape[1]), "truncated_chunks": int(cut), "rendering": render, "chars": chars,
-            "_texts": (texts_tr, texts)}
-    return train_ids, eval_ids, text  # (N, T), (M, T)
-
-
-PRIVATE_TEXT = ("chars", "_texts")
-"""Keys of probe_data's ``text`` that the report leaves out (per-chunk characters, the chunk texts)."""
-
-
-def public_text(text: dict) -> dict:
-    """``text`` as the report holds it (without :data:`PRIVATE_TEXT`)."""
-    return {k: v for k, v in text.items() if k not in PRIVATE_TEXT}
+    text = TextAccounting(chunk_by=opts.chunk_by, per_chunk=per_chunk, mean_chars=sum(chars) / len(chars),
+                          mean_tokens=float(n_tok.mean()), max_tokens=int(eval_ids.shape[1]),
+                          truncated_chunks=int(cut), rendering=render)
+    return train_ids, eval_ids, ProbeText(text, texts_tr, texts, chars, cap)  # (N, T), (M, T)
 
 
 def eval_note(opts, eval_ids: torch.Tensor) -> str | None:

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from memlab.config import apply_overrides, from_dict
 from memlab.errors import ConfigError
+from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import mask_of
 from memlab.probes.intervals import cell
+from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
 from memlab.probes.result import Reading, jsonable
 
 SHARED = frozenset({
@@ -68,8 +71,6 @@ def split_top(text: str) -> list[str]:
 
 def parse_method(text: str) -> Method:
     """``"pretrained:memlab-lm[conditioning=prefix]"`` -> its :class:`Method` (unknown names refused)."""
-    from memlab.probes.parts import PARTS, get_part, split_name
-
     spec = str(text).strip()
     name, sep, rest = spec.partition("[")
     name = name.strip()
@@ -89,8 +90,6 @@ def parse_method(text: str) -> Method:
 
 
 def _spelled(kind: str) -> list[str]:
-    from memlab.probes.parts import PARTS
-
     return [p.name + (f":{p.argument.split(':')[0]}" if p.argument else "")
             for p in (PARTS[kind].get(n) for n in PARTS[kind].names())]
 
@@ -110,15 +109,11 @@ def parse_methods(value) -> list[Method]:
 
 def owners(option: str) -> list[tuple[str, str]]:
     """The (kind, part name) of every registered part that ``option`` belongs to alone (empty: a general option)."""
-    from memlab.probes.parts import PARTS
-
     return [(k, n) for k in PARTS for n in PARTS[k].names() if option in PARTS[k].get(n).options]
 
 
 def applies(opts, option: str) -> bool:
     """Whether ``option`` applies to the parts ``opts`` chooses (a general option always does)."""
-    from memlab.probes.parts import SELECTED_BY, chosen, split_name
-
     own = owners(option)
     return not own or any(k in SELECTED_BY and n in {split_name(c)[0] for c in chosen(opts, k)} for k, n in own)
 
@@ -127,8 +122,6 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     """The options of a probe of ``method`` alone (and the options it sets): the comparison's ``opts`` with the
     method's part chosen, its bracket options applied, and every part option that does not apply to it back at
     its default."""
-    from memlab.config import apply_overrides, from_dict
-
     cls = getattr(type(opts), "checked_from", type(opts))  # ProbeOptions: each method is checked as its own probe
     keys = [o.split("=", 1)[0].strip() for o in method.overrides]
     names = {f.name for f in fields(cls)}
@@ -141,15 +134,13 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     if method.kind == "decoder":
         base = replace(opts, compare=None, decoder=method.name, readouts=[], sequence=True)
     else:
-        from memlab.probes.parts import get_part
-
         own = get_part("readout", method.name).options
         wrong = [k for k in keys if k not in own]
         if wrong:
             raise ConfigError(f"'compare': '{wrong[0]}' does not apply to the read-out {method.name!r} "
                               f"(it takes {', '.join(own) or 'no options'})")
         base = replace(opts, compare=None, readouts=[method.name], sequence=False)
-    data = apply_overrides(dict(vars(base)), list(method.overrides))
+    data = apply_overrides({f.name: getattr(base, f.name) for f in fields(cls)}, list(method.overrides))
     mine = from_dict(cls, data)
     defaults = cls()
     for k in names - set(keys):  # a part option of a part this method does not choose: back at its default
@@ -240,8 +231,6 @@ def table(rows) -> str:
 def plot(rows: list[dict], path, title: str):
     """One figure, two panels (bits per chunk, TF1) against training chunks on a log axis: one line per method,
     its 95 % interval as a band. ``rows``: as curve.json holds them."""
-    from memlab.plots import finish_axes, pyplot, save_figure
-
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in zip(axes, ("bits", "tf1"), ("bits per chunk", "TF1 (token-set F1)")):

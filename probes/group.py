@@ -40,7 +40,7 @@ from torch import nn
 from memlab.devices import batched_groups, probe_autocast, to_device
 from memlab.errors import MemlabError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right
-from memlab.probes.fitloop import held_back_rows, optimiser, train_members  # noqa: F401  (held_back_rows re-exported)
+from memlab.probes.fitloop import optimiser, train_members
 
 BATCHED = "on accelerators"
 """Where the members' forward runs as one vmapped pass by default (``batched=None``): on accelerators, where one

@@ -68,11 +68,11 @@ def check_limit(encoder, lengths: list[int], chunk_by: str) -> None:
 
 def _length_data(o, encoder) -> tuple:
     """One length's chunks, text and targets, as a probe run cuts them (a chunk too long for the encoder refused)."""
-    train_ids, eval_ids, text = chunks.probe_data(o, encoder, cap_to_fit=False)
-    tg = make_targets(o, encoder, train_ids, eval_ids, *text["_texts"])
-    text["targets"] = tg.describe(text["_texts"][1])
+    train_ids, eval_ids, text = chunks.probe_data(o, encoder)
+    tg = make_targets(o, encoder, train_ids, eval_ids, *text.texts)
+    text.accounting.targets = tg.describe(text.eval_texts)
     if o.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
-        check_readouts(o, readout_context(o, encoder.tokenizer, text["_texts"], encoder.dim))
+        check_readouts(o, readout_context(o, encoder.tokenizer, text.texts, encoder.dim))
     return o, train_ids, eval_ids, text, tg
 
 
@@ -94,16 +94,16 @@ def as_dict(row) -> dict:
     return row.to_dict() if hasattr(row, "to_dict") else dict(row)
 
 
-def length_row(n: int, o, text: dict, tg, fit) -> dict:
+def length_row(n: int, o, text, tg, fit) -> dict:
     """One length's row: the sweep row of ``fit``, its tokens per chunk, bits per token and how it was cut."""
     r = fit.readings
     mean_tokens = float(chunks.mask_of(tg.eval_ids).sum(1).float().mean())  # target tokens per held-out chunk
     row = {"seq_len": n, "chunk_by": o.chunk_by, "tokens_per_chunk": mean_tokens,
-           "encoder_tokens_per_chunk": text["mean_tokens"], "n_train": int(tg.train_ids.shape[0]),
+           "encoder_tokens_per_chunk": text.accounting.mean_tokens, "n_train": int(tg.train_ids.shape[0]),
            "n_eval": int(tg.eval_ids.shape[0]), **as_dict(_row(fit))}
     if "bits_per_token" in r:
         row["bits_per_token"] = r["bits_per_token"]["value"]
-    row["text"] = chunks.public_text(text)
+    row["text"] = text.accounting.to_dict()
     return row
 
 
@@ -209,7 +209,7 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
             encode_s += t_enc.seconds
             fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev, None,
                           control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=o.sequence,
-                          fit_readouts=bool(o.readouts), chars=text["chars"], texts=text["_texts"])
+                          fit_readouts=bool(o.readouts), chars=text.chars, texts=text.texts)
         except BaseException:
             line.close()  # the length's line stays: the error printed next is about it
             raise

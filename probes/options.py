@@ -5,8 +5,8 @@ one place all three resolve).
 An option of a part that is not chosen (``prefix_len`` without ``conditioning=prefix``, ``hidden_size`` with
 ``decoder=pretrained:NAME``, ``lora_r`` without it) is refused by name (:func:`memlab.probes.parts.check_parts`),
 as are ``plain_input_dropout`` with ``select_decoder=false`` and ``layers_sequence`` without ``layers``.
-:func:`validate` runs once and returns a new, resolved object (:class:`ResolvedOptions`: the device resolved); its
-input is not changed. A ``recipe: probe`` experiment file holds its probe in ``options:`` (flat names, or the
+:func:`validate` runs once and returns a new, resolved object (:class:`ResolvedOptions`: the device resolved, the
+options the user set, and with ``compare`` every method's resolved options); its input is not changed. A ``recipe: probe`` experiment file holds its probe in ``options:`` (flat names, or the
 sections as mappings); its ``name`` names the run; any other section is refused by name.
 """
 
@@ -73,10 +73,25 @@ def option_class(name: str) -> type | None:
 
 @dataclass
 class ResolvedOptions(ProbeOptions):
-    """ProbeOptions that :func:`validate` checked, with the device resolved (``auto`` -> the best one present)."""
+    """ProbeOptions that :func:`validate` checked, with the device resolved (``auto`` -> the best one present), and
+    what the check found (:data:`RESOLVED`: not options, left out of :func:`option_values`)."""
 
     checked_from: ClassVar[type] = ProbeOptions
     """The class of options not yet checked (what options derived from these are built as)."""
+    explicit: frozenset = field(default=frozenset(), repr=False, compare=False)
+    """The options the user set: a ``seq_len`` set is refused when the encoder cannot read its chunks whole, the
+    default one keeps the words that fit (:func:`memlab.probes.chunks.probe_data`)."""
+    methods: tuple = field(default=(), repr=False, compare=False)
+    """With ``compare``: (method, its resolved options) of every compared method (:func:`compared`), checked once."""
+
+
+RESOLVED = ("explicit", "methods")
+"""What :class:`ResolvedOptions` holds besides the options."""
+
+
+def option_values(opts: ProbeOptions) -> dict:
+    """The options of ``opts`` by name (what the report and a control run's key read), without :data:`RESOLVED`."""
+    return {k: v for k, v in vars(opts).items() if k not in RESOLVED}
 
 
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
@@ -183,24 +198,25 @@ def _check_together(opts, explicit: set[str]) -> None:
 
 def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOptions:
     """Check every option (one ConfigError naming it) and return the resolved options (a new object: the device
-    resolved, ``auto`` -> the best one present, a missing one refused); ``opts`` is not changed. ``explicit``: the
-    options the user set (their parts must be chosen)."""
+    resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
+    options); ``opts`` is not changed. ``explicit``: the options the user set (their parts must be chosen)."""
     if opts.pool is not None:
         get_part("pool", opts.pool)
     _check_lengths(opts)
+    given, methods = frozenset(explicit), ()
     if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
         if opts.layers is not None:
             raise ConfigError("'compare' and 'layers' are separate sweeps; run them one at a time")
-        compared(opts, explicit)
+        methods = tuple(compared(opts, explicit))
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
     placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
     _check_range(opts)
     _check_together(opts, set(explicit))
-    values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts)}
+    values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts) if f.name not in RESOLVED}
     lens = seq_lens(opts)  # a length sweep's lengths sorted; a list of one is that length
     values["seq_len"] = lens if len(lens) > 1 else lens[0]
-    return ResolvedOptions(**{**values, "device": str(resolve_device(opts.device))})
+    return ResolvedOptions(**{**values, "device": str(resolve_device(opts.device))}, explicit=given, methods=methods)
 
 
 def resolved(opts: ProbeOptions) -> ResolvedOptions:

@@ -166,7 +166,7 @@ def _lora(body: nn.Module, model_type: str, r: int, alpha: float) -> None:
     """LoRA adapters of rank ``r`` injected into ``body`` in place (peft); only they train there."""
     try:
         from peft import LoraConfig, inject_adapter_in_model  # optional (the lora extra)
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS  # optional (lora)
     except ImportError:
         raise ConfigError(f"lora_r={r} needs peft: pip install peft (or pip install 'memlab[lora]')") from None
     targets = TARGETS.get(model_type) or "all-linear"

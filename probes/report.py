@@ -15,7 +15,10 @@ import resource
 import sys
 from pathlib import Path
 
+import torch
+
 from memlab.plots import finish_axes, pyplot, save_figure
+from memlab.probes.intervals import NO_EVIDENCE, cell, shows_retention
 from memlab.probes.parts import readout_lines, readout_summary
 from memlab.probes.result import Calibration, Reading
 
@@ -24,13 +27,8 @@ def peak_memory_mb() -> dict:
     """Peak resident memory of this process (MB) and, on CUDA, peak allocated GPU memory."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {"peak_rss_mb": round(rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024, 1)}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    except ImportError:  # pragma: no cover
-        pass
+    if torch.cuda.is_available():
+        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out
 
 
@@ -111,8 +109,6 @@ follow (:func:`memlab.probes.parts.readout_lines`)."""
 def reading_lines(readings: dict[str, Reading], level: float, readouts=()) -> list[str]:
     """``label: value [low, high]`` per reading (the decoder's, then each of ``readouts``'); a gain without evidence
     says so (never a bare negative figure)."""
-    from memlab.probes.intervals import NO_EVIDENCE, cell, shows_retention
-
     out = []
     for key, label, gain, digits in READING_LINES + tuple(x for n in readouts for x in readout_lines(n)):
         r = readings.get(key)

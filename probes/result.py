@@ -216,23 +216,36 @@ class TextAccounting:
     rendering: str
     targets: dict | None = None
     """The decoder's targets (:meth:`memlab.probes.targets.Targets.describe`)."""
-    extra: dict = field(default_factory=dict)
-    """Any further key the text's accounting holds, kept as it is."""
-
-    @classmethod
-    def from_dict(cls, text: dict) -> TextAccounting:
-        """From :func:`memlab.probes.chunks.public_text`."""
-        rest = {k: v for k, v in text.items() if k not in TEXT_FIELDS and k != "targets"}
-        return cls(**{k: text[k] for k in TEXT_FIELDS}, targets=text.get("targets"), extra=rest)
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in TEXT_FIELDS}
-        return {**out, **({"targets": self.targets} if self.targets is not None else {}), **self.extra}
+        return {**out, **({"targets": self.targets} if self.targets is not None else {})}
 
     @property
     def target_rendering(self) -> str:
         """The rendering the bits are counted over: the targets' when they have one, else the text's."""
         return (self.targets or {}).get("rendering", self.rendering)
+
+
+@dataclass
+class ProbeText:
+    """The probe's text as :func:`memlab.probes.chunks.probe_data` cut it: how (``accounting``, report.json's
+    ``text``), the training and held-out chunk texts, the characters of each held-out chunk and the token cap the
+    chunks were cut to."""
+
+    accounting: TextAccounting
+    train_texts: list
+    eval_texts: list
+    chars: list
+    """Characters of each held-out chunk's text (bits per character divide by their sum)."""
+    cap: int | None = None
+    """The ``max_chunk_tokens`` the chunks were cut to: the option's, or the encoder's limit when chunks of the
+    default length do not fit it whole (None: none)."""
+
+    @property
+    def texts(self) -> tuple[list, list]:
+        """(training texts, held-out texts)."""
+        return self.train_texts, self.eval_texts
 
 
 @dataclass

@@ -46,11 +46,11 @@ from memlab.probes.calibration import calibration
 from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.fitloop import train_readouts
 from memlab.probes.intervals import readings, retention
-from memlab.probes.options import ProbeOptions, load_options, resolved, train_sizes, validate  # noqa: F401  (re-exported)
+from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
 from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
                                  readout_gains, takes, takes_context)
 from memlab.probes.report import format_summary, peak_memory_mb, write_report
-from memlab.probes.result import Fit, ProbeReport, Reading, ReadoutResult, TextAccounting
+from memlab.probes.result import Fit, ProbeReport, ProbeText, Reading, ReadoutResult
 from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
@@ -68,7 +68,7 @@ def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids
     embedding's width: the decoder draws every weight the width does not shape first, from the seed, and the
     control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
     from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
-    decoder_side = {k: v for k, v in vars(opts).items() if k not in ENCODER_SIDE}
+    decoder_side = {k: v for k, v in option_values(opts).items() if k not in ENCODER_SIDE}
     return cache.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
 
 
@@ -161,17 +161,18 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
     return out
 
 
-def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: Fit, text: dict, targets) -> ProbeReport:
-    """The typed report from one :func:`fit_one` of ``targets``."""
+def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: Fit, text: ProbeText, targets) -> ProbeReport:
+    """The typed report from one :func:`fit_one` of ``targets``; its options say the token cap the text was cut to
+    (``max_chunk_tokens``)."""
     tok, dec = encoder.tokenizer, fit.decoder
     k = min(opts.n_examples, eval_ids.shape[0]) if dec is not None else 0
     recon = (fit.reconstruction or [])[:k]
     inputs = tok.batch_decode(chunks.rows(eval_ids[:k]), skip_special_tokens=True)
     return ProbeReport(
         model=opts.model if not opts.random_init else f"{opts.model} (random init)",
-        encoder=encoder.describe(), options=dict(vars(opts)), vocab_size=len(targets.tokenizer), seq_len=opts.seq_len,
-        n_train=int(train_ids.shape[0]), n_eval=int(eval_ids.shape[0]),
-        text=TextAccounting.from_dict(chunks.public_text(text)),
+        encoder=encoder.describe(), options={**option_values(opts), "max_chunk_tokens": text.cap},
+        vocab_size=len(targets.tokenizer), seq_len=opts.seq_len, n_train=int(train_ids.shape[0]),
+        n_eval=int(eval_ids.shape[0]), text=text.accounting,
         decoder=None if dec is None else {"kind": opts.decoder, "targets_in": targets.name,
                                           "parameters": sum(p.numel() for p in dec.parameters()),
                                           "trained_parameters": sum(p.numel() for p in dec.parameters()
@@ -193,8 +194,9 @@ def claim_out(run_dir: str | Path | None) -> None:
 
 
 def setup(opts: ProbeOptions, run_dir, encoder=None):
-    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with
-    (the resolved options first)."""
+    """Checks, the output folder's claim, threads, the encoder and the chunks: what every probe run starts with.
+    Returns (the resolved options, the encoder, training ids, held-out ids, the text (:class:`ProbeText`, its
+    targets described), the encoder's load seconds, the decoder's targets)."""
     opts = resolved(opts)  # checked once: options from load_options are not checked again
     if isinstance(opts.seq_len, list):
         raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.probe, "
@@ -204,12 +206,13 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
         torch.set_num_threads(opts.threads)
     with Timer() as t_load:
         encoder = load_encoder(opts, encoder)
-    train_ids, eval_ids, text = chunks.probe_data(opts, encoder)
-    targets = make_targets(opts, encoder, train_ids, eval_ids, *text["_texts"])
-    text["targets"] = targets.describe(text["_texts"][1])
+    # a length the user chose is refused when the encoder cannot read its chunks whole; the default one is cut to fit
+    train_ids, eval_ids, text = chunks.probe_data(opts, encoder, cap_to_fit="seq_len" not in opts.explicit)
+    targets = make_targets(opts, encoder, train_ids, eval_ids, *text.texts)
+    text.accounting.targets = targets.describe(text.eval_texts)
     encoder = fit_length(encoder, train_ids)
     if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
-        check_readouts(opts, readout_context(opts, encoder.tokenizer, text["_texts"], encoder.dim))
+        check_readouts(opts, readout_context(opts, encoder.tokenizer, text.texts, encoder.dim))
     return opts, encoder, train_ids, eval_ids, text, t_load.seconds, targets
 
 
@@ -258,7 +261,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     # fit the decoders, read out, score, put intervals on the readings
     fit = fit_one(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache,
                   control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=opts.sequence,
-                  fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
+                  fit_readouts=bool(opts.readouts), chars=text.chars, texts=text.texts)
     # the report
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
     _notes(report, opts, eval_ids)

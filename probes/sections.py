@@ -12,7 +12,7 @@ meanings, the core's defaults where the probe uses the same value, the probe's o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from memlab.config import TrainConfig, field_docs
 
@@ -289,8 +289,3 @@ def docs(cls: type) -> dict[str, str]:
     for base in reversed(cls.__mro__):
         out.update(field_docs(base) if "__dataclass_fields__" in vars(base) else {})
     return out
-
-
-def section_of(name: str) -> str | None:
-    """The section that holds the option ``name`` (None: a part's option)."""
-    return next((s for s, c in SECTIONS.items() if name in {f.name for f in fields(c)}), None)

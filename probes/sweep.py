@@ -22,12 +22,16 @@ from typing import Any
 
 import torch
 
-from memlab.errors import ModelError
+from memlab.errors import ConfigError, ModelError
+from memlab.plots import finish_axes, pyplot, save_figure
+from memlab.probes import compare
+from memlab.probes.chunks import fill_pad, mask_of
 from memlab.probes.cache import encode_data
-from memlab.probes.chunks import public_text
-from memlab.probes.parts import readout_columns, readout_context
-from memlab.probes.result import Fit, Reading, jsonable
+from memlab.probes.options import option_values
+from memlab.probes.parts import check_readouts, readout_columns, readout_context
+from memlab.probes.result import Fit, ProbeText, Reading, jsonable
 from memlab.probes.run import control_key, fit_one, setup
+from memlab.probes.targets import make_targets
 from memlab.probes.train import Timer
 
 
@@ -125,8 +129,6 @@ def _table(rows: list[SweepRow], first: str, own: list[str]) -> str:
 def _plot(rows: list[SweepRow], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:
     """Shares against ``x``: the read-outs' own columns ``own`` (their recovered shares and priors) and the
     decoder's."""
-    from memlab.plots import finish_axes, pyplot, save_figure
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = [getattr(r, x) for r in rows]
@@ -159,8 +161,6 @@ def _write(run_dir, stem: str, payload: dict, table: str, plot_fn) -> None:
 
 def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int) -> torch.Tensor:
     """(N, T) chunks -> (N, L, D) pooled states of each layer, one forward pass per batch."""
-    from memlab.probes.chunks import fill_pad, mask_of
-
     pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
     out = [encoder.encode_layers(fill_pad(b, pad_id), mask_of(b).long(), layers)
            for b in ids.split(batch_size)]
@@ -185,13 +185,13 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
         fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                      sequence=sequence, fit_readouts=bool(opts.readouts), chars=text["chars"], texts=text["_texts"])
+                      sequence=sequence, fit_readouts=bool(opts.readouts), chars=text.chars, texts=text.texts)
         rows.append(replace(_row(fit), layer=layer))
         own.update(dict.fromkeys(_own_columns(fit)))
         log(f"layer {layer}: {fit.retention}")
     payload = {"model": opts.model, "pool": encoder.pool, "layers": idx, "rows": [r.to_dict() for r in rows],
                "n_train": opts.n_train,
-               "text": public_text(text),
+               "text": text.accounting.to_dict(),
                "n_eval": opts.n_eval, "seq_len": opts.seq_len, "encode_s": t_enc.seconds,
                "total_s": time.perf_counter() - t0}
     table = _table(rows, "layer", list(own))
@@ -204,8 +204,6 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
 
 def parse_sizes(text) -> list[int]:
     """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
-    from memlab.errors import ConfigError
-
     items = text if isinstance(text, (list, tuple)) else str(text).split(",")
     try:
         sizes = sorted({int(x) for x in items if str(x).strip()})
@@ -216,20 +214,18 @@ def parse_sizes(text) -> list[int]:
     return sizes
 
 
-def _compared(opts, encoder, train_ids, eval_ids, text, targets) -> list[tuple]:
+def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> list[tuple]:
     """(method spec or None, its options, its targets) of every method a curve fits: ``opts`` itself, or each
-    method of ``opts.compare`` (:mod:`memlab.probes.compare`), its read-out checked before anything is encoded."""
+    method of ``opts.compare`` as validation resolved it (``opts.methods``, at the curve's largest size), its
+    read-out checked before anything is encoded."""
     if opts.compare is None:
         return [(None, opts, targets)]
-    from memlab.probes.options import compared
-    from memlab.probes.parts import check_readouts
-    from memlab.probes.targets import make_targets
-
     out = []
-    for m, o in compared(opts):
+    for m, o in opts.methods:
+        o = replace(o, n_train=opts.n_train)
         if o.readouts:
-            check_readouts(o, readout_context(o, encoder.tokenizer, text["_texts"], encoder.dim))
-        out.append((m.spec, o, make_targets(o, encoder, train_ids, eval_ids, *text["_texts"])))
+            check_readouts(o, readout_context(o, encoder.tokenizer, text.texts, encoder.dim))
+        out.append((m.spec, o, make_targets(o, encoder, train_ids, eval_ids, *text.texts)))
     return out
 
 
@@ -250,15 +246,13 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             t = tgm.first(n)
             key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
             fit = fit_one(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
-                          sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text["chars"],
-                               texts=(text["_texts"][0][:n], text["_texts"][1]))
+                          sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text.chars,
+                          texts=(text.train_texts[:n], text.eval_texts))
             rows.append(replace(_row(fit), n_train=n))
             own.update(dict.fromkeys(_own_columns(fit)))
             r = rows[-1]
             if spec is not None:
-                from memlab.probes.compare import cells
-
-                r.method, r.cells = spec, cells(fit, o, t)
+                r.method, r.cells = spec, compare.cells(fit, o, t)
                 log(f"{spec}, n_train {n}: {fit.retention}, {r.seconds:.0f}s")
                 continue
             seq = (f"; token accuracy {r.token_accuracy:.3f} (free-running {r.free_running_accuracy:.3f}), "
@@ -267,20 +261,18 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             log(f"n_train {n}: {fit.retention}{seq}, {r.seconds:.0f}s")
     payload = {"model": opts.model, "sizes": sizes, "rows": [r.to_dict() for r in rows], "n_eval": opts.n_eval,
                "seq_len": opts.seq_len,
-               "text": public_text(text),
+               "text": text.accounting.to_dict(),
                "encode_s": t_enc.seconds, "total_s": time.perf_counter() - t0}
     if opts.compare is None:
         table = _table(rows, "n_train", list(own))
         plot = lambda d: _plot(rows, "n_train", d / "learning_curve.png", f"{opts.model}: learning curve",  # noqa: E731
                                list(own), logx=True)
     else:
-        from memlab.probes import compare as C
-
         payload["methods"] = [{"method": spec, "targets": tgm.name, "options": {
-            k: v for k, v in vars(m).items() if v != getattr(opts, k)}} for spec, m, tgm in methods]
-        table = C.table(rows)
+            k: v for k, v in option_values(m).items() if v != getattr(opts, k)}} for spec, m, tgm in methods]
+        table = compare.table(rows)
         title = f"{opts.model}: {len(methods)} method{'s' * (len(methods) > 1)}, one encoder pass"
-        plot = lambda d: C.plot(payload["rows"], d / "compare.png", title)  # noqa: E731
+        plot = lambda d: compare.plot(payload["rows"], d / "compare.png", title)  # noqa: E731
     _write(run_dir, "curve", payload, table, plot)
     log(table)
     return payload

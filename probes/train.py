@@ -31,7 +31,7 @@ import torch
 from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
-from memlab.probes.group import autocast_context, train_decoders  # noqa: F401  (autocast_context re-exported)
+from memlab.probes.group import train_decoders
 from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
 from memlab.probes.result import ChunkScores, DecoderScores
 from memlab.probes.scores import reconstruction_scores
@@ -234,11 +234,6 @@ def contain(probe, control):
         for n in path:
             params[n].zero_()
     return probe
-
-
-def _best_step(history: list[dict]) -> int | None:
-    rows = [h.get("best_step") for h in history if "best_val_ce" in h]
-    return rows[-1] if rows else None
 
 
 def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched,

@@ -19,10 +19,9 @@ from memlab.app.cli import main
 from memlab.config import TrainConfig
 from memlab.errors import MemlabError
 from memlab.probes.capture import HiddenStateEncoder
-from memlab.probes.group import DecoderGroup, train_decoders
+from memlab.probes.group import DecoderGroup, autocast_context, train_decoders
 from memlab.probes.run import load_options, run_probe
 from memlab.probes.loading import resolve_dtype
-from memlab.probes.train import autocast_context
 from memlab.registry import FAMILIES
 from memlab.train import devices as train_devices
 from memlab.train.loop import Trainer

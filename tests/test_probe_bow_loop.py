@@ -63,7 +63,7 @@ def test_the_head_trains_in_the_decoders_optimiser_and_stops_on_its_own_loss(mon
     val = [h["val_ce"] for h in head.history if "val_ce" in h]
     best = head.history[-1]
     assert best["best_val_ce"] == min(val) and len(val) >= 2  # its own held-back loss, its own best epoch
-    _, rows = group.held_back_rows(ids.shape[0], opts.val_fraction, torch.Generator().manual_seed(opts.seed))
+    _, rows = fitloop.held_back_rows(ids.shape[0], opts.val_fraction, torch.Generator().manual_seed(opts.seed))
     assert float(head.held_back_ce(rows)) == best["best_val_ce"]  # it ends with its best epoch's weights
     (h_alone,), _ = group.train_decoders([alone], [z], ids, opts)
     assert h_dec == h_alone  # the head beside it changes nothing of the decoder's run

@@ -130,5 +130,5 @@ def test_every_length_scores_as_many_held_out_chunks(tiny_llama, small_corpus, c
     counts = {n: d[2].shape[0] for n, d in data.items()}
     assert counts[3] == counts[6] < 100000  # the split holds fewer chunks of 6 words: that many at every length
     assert all(d[1].shape[0] == 48 for d in data.values())  # and the same training chunks' number
-    assert data[3][3]["per_chunk"] == "3 words" and data[6][3]["per_chunk"] == "6 words"
+    assert data[3][3].accounting.per_chunk == "3 words" and data[6][3].accounting.per_chunk == "6 words"
     assert lengths.cut_lengths(replace(opts, seq_len=[3]), enc, [3])[3][2].shape[0] > counts[3]  # alone: more

@@ -9,7 +9,8 @@ import pytest
 
 from memlab.probes.intervals import cell, retention, shows_retention
 from memlab.probes.result import (Calibration, CalibrationCheck, ChunkScores, DecoderScores, Fit, Reading,
-                                  ReadoutResult, Reconstructed, TextAccounting, jsonable)
+                                  ProbeText, ReadoutResult, Reconstructed, TextAccounting,
+                                  jsonable)
 from memlab.probes.sweep import _row
 
 TEXT = {"chunk_by": "words", "per_chunk": "8 words", "mean_chars": 41.5, "mean_tokens": 9.25, "max_tokens": 12,
@@ -38,12 +39,13 @@ def test_calibration_writes_its_checks_with_their_extras_and_a_note_only_when_it
     assert Calibration.unchecked("not run").to_dict() == {"status": "unchecked", "checks": [], "note": "not run"}
 
 
-def test_text_accounting_round_trips_report_json_and_keeps_unknown_keys():
-    text = TextAccounting.from_dict({**TEXT, "words_per_chunk": 8})
-    assert text.mean_tokens == 9.25 and text.target_rendering == "targets" and text.extra == {"words_per_chunk": 8}
-    assert text.to_dict() == {**TEXT, "words_per_chunk": 8}
-    plain = TextAccounting.from_dict({k: v for k, v in TEXT.items() if k != "targets"})
+def test_text_accounting_writes_report_json_and_the_probe_text_keeps_its_texts_apart():
+    text = TextAccounting(**TEXT)
+    assert text.mean_tokens == 9.25 and text.target_rendering == "targets" and text.to_dict() == TEXT
+    plain = TextAccounting(**{k: v for k, v in TEXT.items() if k != "targets"})
     assert "targets" not in plain.to_dict() and plain.target_rendering == TEXT["rendering"]
+    cut = ProbeText(text, ["a b", "c d"], ["e f"], [3], cap=12)
+    assert cut.texts == (["a b", "c d"], ["e f"]) and cut.accounting.to_dict() == TEXT  # texts: never in the report
 
 
 def _fit(sequence: bool) -> Fit:

@@ -44,9 +44,16 @@ from pathlib import Path
 from typing import Callable
 
 from memlab import assets
+from memlab.config import apply_overrides
 from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
+from memlab.plots import finish_axes, pyplot, save_figure
+from memlab.probes.intervals import cell
+from memlab.probes.loading import load_encoder
+from memlab.probes.report import seen_line
+from memlab.probes.run import load_options, run_probe
+from memlab.probes.synthetic import load_synthetic
 from memlab.progress import WorkLine
 
 CHECKPOINTS = resource("checkpoints")
@@ -140,8 +147,6 @@ def _memory_ae_spec(ctx: Context) -> str:
 
 def _hf(spec_fn, **kw):
     def load(ctx: Context):
-        from memlab.probes.loading import load_encoder
-
         return load_encoder(spec_fn(ctx), device=ctx.device, **kw)
 
     return load
@@ -159,8 +164,6 @@ def _needs_memory() -> str | None:
 
 def _synthetic(kind: str):
     def load(ctx: Context):
-        from memlab.probes.synthetic import load_synthetic
-
         return load_synthetic(f"synthetic:{kind}", max_len=ctx.seq_len)
 
     return load
@@ -208,8 +211,6 @@ COLUMNS = (("bits per chunk", "bits_per_chunk", True, 1), ("bits per char", "bit
 def format_table(rows: list[dict]) -> str:
     """A markdown table led by the bits per chunk the embedding adds (every reading with its interval; a gain
     without evidence reads "no evidence [low, high]"), then H_r, V, tokens per chunk, calibration and time."""
-    from memlab.probes.intervals import cell
-
     head = (["model", "embedding", "dim"] + [c[0] for c in COLUMNS]
             + ["H_r", "V", "tokens/chunk", "calibration", "time (s)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -244,8 +245,6 @@ def _row(e: Entry, rep, seconds: float) -> dict:
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     """Token accuracy per model (probe and control), and accuracy by position."""
-    from memlab.plots import finish_axes, pyplot, save_figure
-
     plt = pyplot()
 
     done = [r for r in rows if "skipped" not in r and "not_run" not in r and r["token_accuracy"] is not None]  # read-out-only rows aside
@@ -274,9 +273,6 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
     ``overrides``: ``key=value`` changes of the probe options (ProbeOptions fields) for every entry. The run
     directory is new or empty (:class:`memlab.outdir.OutputFolder`): a quickstart that fails removes what it made.
     """
-    from memlab.config import apply_overrides
-    from memlab.probes.run import load_options, run_probe
-
     entries = entries if entries is not None else default_entries()
     names = [e.name for e in entries]
     for n in (only or []) + (skip or []):
@@ -301,8 +297,6 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
                    folder: OutputFolder) -> dict:
     """The quickstart's work inside its claimed folder: probe each entry, then write table.md, the plot and
     summary.json."""
-    from memlab.probes.run import load_options, run_probe
-
     run_dir, progress = folder.path, ctx.progress
     rows, reports, controls = [], {}, {}
     t0 = time.perf_counter()
@@ -363,8 +357,6 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
         print(f"note: {n}")
     failed = [r["name"] for r in rows if r.get("calibration") == "failed"]
     if failed:
-        from memlab.probes.report import seen_line
-
         seen = (reports[failed[0]].text.targets or {}).get("seen_in_training")
         print(f"WARNING: calibration failed ({', '.join(failed)}): at these options the probe cannot read all that is "
               "there; low readings above say the probe could not see, not that the models forgot"
