@@ -25,8 +25,8 @@ import torch
 from memlab.errors import ConfigError, ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import compare
-from memlab.probes.chunks import fill_pad, mask_of
 from memlab.probes.cache import encode_data
+from memlab.probes.chunks import fill_pad, mask_of
 from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.result import Fit, ProbeText, Reading, jsonable
