@@ -149,12 +149,11 @@ def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict
                               int(z_train.shape[1]))
     if untrained := [m for m in members.values() if not m.history]:
         train_readouts(untrained, int(train_ids.shape[0]), opts, progress=opts.progress)
-    for name in names:
-        out.readouts[name] = (members[name].result(z_eval, eval_ids) if name in members else
-                              fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed, name=name,
-                                          context=context, device=opts.device))
-        out.timing["bow_s"] += out.readouts[name]["seconds"]
-    out.readouts = {k: ReadoutResult.split(k, v) for k, v in out.readouts.items()}
+    for name in names:  # each read-out's result dict typed as it comes in
+        out.readouts[name] = ReadoutResult.split(name, members[name].result(z_eval, eval_ids) if name in members else
+                                                 fit_readout(train_ids, eval_ids, z_train, z_eval, seed=opts.seed,
+                                                             name=name, context=context, device=opts.device))
+        out.timing["bow_s"] += out.readouts[name].values["seconds"]
     out.readings = interval_readings(opts, out, eval_ids, tok, chars)
     out.retention = retention(out.readings, opts.ci_level, readout_gains(out.readouts))
     out.calibration = calibration(opts, tok, train_ids, eval_ids, out)
