@@ -19,12 +19,12 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from memlab.probes.options import load_options
-    from memlab.probes.loading import load_encoder
-    from memlab.probes.report import peak_memory_mb
-    from memlab.probes.group import train_decoder
-    from memlab.probes.cache import encode_all
     from memlab.probes.chunks import probe_chunks
+    from memlab.probes.group import train_decoder
+    from memlab.probes.loading import load_encoder
+    from memlab.probes.options import load_options
+    from memlab.probes.report import peak_memory_mb
+    from memlab.probes.run import encode_all
     from memlab.probes.train import build_decoder
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

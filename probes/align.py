@@ -20,7 +20,7 @@ embedding once a linear map carries it into that space:
    fitted probe, ``space:probe:RUN``, the texts in the tokenizer its decoder
    rebuilds, which for ``decoder=pretrained`` is the LM's, not its encoder's):
    teacher-forced NLL and argmax hits per chunk, and the greedy reconstruction
-   (``generate``) scored by token-set F1 (:mod:`memlab.probes.scores`).
+   (``generate``) scored by token-set F1 (:mod:`memlab.probes.readings`).
 
 Scores: ``recovered`` is the mean over held-out chunks of each chunk's token
 accuracy (the measure the memory autoencoder's own decoder is quoted in);
@@ -29,7 +29,7 @@ mean training memory for every chunk (a ridge map of a constant predicts the
 mean target), decoded by the same decoder; ``gain = recovered - prior``.
 ``_per_chunk`` also holds the NLL of both (``nll``, ``prior_nll``, nats over the
 same target tokens) and their TF1 (``tf1``, ``prior_tf1``), so
-:mod:`memlab.probes.intervals` reports ``align_bits_per_chunk`` with a paired
+:mod:`memlab.probes.readings` reports ``align_bits_per_chunk`` with a paired
 bootstrap interval. ``own`` is the target's decoder reading the target's own
 memories of the held-out chunks (the ceiling the map can reach) and ``own.r2`` the
 share of their variance the map predicts (what limits a low reading).
@@ -45,11 +45,11 @@ import torch
 
 from memlab.errors import ConfigError, DataError, ModelError
 from memlab.paths import resource
-from memlab.probes.cache import cached_encode
 from memlab.probes.chunks import PAD, fill_pad, mask_of, tokenize_chunks, trim
 from memlab.probes.loading import load_encoder
 from memlab.probes.options import train_sizes
-from memlab.probes.scores import token_set_f1_per_chunk
+from memlab.probes.readings import token_set_f1_per_chunk
+from memlab.probes.run import cached_encode
 from memlab.probes.sections import AlignOptions
 from memlab.probes.train import Timer
 

@@ -9,7 +9,7 @@ import torch
 
 from memlab import assets
 from memlab.metrics import sentence_bleu
-from memlab.probes import bow, calibration, loading, scores, synthetic
+from memlab.probes import bow, loading, readings, report, synthetic
 from memlab.probes.align import check_target, fit_align
 from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.parts import Conditioning, EncoderKind, InputMode, Part, register_part
@@ -31,7 +31,7 @@ for _name, _kind, _doc in [
     ("space", EncoderKind(lambda s: s.startswith("space:"), loading.load_space),
      "space:NAME[:PATH]: any registered EmbeddingSpace"),
     ("synthetic", EncoderKind(lambda s: s.startswith("synthetic:"), synthetic.load_synthetic_kind,
-                              known_content=calibration.check_synthetic_spec),
+                              known_content=report.check_synthetic_spec),
      "synthetic:concat|bag|constant: a calibration encoder"),
 ]:
     register_part("encoder", Part(_name, _kind, description=_doc))
@@ -150,7 +150,7 @@ register_part("readout", Part("align", _align, options_class=AlignOptions, check
 
 
 def _token_set_f1(pred, true, hyps, refs) -> float:
-    return scores.token_set_f1(pred, true)
+    return readings.token_set_f1(pred, true)
 
 
 def _sentence_bleu(pred, true, hyps, refs) -> float:
@@ -158,7 +158,7 @@ def _sentence_bleu(pred, true, hyps, refs) -> float:
 
 
 def _exact_match(pred, true, hyps, refs) -> float:
-    return scores.exact_match(pred, true)
+    return readings.exact_match(pred, true)
 
 
 for _name, _fn, _doc in [("token_set_f1", _token_set_f1, "F1 of the token sets of reconstruction and chunk"),

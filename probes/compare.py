@@ -28,8 +28,8 @@ from memlab.config import apply_overrides, from_dict
 from memlab.errors import ConfigError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import mask_of
-from memlab.probes.intervals import cell
 from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
+from memlab.probes.readings import cell
 from memlab.probes.result import Reading, jsonable
 
 SHARED = frozenset({

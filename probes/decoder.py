@@ -121,7 +121,7 @@ class ProbeDecoderConfig(PretrainedConfig):
 
 @runtime_checkable
 class ProbeDecoderAPI(Protocol):
-    """What training (:mod:`memlab.probes.train`), scoring (:mod:`memlab.probes.scores`) and the fitted probe
+    """What training (:mod:`memlab.probes.train`), scoring (:mod:`memlab.probes.readings`) and the fitted probe
     (:mod:`memlab.probes.space`) use of a probe decoder: an ``nn.Module`` with
 
     * ``forward(z (B, D), decoder_input_ids (B, T)) -> logits (B, T, C)`` over its C output classes;

@@ -34,14 +34,23 @@ import torch
 
 from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes import cache, chunks
-from memlab.probes.intervals import cell
+from memlab.probes import chunks
+from memlab.probes.chunks import make_targets
 from memlab.probes.options import seq_lens
 from memlab.probes.parts import check_readouts, readout_context
-from memlab.probes.run import (claim_out, control_key, fit_length, fit_one, load_encoder, load_options, resolved,
-                               run_probe)
+from memlab.probes.readings import cell
+from memlab.probes.run import (
+    claim_out,
+    control_key,
+    encode_data,
+    fit_length,
+    fit_one,
+    load_encoder,
+    load_options,
+    resolved,
+    run_probe,
+)
 from memlab.probes.sweep import _row
-from memlab.probes.targets import make_targets
 from memlab.probes.train import Timer
 from memlab.progress import WorkLine
 
@@ -205,7 +214,7 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
         line = WorkLine(f"[seq_len {n}]", f"encoding and fitting {train_ids.shape[0]} + {eval_ids.shape[0]} chunks...")
         try:
             with Timer() as t_enc:
-                z_tr, z_ev, _ = cache.encode_data(o, encoder, train_ids, eval_ids)  # (N, D), (M, D)
+                z_tr, z_ev, _ = encode_data(o, encoder, train_ids, eval_ids)  # (N, D), (M, D)
             encode_s += t_enc.seconds
             fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev, None,
                           control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=o.sequence,

@@ -28,7 +28,7 @@ positive control (``configs/probes/calibration_pretrained.yaml``;
 docs/results/probes.md).
 
 Targets are the chunk texts in the decoder's own tokenizer (see
-:mod:`memlab.probes.targets`), so every encoder read by one pretrained decoder
+:func:`memlab.probes.chunks.make_targets`), so every encoder read by one pretrained decoder
 is scored over the same target tokens. The output layer is the LM's own, over
 its whole vocabulary (``compact_vocab`` does not apply: a compact vocabulary's
 *other* class would throw away what the LM knows of the tokens unseen in the

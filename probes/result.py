@@ -50,7 +50,7 @@ def jsonable(x):
 @dataclass(frozen=True)
 class Reading:
     """One reading with the percentile interval of its paired bootstrap over held-out chunks
-    (:mod:`memlab.probes.intervals`)."""
+    (:mod:`memlab.probes.readings`)."""
 
     value: float
     low: float
@@ -89,7 +89,7 @@ class ChunkScores:
 
 @dataclass
 class Reconstructed:
-    """The scorers' readings of a decoder's greedy reconstructions (:func:`memlab.probes.scores.reconstruction_scores`):
+    """The scorers' readings of a decoder's greedy reconstructions (:func:`memlab.probes.readings.reconstruction_scores`):
     ``metrics`` (each scorer's mean and ``free_running_accuracy``), the numbers per chunk its intervals resample and
     the decoded reconstructions."""
 
@@ -215,7 +215,7 @@ class TextAccounting:
     truncated_chunks: int
     rendering: str
     targets: dict | None = None
-    """The decoder's targets (:meth:`memlab.probes.targets.Targets.describe`)."""
+    """The decoder's targets (:meth:`memlab.probes.chunks.Targets.describe`)."""
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in TEXT_FIELDS}
@@ -302,7 +302,7 @@ class ProbeReport:
     control: dict | None
     information_gain: float | None
     readings: dict
-    """Each :class:`Reading` by name (:mod:`memlab.probes.intervals`); report.json: {name: {value, low, high}}."""
+    """Each :class:`Reading` by name (:mod:`memlab.probes.readings`); report.json: {name: {value, low, high}}."""
     retention: str
     """One line: the bits the embedding adds with their interval, or 'no evidence of retention'."""
     readouts: dict

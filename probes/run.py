@@ -5,12 +5,12 @@
 1. load the encoder (:func:`load_encoder`: the registered encoder kind that takes ``opts.model``,
    :mod:`memlab.probes.parts`);
 2. cut the text (:func:`memlab.probes.chunks.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
-   once as text, the same for every model, and the decoder's targets, :mod:`memlab.probes.targets`);
-3. encode once (:func:`memlab.probes.cache.encode_data`, disk-cached with ``cache_dir``);
+   once as text, the same for every model, and the decoder's targets, :func:`memlab.probes.chunks.make_targets`);
+3. encode once (:func:`encode_data`, disk-cached with ``cache_dir``);
 4. fit the decoders, read out, score and put intervals on the readings (:func:`fit_one`: the probe decoder and its
    control trained as one group, :mod:`memlab.probes.train`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
-   the paired bootstrap intervals, :mod:`memlab.probes.intervals`; the calibration,
-   :mod:`memlab.probes.calibration`);
+   the paired bootstrap intervals, :mod:`memlab.probes.readings`; the calibration,
+   :func:`memlab.probes.report.calibration`);
 5. build and write the report (:class:`memlab.probes.result.ProbeReport`, :mod:`memlab.probes.report`).
 
 The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`) loop over the same :func:`fit_one`.
@@ -32,6 +32,8 @@ Python::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import fields
 from functools import partial
@@ -39,28 +41,102 @@ from pathlib import Path
 
 import torch
 
+from memlab.data.chunkcache import read_chunk_embeddings, write_chunk_embeddings
 from memlab.devices import resolve_device
-from memlab.errors import ConfigError, ModelError
-from memlab.probes import cache, chunks
-from memlab.probes.calibration import calibration
+from memlab.errors import ConfigError, MemlabError, ModelError
+from memlab.probes import chunks
+from memlab.probes.chunks import fill_pad, make_targets, mask_of, trim
 from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.fitloop import train_readouts
-from memlab.probes.intervals import readings, retention
 from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
-from memlab.probes.parts import (check_readouts, encoder_kind, fit_readout, get_part, part_options, readout_context,
-                                 readout_gains, takes, takes_context)
-from memlab.probes.report import format_summary, peak_memory_mb, write_report
+from memlab.probes.parts import (
+    check_readouts,
+    encoder_kind,
+    fit_readout,
+    get_part,
+    part_options,
+    readout_context,
+    readout_gains,
+    takes,
+    takes_context,
+)
+from memlab.probes.readings import limit_line, readings, retention
+from memlab.probes.report import calibration, format_summary, peak_memory_mb, write_report
 from memlab.probes.result import Fit, ProbeReport, ProbeText, Reading, ReadoutResult
-from memlab.probes.scores import limit_line
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
-from memlab.probes.targets import make_targets
 from memlab.probes.train import Timer, build_decoder, fit_decoders, information_gain
+from memlab.progress import progress_bar
 from memlab.rundir import claim
 
 ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
                 | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)})
 """Options a control run does not depend on: the encoder's, the read-outs' and the run's."""
+
+
+def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
+    spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
+            "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
+    if opts.part_options:  # a plugin encoder kind's or pooling's options may change the embeddings
+        spec["part_options"] = dict(opts.part_options)
+    if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
+        spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
+    return spec
+
+
+def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
+               desc: str = "encode") -> torch.Tensor:
+    """Run the frozen encoder once over full chunks ``(N, T)`` -> embeddings ``(N, D)`` float32."""
+    out = []
+    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
+    bar = progress_bar(ids.shape[0], desc, progress)
+    # an encoder that masks its padding (a transformers model) reads chunks of like length together, each batch
+    # cut to its longest chunk: no compute on padding; others (a space of fixed length) read the chunks as given
+    cut = getattr(encoder, "masks_padding", False)
+    order = torch.sort(mask_of(ids).sum(1), stable=True).indices if cut else torch.arange(ids.shape[0])  # (N,)
+    with torch.no_grad():
+        for i in range(0, ids.shape[0], batch_size):
+            b = ids[order[i : i + batch_size]]  # (b, T), PAD after each chunk's tokens
+            b = trim(b) if cut else b  # (b, T_b)
+            out.append(encoder.encode(fill_pad(b, pad_id), mask_of(b).long()))  # (b, D)
+            bar.update(b.shape[0])
+    bar.close()
+    z = torch.empty(ids.shape[0], out[0].shape[1], dtype=out[0].dtype) if out else torch.zeros(0, 0)  # (N, D)
+    z[order] = torch.cat(out)  # back in the chunks' order
+    if not torch.isfinite(z).all():
+        raise MemlabError(f"{getattr(encoder, 'name', 'the encoder')} gave non-finite embeddings")
+    return z
+
+
+def content_hash(key: dict, *tensors: torch.Tensor) -> str:
+    """sha256 of a JSON-able ``key`` and the bytes of ``tensors``: what a cached result depends on."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+    for t in tensors:
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
+    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids (safetensors: one file,
+    or shards and an index when large, :mod:`memlab.data.chunkcache`)."""
+    if not cache_dir:
+        return encode_all(encoder, ids, **kw), False
+    path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
+    z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)
+    if z is not None:
+        return z, True
+    z = encode_all(encoder, ids, **kw)
+    write_chunk_embeddings(path, z, ids)
+    return z, False
+
+
+def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
+    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
+    key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+    z_train, hit1 = cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
+    z_eval, hit2 = cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
+    return z_train, z_eval, bool(hit1 and hit2)
 
 
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
@@ -69,7 +145,7 @@ def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids
     control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
     from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
     decoder_side = {k: v for k, v in option_values(opts).items() if k not in ENCODER_SIDE}
-    return cache.content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
+    return content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
 
 
 def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int):
@@ -105,7 +181,7 @@ def fit_length(encoder, ids: torch.Tensor):
 
 
 def interval_readings(opts, fit: Fit, eval_ids, tok, chars=None) -> dict[str, Reading]:
-    """:func:`memlab.probes.intervals.readings` of a fit's numbers per held-out chunk (its decoders' and its
+    """:func:`memlab.probes.readings.readings` of a fit's numbers per held-out chunk (its decoders' and its
     read-outs')."""
     chars = chars if chars is not None else chunks.chunk_chars(eval_ids, tok)
     per = {k: v.chunks for k, v in fit.readouts.items() if v.chunks is not None}
@@ -235,7 +311,7 @@ def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if report.fitted is not None:
         # a scratch decoder's targets in a named tokenizer: the reloaded probe decodes in it too
-        report.fitted.save(out, {**cache.encoder_spec(opts, encoder), "target_tokenizer": opts.target_tokenizer})
+        report.fitted.save(out, {**encoder_spec(opts, encoder), "target_tokenizer": opts.target_tokenizer})
     report.run_dir = str(out)
     write_report(report, out)
 
@@ -253,7 +329,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
     # encode once
     with Timer() as t_enc:
-        z_train, z_eval, cached = cache.encode_data(opts, encoder, train_ids, eval_ids)
+        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
         control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
                                      control_cache, side=compute_side(resolve_device(opts.device)))

@@ -161,7 +161,7 @@ class ReadoutSection:
     head, and its frequency prior; align, a ridge map into the space of align_target, read by its decoder); []
     for none."""
     ci_level: float = 0.95
-    """Level of the paired bootstrap intervals over held-out chunks (memlab.probes.intervals)."""
+    """Level of the paired bootstrap intervals over held-out chunks (memlab.probes.readings)."""
     ci_resamples: int = 2000
     """Bootstrap resamples of the held-out chunks."""
     calibrate: bool = False

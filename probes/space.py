@@ -25,7 +25,7 @@ from memlab.probes.chunks import shift_right
 from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.loading import load_encoder, load_tokenizer
 from memlab.probes.parts import PARTS, DecoderKind, reads_tokens
-from memlab.probes.scores import reconstruct_ids
+from memlab.probes.readings import reconstruct_ids
 
 
 class FittedProbe:

@@ -25,15 +25,12 @@ import torch
 from memlab.errors import ConfigError, ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import compare
-from memlab.probes.cache import encode_data
-from memlab.probes.chunks import fill_pad, mask_of
+from memlab.probes.chunks import fill_pad, make_targets, mask_of
 from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.result import Fit, ProbeText, Reading, jsonable
-from memlab.probes.run import control_key, fit_one, setup
-from memlab.probes.targets import make_targets
+from memlab.probes.run import control_key, encode_data, fit_one, setup
 from memlab.probes.train import Timer
-
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",
           "control_accuracy", "control_token_set_f1", "information_gain", "control_free_running_accuracy")

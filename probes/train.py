@@ -5,7 +5,7 @@ beside it, and the control (the same decoder on a constant embedding) are built 
 together by :func:`memlab.probes.group.train_decoders` (one loop: the same batches, optimiser, schedule and early
 stopping for each; read-outs trained by gradient, such as the bag-of-words head, join the probe's group as members of
 their own); the kept one is scored by :func:`evaluate` and the reconstruction scorers
-(:mod:`memlab.probes.scores`).
+(:mod:`memlab.probes.readings`).
 
 Definitions (all on held-out chunks, nats, over the full vocabulary V of the
 probed model's tokenizer):
@@ -33,8 +33,8 @@ from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.group import train_decoders
 from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
+from memlab.probes.readings import reconstruction_scores
 from memlab.probes.result import ChunkScores, DecoderScores
-from memlab.probes.scores import reconstruction_scores
 
 
 def start_token_id(tokenizer) -> int:
@@ -77,7 +77,7 @@ def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, comp
 def evaluate(dec: ProbeDecoder, z: torch.Tensor, ids: torch.Tensor, batch_size: int = 128) -> DecoderScores:
     """CE (nats), token accuracy, entropy ratio ``1 - CE / ln V`` and accuracy by position on ``ids`` (N, T), over
     real tokens (PAD skipped), with each chunk's summed NLL (nats), hits and tokens (``chunks``, for the intervals,
-    :mod:`memlab.probes.intervals`). Sums stay on the device; the host reads them once."""
+    :mod:`memlab.probes.readings`). Sums stay on the device; the host reads them once."""
     dec.eval()
     device = next(dec.parameters()).device
     v, t_all = dec.config.vocab_size, ids.shape[1]

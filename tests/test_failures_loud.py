@@ -146,9 +146,9 @@ def test_sigterm_ends_train_naming_the_last_checkpoint_and_the_resume_is_exact(s
 
 
 def test_sigint_ends_a_probe_keeping_nothing_and_no_folder(tmp_path, capsys, monkeypatch):
-    from memlab.probes import cache
+    from memlab.probes import run as probe_run
 
-    _signal_at(monkeypatch, cache, "encode_all", signal.SIGINT)
+    _signal_at(monkeypatch, probe_run, "encode_all", signal.SIGINT)
     out = tmp_path / "probe"
     assert main(["probe", "--model", "synthetic:concat", "--out", str(out), *TINY_PROBE]) == 130
     err = capsys.readouterr().err
@@ -165,9 +165,9 @@ def test_sigterm_ends_eval_and_quickstart_in_one_line(tmp_path, capsys, monkeypa
         _signal_at(monkeypatch, runner, "evaluate_models", signal.SIGTERM)
         argv = ["eval", "--run", str(TOY), "--task", "needle", "--out", str(out)]
     else:
-        from memlab.probes import run
+        from memlab.app import quickstart
 
-        _signal_at(monkeypatch, run, "run_probe", signal.SIGTERM)
+        _signal_at(monkeypatch, quickstart, "run_probe", signal.SIGTERM)
         argv = ["quickstart", "--fast", "--only", "synthetic:concat", "--out", str(out)]
     assert main(argv) == 143
     err = capsys.readouterr().err

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import copy_run, hold_folder, write_config
+from conftest import one_line_error as _one_line_error
 from safetensors.torch import save_file
 
-from conftest import one_line_error as _one_line_error
-from conftest import copy_run, hold_folder, write_config
 from memlab.app.cli import main
 from memlab.errors import ConfigError
 
@@ -295,7 +295,7 @@ def test_probe_refuses_an_unusable_cache_dir_before_compute(tiny_llama, tmp_path
 
 def test_a_damaged_or_foreign_probe_cache_file_is_named_and_rebuilt(tiny_llama, tmp_path, capsys):
     from memlab.probes.loading import load_encoder
-    from memlab.probes.cache import cached_encode
+    from memlab.probes.run import cached_encode
 
     enc = load_encoder(str(tiny_llama))
     gen = torch.Generator().manual_seed(0)

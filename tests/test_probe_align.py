@@ -92,8 +92,8 @@ def test_a_constant_embedding_reads_nothing_through_the_map(tmp_path):
 def test_random_embeddings_add_no_bits():
     from memlab.probes import chunks as T
     from memlab.probes.chunks import cap_tokens
-    from memlab.probes.intervals import readings
     from memlab.probes.loading import load_tokenizer
+    from memlab.probes.readings import readings
 
     tok = load_tokenizer(str(COUNTER))
     tr = cap_tokens(T.probe_texts(32, 150, "train", "austen", 0), tok, 32)

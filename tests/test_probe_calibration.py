@@ -75,7 +75,7 @@ def test_scores_agree_with_references():
 
     from memlab.metrics import sentence_bleu as memlab_bleu
     from memlab.probes.bow import recovered_per_chunk
-    from memlab.probes.scores import exact_match, limit_line, token_set_f1
+    from memlab.probes.readings import exact_match, limit_line, token_set_f1
 
     true = torch.tensor([[1, 2, 3, 4], [5, 5, 6, 7]])
     pred = torch.tensor([[4, 3, 2, 1], [5, 6, 9, 9]])

@@ -8,7 +8,7 @@ import torch
 from memlab.errors import ConfigError
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.options import ProbeOptions, validate
-from memlab.probes.scores import reconstruct_ids
+from memlab.probes.readings import reconstruct_ids
 
 V = 12
 

@@ -101,7 +101,7 @@ def test_a_plain_member_keeps_a_zero_bag_head_and_its_own_noise():
 
 
 def test_incremental_greedy_decoding_matches_the_full_pass():
-    from memlab.probes.scores import reconstruct_ids
+    from memlab.probes.readings import reconstruct_ids
 
     z, ids = _data()
     for cond in ("unrolled", "prefix"):

@@ -82,7 +82,7 @@ def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, 
     import torch
 
     from memlab.probes.loading import load_encoder
-    from memlab.probes.cache import encode_all
+    from memlab.probes.run import encode_all
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     texts = ["Emma", "It is a truth universally acknowledged", "short one", "a single man in possession of a good",

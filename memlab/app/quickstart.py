@@ -49,8 +49,8 @@ from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes.intervals import cell
 from memlab.probes.loading import load_encoder
+from memlab.probes.readings import cell
 from memlab.probes.report import seen_line
 from memlab.probes.run import load_options, run_probe
 from memlab.probes.synthetic import load_synthetic
