@@ -13,7 +13,8 @@
    :func:`memlab.probes.report.calibration`);
 5. build and write the report (:class:`memlab.probes.result.ProbeReport`, :mod:`memlab.probes.report`).
 
-The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`) loop over the same :func:`fit_one`.
+The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`; lengths: :mod:`memlab.probes.lengths`)
+loop over the same :func:`fit_one`.
 
 By default the decoder reads the true previous tokens (``inputs="teacher"``), the embedding is added to every
 position (``conditioning="unrolled"``) and a position-shared linear read-out of it is added to every position's
