@@ -71,6 +71,15 @@ def small_corpus(tmp_path_factory) -> Path:
     return out
 
 
+class SixtyTokens:
+    """A stand-in tokenizer for probe decoders built on random ids: 60 ids, BOS 0."""
+
+    bos_token_id = 0
+
+    def __len__(self):
+        return 60
+
+
 def one_line_error(capsys) -> str:
     """The one ``memlab: error:`` line a refused command printed (asserting there is one, and no traceback)."""
     err = capsys.readouterr().err

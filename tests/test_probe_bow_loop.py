@@ -15,14 +15,9 @@ from memlab.probes.options import ProbeOptions
 from memlab.probes.sections import BowOptions
 from memlab.probes.train import build_decoder
 
+from conftest import SixtyTokens
+
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class _Tok:
-    bos_token_id = 0
-
-    def __len__(self):
-        return 60
 
 
 def _data(n: int = 96, t: int = 7):
@@ -40,7 +35,7 @@ def _opts(**kw) -> ProbeOptions:
 
 
 def _decoder(opts, z, ids):
-    dec = build_decoder(z.shape[1], _Tok(), ids, opts)
+    dec = build_decoder(z.shape[1], SixtyTokens(), ids, opts)
     dec.set_normalization(z)
     return dec
 

@@ -12,14 +12,9 @@ from memlab.probes.group import train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.train import build_decoder
 
+from conftest import SixtyTokens
+
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class _Tok:
-    bos_token_id = 0
-
-    def __len__(self):
-        return 60
 
 
 def _data(n: int = 96, t: int = 7):
@@ -42,7 +37,7 @@ def _members(opts, z, ids):
     const = z.mean(0, keepdim=True).expand_as(z)
     out = []
     for o, zz in ((opts, z), (plain, z), (opts, const)):
-        dec = build_decoder(z.shape[1], _Tok(), ids, o)
+        dec = build_decoder(z.shape[1], SixtyTokens(), ids, o)
         dec.set_normalization(zz)
         out.append((dec, zz))
     return out
@@ -105,7 +100,7 @@ def test_incremental_greedy_decoding_matches_the_full_pass():
 
     z, ids = _data()
     for cond in ("unrolled", "prefix"):
-        dec = build_decoder(z.shape[1], _Tok(), ids, _opts(conditioning=cond, bag_head=True))
+        dec = build_decoder(z.shape[1], SixtyTokens(), ids, _opts(conditioning=cond, bag_head=True))
         torch.nn.init.normal_(dec.bag.weight, std=0.5)  # a live bag head too
         dec.set_normalization(z)
         dec.eval()
@@ -162,7 +157,7 @@ def test_a_constant_embedding_reuses_the_cached_control_run():
     decoder and metrics, without training again; its control trained anew gives the same CE to the last bit."""
     from memlab.probes.train import fit_decoders
 
-    class Tok(_Tok):
+    class Tok(SixtyTokens):
         def batch_decode(self, rows, skip_special_tokens=True):
             return [" ".join(map(str, r)) for r in rows]
 
