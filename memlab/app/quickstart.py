@@ -63,9 +63,9 @@ CHUNK_TOKENIZER = str(CHECKPOINTS / "token_lm-toy")
 same text whole; and every decoder rebuilds the chunks in its tokens (``target_tokenizer``), so all entries are
 scored over the same target tokens and share one control decoder."""
 FULL = dict(seq_len=24, max_chunk_tokens=32, chunk_tokenizer=CHUNK_TOKENIZER, target_tokenizer=CHUNK_TOKENIZER,
-            n_train=2000, n_eval=200, epochs=12, patience=2, select_decoder=False, n_examples=3)
+            n_train=2000, n_eval=200, epochs=16, patience=2, select_decoder=False, n_examples=3)
 """Chunks of 24 words (at most 32 tokens of the toy BPE: the memory autoencoder's length), 2000 training chunks, at
-most 12 epochs and the bag-head decoder alone (no second, plain decoder to select from); every other option at its
+most 16 epochs and the bag-head decoder alone (no second, plain decoder to select from); every other option at its
 default (memlab.probes.sections): its time and
 readings are in docs/results.md; the probe is not saturated there (docs/results/probes.md: learning curve): the
 calibration rows say how far it sees."""
