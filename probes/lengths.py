@@ -98,18 +98,13 @@ def cut_lengths(opts, encoder, lengths: list[int]) -> dict[int, tuple]:
             return {n: data[n] for n in lengths}
 
 
-def as_dict(row) -> dict:
-    """A sweep row (:func:`memlab.probes.sweep._row`) as a JSON-able dict."""
-    return row.to_dict() if hasattr(row, "to_dict") else dict(row)
-
-
 def length_row(n: int, o, text, tg, fit) -> dict:
     """One length's row: the sweep row of ``fit``, its tokens per chunk, bits per token and how it was cut."""
     r = fit.readings
     mean_tokens = float(chunks.mask_of(tg.eval_ids).sum(1).float().mean())  # target tokens per held-out chunk
     row = {"seq_len": n, "chunk_by": o.chunk_by, "tokens_per_chunk": mean_tokens,
            "encoder_tokens_per_chunk": text.accounting.mean_tokens, "n_train": int(tg.train_ids.shape[0]),
-           "n_eval": int(tg.eval_ids.shape[0]), **as_dict(_row(fit))}
+           "n_eval": int(tg.eval_ids.shape[0]), **_row(fit).to_dict()}
     if "bits_per_token" in r:
         row["bits_per_token"] = r["bits_per_token"]["value"]
     row["text"] = text.accounting.to_dict()
