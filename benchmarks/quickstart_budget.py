@@ -17,6 +17,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> dict:
     from memlab.app.bench.probe import quickstart_budget
+    from memlab.app.quiet import quiet_libraries
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = quickstart_budget(out, only=a.only, fast=a.fast, log=lambda s: print(s, file=sys.stderr))
+    with quiet_libraries():  # the libraries' bars and warnings as memlab's lines, as the quickstart itself prints
+        res = quickstart_budget(out, only=a.only, fast=a.fast, log=lambda s: print(s, file=sys.stderr))
     (out / "budget.json").write_text(json.dumps(res, indent=2))
     return res
 
