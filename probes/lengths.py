@@ -35,13 +35,12 @@ import torch
 from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import chunks
-from memlab.probes.chunks import make_targets
 from memlab.probes.options import seq_lens
-from memlab.probes.parts import check_readouts, readout_context
 from memlab.probes.readings import cell
 from memlab.probes.run import (
     claim_out,
     control_key,
+    cut_text,
     encode_data,
     fit_length,
     fit_one,
@@ -75,16 +74,6 @@ def check_limit(encoder, lengths: list[int], chunk_by: str) -> None:
                      f"({positions}); keep every length at most {limit}")
 
 
-def _length_data(o, encoder) -> tuple:
-    """One length's chunks, text and targets, as a probe run cuts them (a chunk too long for the encoder refused)."""
-    train_ids, eval_ids, text = chunks.probe_data(o, encoder)
-    tg = make_targets(o, encoder, train_ids, eval_ids, *text.texts)
-    text.accounting.targets = tg.describe(text.eval_texts)
-    if o.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
-        check_readouts(o, readout_context(o, encoder.tokenizer, text.texts, encoder.dim))
-    return o, train_ids, eval_ids, text, tg
-
-
 def cut_lengths(opts, encoder, lengths: list[int]) -> dict[int, tuple]:
     """Every length's (options, training ids, held-out ids, text, targets), cut before anything is encoded, with the
     same number of held-out chunks at every length (the fewest any length's split holds, at most ``n_eval``)."""
@@ -92,7 +81,8 @@ def cut_lengths(opts, encoder, lengths: list[int]) -> dict[int, tuple]:
     while True:
         data = {}
         for n in reversed(lengths):  # the longest first: its held-out split holds the fewest chunks
-            data[n] = _length_data(replace(opts, seq_len=n, n_eval=n_eval, calibrate=False), encoder)
+            o = replace(opts, seq_len=n, n_eval=n_eval, calibrate=False)
+            data[n] = (o, *cut_text(o, encoder))
             n_eval = min(n_eval, int(data[n][2].shape[0]))
         if all(d[2].shape[0] == n_eval for d in data.values()):
             return {n: data[n] for n in lengths}

@@ -283,13 +283,21 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     with Timer() as t_load:
         encoder = load_encoder(opts, encoder)
     # a length the user chose is refused when the encoder cannot read its chunks whole; the default one is cut to fit
-    train_ids, eval_ids, text = chunks.probe_data(opts, encoder, cap_to_fit="seq_len" not in opts.explicit)
+    train_ids, eval_ids, text, targets = cut_text(opts, encoder, cap_to_fit="seq_len" not in opts.explicit)
+    return opts, fit_length(encoder, train_ids), train_ids, eval_ids, text, t_load.seconds, targets
+
+
+def cut_text(opts: ProbeOptions, encoder, cap_to_fit: bool = False):
+    """The chunks in the encoder's tokens (training (N, T), held-out (M, T)), their text (:class:`ProbeText`, its
+    targets described) and the decoder's targets; a chosen read-out that cannot read these chunks is refused here,
+    before anything is encoded."""
+    train_ids, eval_ids, text = chunks.probe_data(opts, encoder, cap_to_fit=cap_to_fit)
     targets = make_targets(opts, encoder, train_ids, eval_ids, *text.texts)
     text.accounting.targets = targets.describe(text.eval_texts)
-    encoder = fit_length(encoder, train_ids)
-    if opts.readouts:  # a read-out that cannot read these chunks is refused before anything is encoded
-        check_readouts(opts, readout_context(opts, encoder.tokenizer, text.texts, encoder.dim))
-    return opts, encoder, train_ids, eval_ids, text, t_load.seconds, targets
+    if opts.readouts:  # the width the read-outs see: the encoder's at this length
+        dim = fit_length(encoder, train_ids).dim
+        check_readouts(opts, readout_context(opts, encoder.tokenizer, text.texts, dim))
+    return train_ids, eval_ids, text, targets
 
 
 def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
