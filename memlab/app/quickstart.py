@@ -208,6 +208,11 @@ COLUMNS = (("bits per chunk", "bits_per_chunk", True, 1), ("bits per char", "bit
 """The table's reading columns: (header, reading, is a gain, digits); each cell is ``value [low, high]``."""
 
 
+def not_probed(row: dict) -> bool:
+    """A row that holds no probe: skipped (not installed) or not run at the quickstart's budget."""
+    return "skipped" in row or "not_run" in row
+
+
 def format_table(rows: list[dict]) -> str:
     """A markdown table led by the bits per chunk the embedding adds (every reading with its interval; a gain
     without evidence reads "no evidence [low, high]"), then H_r, V, tokens per chunk, calibration and time."""
@@ -215,7 +220,7 @@ def format_table(rows: list[dict]) -> str:
             + ["H_r", "V", "tokens/chunk", "calibration", "time (s)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        if "skipped" in r or "not_run" in r:
+        if not_probed(r):
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"not run here: {r['not_run']}"
             lines.append(f"| {r['name']} | {why} |" + " |" * (len(head) - 2))
             continue
@@ -247,7 +252,7 @@ def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     """Token accuracy per model (probe and control), and accuracy by position."""
     plt = pyplot()
 
-    done = [r for r in rows if "skipped" not in r and "not_run" not in r and r["token_accuracy"] is not None]  # read-out-only rows aside
+    done = [r for r in rows if not not_probed(r) and r["token_accuracy"] is not None]  # read-out-only rows aside
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(done))
     a.bar([x - 0.2 for x in xs], [r["token_accuracy"] for r in done], 0.4, label="probe")
