@@ -27,16 +27,16 @@ LOG_EVERY = 10
 def optimiser(units: list, device: torch.device, state: dict | None = None) -> torch.optim.Optimizer:
     """One AdamW (:func:`memlab.train.loop.make_optimizer`: weight decay on matrices) over the weights of every unit
     that still trains, each unit's groups at its own settings (``optimised()``: weights, settings with ``lr``,
-    ``weight_decay``, ``beta1``, ``beta2``, stacking dimensions), ``base_lr`` its peak learning rate; ``state``:
-    moments carried over (by weight)."""
+    ``weight_decay``, ``beta1``, ``beta2``, stacking dimensions; a unit's ``lr_scale``, where it has one: weight name
+    -> share of ``lr``), ``base_lr`` each group's peak learning rate; ``state``: moments carried over (by weight)."""
     opt = None
     for u in units:
         if not u.active:
             continue
         module, cfg, dims = u.optimised()
-        own = make_optimizer(module, cfg, device, batch_dims=dims)
+        own = make_optimizer(module, cfg, device, batch_dims=dims, lr_scale=getattr(u, "lr_scale", None))
         for grp in own.param_groups:
-            grp["base_lr"] = cfg.lr
+            grp["base_lr"] = grp["lr"]
             if opt is not None:
                 opt.add_param_group(grp)
         if opt is None:

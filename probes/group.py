@@ -111,7 +111,8 @@ class DecoderGroup:
     ids), member m reading embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T): everything a step needs lives on
     the device, indexed by row."""
 
-    def __init__(self, decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, batched: bool | None = None):
+    def __init__(self, decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, batched: bool | None = None,
+                 lr_scale: dict[str, float] | None = None):
         for d, z in zip(decs, zs):
             if z.shape[1] != d.config.embed_dim:
                 raise MemlabError(f"embeddings of width {z.shape[1]} do not fit a decoder built for width "
@@ -125,6 +126,8 @@ class DecoderGroup:
         self.base = next((d for d in self.decs if getattr(d, "bag", None) is not None), self.decs[0])
         # the trained weights are stacked; frozen ones (requires_grad False) stay the base's own, shared by all
         self.names = [n for n, q in self.base.named_parameters() if q.requires_grad]
+        # the fit loop's optimiser reads it: a stacked weight (named by its index) at its share of the learning rate
+        self.lr_scale = {str(i): lr_scale[n] for i, n in enumerate(self.names) if n in (lr_scale or {})} or None
         for d in self.decs:
             if not torch.equal(d.to_full, self.base.to_full):
                 raise MemlabError("decoders of one group must share their kept vocabulary")
@@ -261,17 +264,30 @@ class DecoderGroup:
 
 
 def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
-                   desc: str = "train", batched: bool | None = None, epoch0: bool = False,
-                   readouts: tuple = ()) -> tuple[list[list[dict]], list[float]]:
-    """Train decoders ``decs`` as one group, decoder m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T),
-    beside the read-out members ``readouts`` (each a unit of its own) in the fit loop
-    (:func:`memlab.probes.fitloop.train_members`, which says how); returns each decoder's curve and its share of the
-    seconds (by the steps it ran). The read-outs keep theirs (``history``, ``seconds``)."""
-    group = DecoderGroup(decs, zs, ids, opts, batched)
-    hist, secs = train_members([group, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0)
-    for r, h, t in zip(readouts, hist[len(decs):], secs[len(decs):]):
+                   desc: str = "train", batched: bool | None = None, epoch0: bool = False, readouts: tuple = (),
+                   lr_scales: list | None = None) -> tuple[list[list[dict]], list[float]]:
+    """Train decoders ``decs`` in the fit loop (:func:`memlab.probes.fitloop.train_members`, which says how), decoder
+    m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T), beside the read-out members ``readouts`` (each a unit
+    of its own); returns each decoder's curve and its share of the seconds (by the steps it ran). The read-outs keep
+    theirs (``history``, ``seconds``).
+
+    ``lr_scales``: per decoder, None or {weight name: its share of the learning rate} (the rest at the full rate).
+    Decoders with the same shares train as one group; each other set of shares is a group of its own in the same
+    loop (the same batches, optimiser and schedule)."""
+    scales = list(lr_scales or [None] * len(decs))
+    kinds = []  # the distinct sets of shares, in order of first use
+    for sc in scales:
+        if sc not in kinds:
+            kinds.append(sc)
+    members = [[i for i, sc in enumerate(scales) if sc == k] for k in kinds]
+    groups = [DecoderGroup([decs[i] for i in idx], [zs[i] for i in idx], ids, opts, batched, lr_scale=k)
+              for k, idx in zip(kinds, members)]
+    hist, secs = train_members([*groups, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0)
+    n = len(decs)
+    for r, h, t in zip(readouts, hist[n:], secs[n:]):
         r.history, r.seconds = h, t
-    return hist[: len(decs)], secs[: len(decs)]
+    at = {i: j for j, i in enumerate(i for idx in members for i in idx)}  # decoder -> its place in the loop's order
+    return [hist[at[i]] for i in range(n)], [secs[at[i]] for i in range(n)]
 
 
 def train_decoder(dec, z: torch.Tensor, ids: torch.Tensor, opts, progress: bool | None = None,

@@ -151,7 +151,7 @@ def _check_range(opts) -> None:
               "val_fraction"):
         if not 0.0 <= getattr(opts, k) < 1.0:
             raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
-    for k in ("epochs", "lr", "bow_lr"):
+    for k in ("epochs", "lr", "bow_lr", "contained_lr"):
         v = getattr(opts, k)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ConfigError(f"'{k}' must be a finite number > 0, got {v}")

@@ -117,6 +117,11 @@ class FitSection:
     """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
+    contained_lr: float = 0.1
+    """The probe started as its trained control: the share of ``lr`` at which the weights it takes from the control
+    train (its embedding pathway, which starts at zero, trains at ``lr``); the control's second run trains at the same
+    share. Lower keeps the control's language model while the pathway learns: it reads more of a pooled embedding
+    than 1.0 (docs/results/probes.md); the probe trained from a random start, beside it, is unaffected."""
 
 
 @dataclass

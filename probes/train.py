@@ -236,18 +236,30 @@ def contain(probe, control):
     return probe
 
 
+def contained_shares(dec, opts) -> dict[str, float] | None:
+    """The learning-rate shares of a decoder started as its control (:func:`contain`): every trained weight it takes
+    from the control at ``opts.contained_lr``, the embedding's pathway at the full rate (None: all at the full
+    rate)."""
+    if opts.contained_lr == 1.0:
+        return None
+    path = set(dec.embedding_weights())
+    return {n: float(opts.contained_lr) for n, p in dec.named_parameters() if p.requires_grad and n not in path}
+
+
 def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched,
                    readouts=()):
     """:func:`fit_decoders` with a control and held-back chunks, in two phases.
 
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
-       will be (epoch 0 counted), so that the probe gets no training the control did not get; the second run is the
+       will be (epoch 0 counted, its weights at ``contained_lr``: :func:`contained_shares`), so that the probe gets
+       no training the control did not get; the second run is the
        control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start, the first
        run's metrics, the first run's history); the first run's metrics are None until a kept scratch probe reads
        them (its greedy reconstruction costs seconds).
     2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
-       pathway (:func:`contain`), trained with epoch 0 beside the probe trained from its own random start (the
-       *scratch* candidate), as one group, with the read-out members ``readouts``.
+       pathway (:func:`contain`), its pathway at the full learning rate and the rest at ``contained_lr``, trained
+       with epoch 0 beside the probe trained from its own random start (the *scratch* candidate, all at the full
+       rate), in one loop, with the read-out members ``readouts``.
 
     Each candidate is read against the control trained as much as it was: the contained probe against the second
     run, the scratch probe against the first. Kept: the candidate whose held-back CE lies furthest below its own
@@ -264,7 +276,8 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
                                               desc="control decoder", batched=batched)
         dec_c = contain(_new_decoder(opts, tok, train_ids, const), start)
         (hist_2,), (secs_2,) = train_decoders([dec_c], [const], train_ids, opts, progress=opts.progress,
-                                              desc="control decoder (second run)", batched=batched, epoch0=True)
+                                              desc="control decoder (second run)", batched=batched, epoch0=True,
+                                              lr_scales=[contained_shares(dec_c, opts)])
         hist_c = hist_1 + [{**h, "run": 2} for h in hist_2]
         const_eval = z_train.mean(0, keepdim=True).expand_as(z_eval)
         mc, mc_1 = _scored(dec_c, opts, tok, const_eval, eval_ids), None  # the first run's: scored when read
@@ -282,9 +295,11 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
         members, decs = {}, {}  # a decoder kind without an embedding pathway to silence: the scratch probe alone
     for d in decs.values():
         contain(d, start)
+    shares = contained_shares(decs["probe"], opts) if decs else None  # one set for the contained candidates
     members["scratch"], decs["scratch"] = opts, _new_decoder(opts, tok, train_ids, z_train)
     hists, secs = train_decoders(list(decs.values()), [z_train] * len(decs), train_ids, opts, progress=opts.progress,
-                                 desc=desc, batched=batched, epoch0=True, readouts=readouts)
+                                 desc=desc, batched=batched, epoch0=True, readouts=readouts,
+                                 lr_scales=[None if k == "scratch" else shares for k in decs])
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     ce = {k: _held_back_ce(h) for k, h in hist.items()}
     ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])

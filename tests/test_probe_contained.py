@@ -17,7 +17,7 @@ from memlab.probes.group import DecoderGroup, train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.result import DecoderScores, Fit
 from memlab.probes.run import interval_readings
-from memlab.probes.train import _new_decoder, contain, fit_decoders
+from memlab.probes.train import _new_decoder, contain, contained_shares, fit_decoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -163,7 +163,7 @@ def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chun
     assert np.array_equal(m.chunks.nll, mc.chunks.nll)
     start = cache["k"][4]  # the control's first run: where the probe starts
     probe = contain(_new_decoder(opts, tokenizer, tr, z[:48]), start)  # trained as the control's second run was
-    (h_p,), _ = train_decoders([probe], [z[:48]], tr, opts, epoch0=True)
+    (h_p,), _ = train_decoders([probe], [z[:48]], tr, opts, epoch0=True, lr_scales=[contained_shares(probe, opts)])
     assert [h["val_ce"] for h in h_p if "val_ce" in h] == [h["val_ce"] for h in got["control"][1] if h.get("run") == 2
                                                           and "val_ce" in h]
     assert interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"].value == 0.0

@@ -35,19 +35,22 @@ from memlab.train.setup import StepOutput, TrainSetup
 
 
 def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None,
-                   batch_dims: int = 0) -> torch.optim.Optimizer:
+                   batch_dims: int = 0, lr_scale: dict[str, float] | None = None) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters).
 
     ``batch_dims``: leading dimensions that stack several models' copies of a parameter (a group trained at once,
-    :mod:`memlab.probes.group`); a parameter is a matrix by its other dimensions."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
+    :mod:`memlab.probes.group`); a parameter is a matrix by its other dimensions. ``lr_scale``: parameter name ->
+    its share of ``cfg.lr`` (one param group per share; each group's ``lr`` is its peak rate)."""
+    groups: dict[tuple[bool, float], list] = {(True, 1.0): [], (False, 1.0): []}
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.ndim - batch_dims >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            key = (p.ndim - batch_dims >= 2, float((lr_scale or {}).get(name, 1.0)))
+            groups.setdefault(key, []).append(p)
+    params = [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0, "lr": cfg.lr * share}
+              for (decay, share), ps in groups.items() if ps or share == 1.0]
     # the fused kernel where memlab.devices.fused_adamw says (parameters move there in accelerate's prepare)
     fused = fused_adamw(device)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
 def lr_lambda(cfg):
