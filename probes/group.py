@@ -203,14 +203,14 @@ class DecoderGroup:
         return (self.nll(zn, ids, tc) + other) / n_real.clamp(min=1)  # (G,)
 
     def train_step(self, rows: torch.Tensor, lr: float) -> torch.Tensor:
-        """One step of the group trained alone (its own optimiser, learning rate ``lr``) on chunks ``rows`` (b,);
-        the losses (G,) stay on the device."""
+        """One step of the group trained alone (its own optimiser, learning rate ``lr``, each weight at its share
+        of it: ``lr_scale``) on chunks ``rows`` (b,); the losses (G,) stay on the device."""
         loss = self.loss(rows)  # (G,)
         self.opt.zero_grad(set_to_none=True)
         loss.sum().backward()  # the members share no weight: each gets its own loss's gradient
         self.before_step()
         for grp in self.opt.param_groups:
-            grp["lr"] = lr
+            grp["lr"] = lr * grp["base_lr"] / self.opts.lr
         self.opt.step()
         return loss.detach()
 

@@ -167,3 +167,29 @@ def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chun
     assert [h["val_ce"] for h in h_p if "val_ce" in h] == [h["val_ce"] for h in got["control"][1] if h.get("run") == 2
                                                           and "val_ce" in h]
     assert interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"].value == 0.0
+
+
+@pytest.mark.parametrize("share", [1.0, 0.1])
+def test_the_control_s_weights_train_at_their_share_of_the_learning_rate(share):
+    """A contained probe's optimiser holds the control's weights at ``contained_lr`` of the peak rate and the pathway
+    at the full rate; each weight's first AdamW step (about its group's rate, as Adam's first step is sign-like)
+    shows it: at a tenth the control's weights move a tenth as far as at the full rate, the pathway as far."""
+    opts = _opts(contained_lr=share, epochs=1, warmup_fraction=0.0, min_lr_ratio=1.0, weight_decay=0.0,
+                 clip_grad=0.0)
+    z, ids = _data()
+    const = z.mean(0, keepdim=True).expand_as(z)
+    control = _new_decoder(opts, _Tok(), ids, const)
+    train_decoders([control], [const], ids, opts)
+    probe = contain(_new_decoder(opts, _Tok(), ids, z), control)
+    shares = contained_shares(probe, opts)
+    path = set(probe.embedding_weights())
+    assert (shares is None) == (share == 1.0)
+    assert shares is None or (set(shares) == {n for n, p in probe.named_parameters() if p.requires_grad} - path
+                              and set(shares.values()) == {share})
+    group = DecoderGroup([probe], [z], ids, opts, lr_scale=shares)
+    before = [p.detach().clone() for p in group.params]
+    group.train_step(torch.arange(16), opts.lr)
+    moved = {n: float((p.detach() - b).abs().max()) for n, p, b in zip(group.names, group.params, before)}
+    body = [m for n, m in moved.items() if n not in path]
+    assert max(moved[n] for n in path) == pytest.approx(opts.lr, rel=0.05)
+    assert max(body) == pytest.approx(opts.lr * share, rel=0.05)
