@@ -252,10 +252,9 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
 
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
        will be (epoch 0 counted, its weights at ``contained_lr``: :func:`contained_shares`), so that the probe gets
-       no training the control did not get; the second run is the
-       control the probe is read against. Cached under ``key``: (metrics, history, owner, control, start, the first
-       run's metrics, the first run's history); the first run's metrics are None until a kept scratch probe reads
-       them (its greedy reconstruction costs seconds).
+       no training the control did not get; the second run is the control the probe is read against. Cached under
+       ``key``: (metrics, history, owner, control, start, the first run's metrics, the first run's history); the
+       first run's metrics are None until a kept scratch probe reads them (its greedy reconstruction costs seconds).
     2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
        pathway (:func:`contain`), its pathway at the full learning rate and the rest at ``contained_lr``, trained
        with epoch 0 beside the probe trained from its own random start (the *scratch* candidate, all at the full
