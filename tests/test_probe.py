@@ -89,8 +89,10 @@ def test_probe_reads_the_embedding(tokenizer, small_corpus, inputs):
                         n_eval=64, inputs=inputs, conditioning="unrolled" if inputs == "blank" else "prefix")
     rep = run_probe(opts, encoder=FirstTokens(tokenizer))
     p, c = rep["probe"], rep["control"]
-    # held-out first tokens (almost all occur in training) are read from the embedding; the control must guess
-    assert p["accuracy_by_position"][0] > c["accuracy_by_position"][0] + 0.4
+    # held-out first tokens (almost all occur in training) are read from the embedding; the control must guess.
+    # With teacher inputs the contained probe is kept here; its control's weights at a tenth of the learning rate
+    # read 0.47-0.50 of the first tokens in these 10 epochs (0.83 at the full rate), against the control's 0.09
+    assert p["accuracy_by_position"][0] > c["accuracy_by_position"][0] + 0.3
     assert p["accuracy_by_position"][1] > c["accuracy_by_position"][1] + 0.1
     fitted = rep["_fitted"]
     ids = torch.tensor([[5, 6, 7, 8]])
