@@ -24,15 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 
 from memlab.app.quickstart import FULL
+from memlab.config import apply_overrides
 from memlab.devices import native_bf16
+from memlab.errors import MemlabError
 from memlab.flops import measure_matmul_flops
 from memlab.probes import run as probe_run
 from memlab.probes.chunks import chunk_chars
@@ -78,8 +80,9 @@ def one_size(opts, tok, train_ids, eval_ids, z_train, z_eval, shares: list[float
     return out
 
 
-def one_model(model: str, sizes: list[int], shares: list[float], overrides: dict, threads: int | None) -> dict:
-    kw = {**FULL, **MODELS.get(model, {}), "n_train": max(sizes), "progress": False, **overrides}
+def one_model(model: str, sizes: list[int], shares: list[float], overrides: list[str], threads: int | None) -> dict:
+    kw = apply_overrides({**FULL, **MODELS.get(model, {}), "progress": False}, overrides)  # the user's win
+    kw["n_train"] = max(sizes)
     if threads:
         kw["threads"] = threads
     opts = load_options(model=model, **kw)
@@ -125,11 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(a.threads)
     sizes = [int(x) for x in a.n_train.split(",")]
     shares = [float(x) for x in a.shares.split(",")]
-    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in a.overrides)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rate = measure_matmul_flops(torch.device("cpu")) / 1e9
-    results = [one_model(m, sizes, shares, overrides, a.threads) for m in a.models.split(",")]
+    results = [one_model(m, sizes, shares, a.overrides, a.threads) for m in a.models.split(",")]
     res = {"results": results, "shares": shares,
            "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "native_bf16": native_bf16("cpu"),
                        "matmul_gflops": rate, "load_average": os.getloadavg()[0]}}
@@ -140,4 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MemlabError as e:  # bad input: one line, exit 2
+        print(f"probe_start_curve: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
