@@ -46,6 +46,7 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = No
         if p.requires_grad:
             key = (p.ndim - batch_dims >= 2, float((lr_scale or {}).get(name, 1.0)))
             groups.setdefault(key, []).append(p)
+    # the two full-rate groups always, first (as without shares); a group per other share where it has weights
     params = [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0, "lr": cfg.lr * share}
               for (decay, share), ps in groups.items() if ps or share == 1.0]
     # the fused kernel where memlab.devices.fused_adamw says (parameters move there in accelerate's prepare)
