@@ -14,8 +14,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 
-PARTS = ("flops", "prefill", "generation", "mfu", "probe")
-"""Known parts, in run order."""
+from memlab.app.bench import PARTS  # noqa: F401  (known parts, in run order)
 
 QUICK = {"prefill_lengths": [128, 256], "generation_contexts": [64, 128], "mfu_steps": 2,
          "width": 32, "layers": 2, "heads": 2, "ff": 64, "sentence_len": 8, "new_tokens": 2}

@@ -1,4 +1,20 @@
-"""CLI verbs: one module per verb, each with ``add_parser`` and ``run``."""
+"""CLI verbs: one module per verb, each with ``add_parser(sub)`` and ``run(args) -> int``.
+
+A verb module imports argparse and this package only at module level; whatever
+is heavy (torch, transformers, a model's package) is imported inside ``run``.
+So ``memlab --help``, ``memlab VERB --help`` and every refusal of a malformed
+flag answer before torch is loaded. A module may also define ``check(args)``:
+checks across flags (a flag that does nothing without another) that the CLI
+runs after parsing and before anything heavy is imported; a failed check
+raises :class:`memlab.errors.MemlabError` (one line, exit 2).
+
+The argparse types below refuse a bad value while the arguments are read:
+``positive_int``, ``non_negative_int``, ``positive_float``, ``fraction`` and
+``int_list`` (a comma list of distinct positive integers).
+"""
+
+import argparse
+import math
 
 from memlab.errors import ConfigError
 
@@ -7,3 +23,97 @@ def check_threads(n: int | None) -> None:
     """``--threads``: unset (torch's own count) or a positive number, else one error before anything runs."""
     if n is not None and n < 1:
         raise ConfigError(f"--threads must be a positive number of CPU threads, got {n}")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    n = _int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _float(text: str) -> float:
+    try:
+        x = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    x = _float(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return x
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    x = _float(text)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return x
+
+
+def int_list(text: str) -> list[int]:
+    """``"256,448"`` -> [256, 448]: one or more positive integers separated by commas, none twice."""
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}; give positive integers separated by commas")
+    out = []
+    for x in items:
+        try:
+            n = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"each value must be a positive integer, got {n} in {text!r}")
+        if n in out:
+            raise argparse.ArgumentTypeError(f"{n} is given twice in {text!r}")
+        out.append(n)
+    return out
+
+
+def int_list_text(text: str) -> str:
+    """:func:`int_list`'s check, keeping the text as written (for options parsed again further on)."""
+    int_list(text)
+    return str(text)
+
+
+def choice_list(choices: tuple[str, ...]):
+    """An argparse type: a comma list of distinct names out of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in str(text).split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(choices)}, got {text!r}")
+        for x in items:
+            if x not in choices:
+                raise argparse.ArgumentTypeError(f"unknown {x!r}; choose from {', '.join(choices)}")
+            if items.count(x) > 1:
+                raise argparse.ArgumentTypeError(f"{x!r} is given twice in {text!r}")
+        return items
+
+    parse.__name__ = "list"
+    return parse

@@ -10,35 +10,25 @@ from __future__ import annotations
 import shlex
 import sys
 
-
-def _ints(text: str | None) -> list[int] | None:
-    from memlab.errors import MemlabError
-
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MemlabError(f"expected integers separated by commas, got {text!r}") from None
+from memlab.app.bench import PARTS
+from memlab.app.commands import choice_list, int_list, positive_int
 
 
 def add_parser(sub) -> None:
-    from memlab.app.bench.run import PARTS
-
     p = sub.add_parser("bench", help="measure performance side by side (prefill, generation, MFU, probe, FLOPs)",
                        description="Benchmarks measured side by side in one run; writes bench.json, plots/ and a "
                                    "README.md table into --out. Parts: " + ", ".join(PARTS) + ".")
-    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts (default: all)")
+    p.add_argument("--parts", type=choice_list(PARTS), default=list(PARTS), help="comma-separated parts (default: all)")
     p.add_argument("--out", default=None, help="run directory (default runs/bench-TIMESTAMP); must be new")
     p.add_argument("--device", default=None, help="where the parts run: auto (default: the best present: CUDA, MPS, "
                                                  "else CPU), cpu, cuda, cuda:N or mps; bench.json records it")
     p.add_argument("--quick", action="store_true", help="tiny sizes: check the harness, numbers mean nothing")
-    p.add_argument("--prefill-lengths", default=None, help="comma-separated token counts (default 1k..32k)")
+    p.add_argument("--prefill-lengths", type=int_list, default=None, help="comma-separated token counts (default 1k..32k)")
     p.add_argument("--prefill-logits", default="last", choices=["last", "all"],
                    help="prefill: logits of the last position only (logits_to_keep=1, as generate does; default) "
                         "or of every position")
-    p.add_argument("--generation-contexts", default=None, help="comma-separated context lengths (default 256..16k)")
-    p.add_argument("--mfu-steps", type=int, default=12, help="training steps per family for MFU")
+    p.add_argument("--generation-contexts", type=int_list, default=None, help="comma-separated context lengths (default 256..16k)")
+    p.add_argument("--mfu-steps", type=positive_int, default=12, help="training steps per family for MFU")
     p.set_defaults(func=run)
 
 
@@ -51,8 +41,8 @@ def run(args) -> int:
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ["bench"] + [a for a in _argv(args)]
     command = "memlab " + " ".join(shlex.quote(a) for a in argv)
-    run_bench(out, [p.strip() for p in args.parts.split(",") if p.strip()], device=args.device, quick=args.quick,
-              prefill_lengths=_ints(args.prefill_lengths), generation_contexts=_ints(args.generation_contexts),
+    run_bench(out, list(args.parts), device=args.device, quick=args.quick,
+              prefill_lengths=args.prefill_lengths, generation_contexts=args.generation_contexts,
               mfu_steps=args.mfu_steps, prefill_logits=args.prefill_logits, command=command,
               log=lambda s: print(s, file=sys.stderr))
     print((out / "README.md").read_text())
@@ -62,7 +52,7 @@ def run(args) -> int:
 
 def _argv(args) -> list[str]:
     """A reconstruction of the command line (when called through main(argv) in tests)."""
-    out = ["--parts", args.parts]
+    out = ["--parts", ",".join(args.parts)]
     if args.out:
         out += ["--out", args.out]
     if args.quick:
@@ -72,5 +62,7 @@ def _argv(args) -> list[str]:
     for flag, v in (("--device", args.device), ("--prefill-lengths", args.prefill_lengths),
                     ("--generation-contexts", args.generation_contexts)):
         if v:
-            out += [flag, v]
+            out += [flag, v if isinstance(v, str) else ",".join(map(str, v))]
+    if args.mfu_steps != 12:
+        out += ["--mfu-steps", str(args.mfu_steps)]
     return out

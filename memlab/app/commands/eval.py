@@ -9,6 +9,8 @@ from __future__ import annotations
 import shlex
 import sys
 
+from memlab.app.commands import int_list, positive_int
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate trained models on tasks, or run a scaling sweep",
@@ -19,9 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--task", action="append", default=[], help="task name (repeat); default: all tasks")
     p.add_argument("--data", default=None, help="'local' (default: small local sets), 'hub' (datasets, needs a "
                                                 "network) or a .jsonl file")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--needle-lengths", default="256,448", help="comma-separated haystack lengths (tokens)")
+    p.add_argument("--limit", type=positive_int, default=None, help="at most this many examples per task")
+    p.add_argument("--max-new-tokens", type=positive_int, default=48)
+    p.add_argument("--needle-lengths", type=int_list, default=[256, 448], help="comma-separated haystack lengths (tokens)")
     p.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the LLM judge (off by default; "
                                                      "key from MEMLAB_JUDGE_API_KEY)")
     p.add_argument("--judge-model", default="gpt-4o")
@@ -33,6 +35,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check(args) -> None:
+    """Flags that do nothing together, refused before anything is imported."""
+    from memlab.errors import MemlabError
+
+    for flag, values in (("--task", args.task), ("--run", args.run)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise MemlabError(f"{flag} {twice[0]} is given twice")
+    if args.scaling and (args.run or args.task):
+        raise MemlabError("--scaling runs a sweep of its own; it takes no --run or --task")
+    if not args.scaling and not args.run:
+        raise MemlabError("give at least one --run (or --scaling SWEEP)")
+
+
 def run(args) -> int:
     import time
     from pathlib import Path
@@ -41,8 +57,6 @@ def run(args) -> int:
     from memlab.errors import MemlabError
     from memlab.outdir import OutputFolder
 
-    if args.limit is not None and args.limit < 1:
-        raise MemlabError(f"--limit must be at least 1 (examples per task), got {args.limit}")
     device = resolve_device(args.device)  # an absent device: one error before anything is loaded or written
     command = "memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ""
     out = Path(args.out or f"runs/{'scaling' if args.scaling else 'eval'}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -66,10 +80,7 @@ def run(args) -> int:
 
     import memlab.app.eval  # noqa: F401  (registers the tasks)
 
-    try:
-        lengths = tuple(int(x) for x in args.needle_lengths.split(",") if x.strip())
-    except ValueError:
-        raise MemlabError(f"--needle-lengths must be integers separated by commas, got {args.needle_lengths!r}") from None
+    lengths = tuple(args.needle_lengths)
     opts = TaskOptions(data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, seed=args.seed,
                        needle_lengths=lengths, judge_url=args.judge_url, judge_model=args.judge_model)
     tasks = args.task or TASKS.names()

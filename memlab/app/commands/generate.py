@@ -9,29 +9,40 @@ minus ``--max-new-tokens`` is cut from the left).
 
 from __future__ import annotations
 
+from memlab.app.commands import fraction, non_negative_int, positive_float, positive_int
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a trained run's model")
     p.add_argument("--run", required=True, help="run directory or saved model folder")
     p.add_argument("--prompt", required=True, action="append", help="prompt text (repeat for several)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--num-beams", type=int, default=1,
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="with --sample: softmax temperature, > 0")
+    p.add_argument("--top-p", type=fraction, default=1.0, help="with --sample: nucleus share, in (0, 1]")
+    p.add_argument("--num-beams", type=positive_int, default=1,
                    help="beam search with this many beams (sentence models: in the space's decoder; 1: greedy)")
-    p.add_argument("--max-sentences", type=int, default=8, help="sentence models: stop after this many sentences")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-sentences", type=positive_int, default=8, help="sentence models: stop after this many sentences")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (the best present: CUDA, MPS, else CPU), cpu, cuda, cuda:N, mps")
     p.set_defaults(func=run)
+
+
+def check(args) -> None:
+    """Flags that do nothing, refused before anything is imported."""
+    from memlab.errors import MemlabError
+
+    if not args.sample:
+        changed = [f for f, v in (("--temperature", args.temperature), ("--top-p", args.top_p)) if v != 1.0]
+        if changed:
+            raise MemlabError(f"{changed[0]} applies to sampling; add --sample (greedy and beam decoding ignore it)")
 
 
 def run(args) -> int:
     import torch
 
     from memlab.devices import resolve_device, running_on
-    from memlab.errors import MemlabError
     from memlab.generation import GenerationOptions
     from memlab.loading import family_of, resolve_model_dir
     from memlab.registry import GENERATORS
@@ -42,8 +53,6 @@ def run(args) -> int:
     d = resolve_model_dir(args.run)
     torch.manual_seed(args.seed)
     family = family_of(d)
-    if any(not p.strip() for p in args.prompt):
-        raise MemlabError("a prompt must hold some text")
     with running_on(device):
         if family in GENERATORS:
             for text in GENERATORS.get(family)(d, args.prompt, opts):

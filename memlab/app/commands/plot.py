@@ -12,6 +12,16 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check(args) -> None:
+    """A metric named twice, refused before anything is imported."""
+    from memlab.errors import MemlabError
+
+    names = args.metrics or []
+    twice = sorted({m for m in names if names.count(m) > 1})
+    if twice:
+        raise MemlabError(f"--metrics names {twice[0]} twice")
+
+
 def run(args) -> int:
     from memlab.errors import MemlabError
     from memlab.outdir import OutputFolder

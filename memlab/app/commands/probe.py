@@ -169,3 +169,31 @@ def abandon_out(out: Path, e: BaseException, held_before=None) -> None:
     reason = None if isinstance(e, MemlabError) else storage_failure(e, writes_only=True)
     if reason is not None:
         raise MemlabError(f"could not write the probe into {out} ({reason}); nothing of it was kept") from None
+
+
+def check(args) -> None:
+    """Flags refused before the probe loads anything: a malformed or repeated length or size, a non-positive
+    count, a placement budget with the placement that ignores it."""
+    import argparse
+
+    from memlab.app.commands import int_list
+    from memlab.errors import ConfigError
+
+    for flag in ("--seq-len", "--n-train"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            try:
+                int_list(value)
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"argument {flag}: {e}") from None
+    for flag in ("--n-eval", "--batch-size", "--hidden-size", "--num-layers", "--threads"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise ConfigError(f"argument {flag}: must be a positive integer, got {value}")
+    for flag in ("--epochs", "--lr"):
+        value = getattr(args, flag[2:])
+        if value is not None and not value > 0:
+            raise ConfigError(f"argument {flag}: must be greater than 0, got {value}")
+    for flag in ("--max-memory", "--offload-dir"):
+        if getattr(args, flag[2:].replace("-", "_")) is not None and args.device_map == "none":
+            raise ConfigError(f"{flag} places a model by accelerate; it does not apply with --device-map none")

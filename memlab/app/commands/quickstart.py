@@ -3,7 +3,7 @@ beside the calibration encoders, on the same held-out text."""
 
 from __future__ import annotations
 
-from memlab.app.commands import check_threads
+from memlab.app.commands import check_threads, positive_int
 
 
 def add_parser(sub) -> None:
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fast", action="store_true", help="a much smaller run (tests, smoke checks)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="change a probe option for every entry (ProbeOptions field, e.g. --set epochs=30); repeatable")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.set_defaults(func=run)
 
