@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         check_address_space(getattr(args, "threads", None))  # before torch: a too small ulimit -v would hang it
         return _run(args)
     except MemlabError as e:
-        if not (e.quiet or launched.quiet_on_this_process()):
-            print(f"memlab: error: {e}", file=sys.stderr)
+        line = f"memlab: error: {e}"
+        if not (e.quiet or launched.hand_over(line) or launched.quiet_on_this_process()):
+            print(line, file=sys.stderr)
         return 2
 
 

@@ -5,6 +5,11 @@ when it fails.
   argument, an unknown config key) is printed by the main process only: the
   others stay quiet, and wait a moment, so the main process prints before the
   launcher, seeing one of them end, stops it.
+* Under ``memlab launch`` (:data:`ERRORS_ENV` set) a process hands its error
+  line to the launcher (:func:`hand_over`) instead of printing it; the launcher
+  prints each distinct line once (:func:`collected`), so an error that every
+  process meets after the process group started (a bad ``init_from``, an empty
+  corpus, damaged weights) is one line too.
 * A process that loses another one (gloo's "Connection closed by peer", an
   NCCL error) says so in one line and exits :data:`PEER_LOST`; under
   ``memlab launch`` (:data:`WRAPPED_ENV` set) it stays quiet, because the
@@ -21,6 +26,9 @@ PEER_LOST = 3
 
 WRAPPED_ENV = "MEMLAB_LAUNCH"
 """Set by ``memlab launch`` in every process it starts."""
+
+ERRORS_ENV = "MEMLAB_LAUNCH_ERRORS"
+"""Set by ``memlab launch``: the folder where each process leaves its error line (``rank-N.txt``)."""
 
 QUIET_WAIT_S = 5.0
 """How long a quiet process waits before it exits (the main process prints first)."""
@@ -74,3 +82,33 @@ def peer_lost(e: BaseException) -> str | None:
         return None
     return (f"process {rank()} of {world()} lost another process of the launch ({text[:120]}); it stops too "
             "(the launcher's report names the process that failed)")
+
+
+def hand_over(line: str) -> bool:
+    """Under ``memlab launch``: leave ``line`` for the launcher to print (True); elsewhere do nothing (False)."""
+    folder = os.environ.get(ERRORS_ENV)
+    if not folder or not os.path.isdir(folder):
+        return False
+    path = os.path.join(folder, f"rank-{rank()}.txt")
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        os.replace(path + ".tmp", path)  # the launcher reads the line whole or not at all
+    except OSError:
+        return False
+    return True
+
+
+def collected(folder: str) -> list[str]:
+    """The distinct error lines the processes left in ``folder``, in rank order."""
+    lines: list[str] = []
+    names = [n for n in os.listdir(folder) if n.startswith("rank-") and n.endswith(".txt")] if os.path.isdir(folder) else []
+    for name in sorted(names, key=lambda n: int(n[5:-4]) if n[5:-4].isdigit() else 0):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                line = fh.read().strip()
+        except OSError:
+            continue
+        if line and line not in lines:
+            lines.append(line)
+    return lines

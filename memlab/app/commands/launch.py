@@ -15,12 +15,15 @@ processes the launcher stopped because of it print nothing more.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 
-from memlab.app.launched import PEER_LOST, WRAPPED_ENV
+from memlab.app.launched import ERRORS_ENV, PEER_LOST, WRAPPED_ENV, collected
 from memlab.errors import MemlabError
 
 STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT)
@@ -89,31 +92,116 @@ def quiet_launcher_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def run(args) -> int:
-    import sys
+COUNT_OPTIONS = ("--num_processes", "--num_machines", "--num_cpu_threads_per_process")
+"""Launcher options that take a count (at least 1)."""
 
+
+def _option_values(launcher: list[str], name: str) -> list[str]:
+    """The values given to launcher option ``name`` (``--name V`` or ``--name=V``)."""
+    out = []
+    for i, a in enumerate(launcher):
+        if a == name and i + 1 < len(launcher):
+            out.append(launcher[i + 1])
+        elif a.startswith(name + "="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def check(args) -> None:
+    """The launcher's counts and the verb's own flags, checked once, here, before any process starts."""
+    from memlab.app import cli
+
+    launcher, verb = split_argv(list(args.argv))
+    for name in COUNT_OPTIONS:
+        for value in _option_values(launcher, name):
+            if not value.strip().isdigit() or int(value) < 1:
+                raise MemlabError(f"memlab launch: {name} must be a positive integer, got {value!r}")
+    try:
+        _, verb_args = cli.parse(verb)
+    except SystemExit as e:  # argparse printed its line (or the verb's help): nothing to launch
+        if e.code:
+            err = MemlabError("the verb's arguments were refused")
+            err.quiet = True
+            raise err from None
+        args.answered = True
+        return
+    verb_check = getattr(sys.modules[cli.module_name(verb_args.verb)], "check", None)
+    if verb_check is not None:
+        verb_check(verb_args)
+
+
+@contextlib.contextmanager
+def one_process_refused(launcher_module):
+    """accelerate's simple launcher (one process) refuses a launch that asked for more than one: without
+    ``--multi_gpu`` (or a config that sets a multi-process type) ``--num_processes N`` would start one worker."""
+    real = launcher_module.simple_launcher
+
+    def simple(args):
+        n = getattr(args, "num_processes", None) or 1
+        if n > 1:
+            raise MemlabError(f"memlab launch: --num_processes {n} would start one process: add --multi_gpu (it "
+                              "starts the processes on the CPU too where there is no GPU), or give --num_processes 1")
+        return real(args)
+
+    launcher_module.simple_launcher = simple
+    try:
+        yield
+    finally:
+        launcher_module.simple_launcher = real
+
+
+def _refuse(message: str):
+    raise MemlabError(f"memlab launch: {' '.join(message.split())} (the launcher's options: accelerate launch --help)")
+
+
+def run(args) -> int:
+    if getattr(args, "answered", False):  # the verb's --help
+        return 0
     quiet_launcher_logs()
+    import accelerate.commands.launch as accelerate_launch
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     quiet_launcher_logs()  # again, for the loggers that the imports above made
     launcher, verb = split_argv(list(args.argv))
-    parsed = launch_command_parser().parse_args([*launcher, "-m", "memlab.app.cli", *verb])
+    parser = launch_command_parser()
+    parser.error = _refuse  # an unknown or malformed launcher option: one line, not the launcher's usage
+    parsed = parser.parse_args([*launcher, "-m", "memlab.app.cli", *verb])
     os.environ[WRAPPED_ENV] = "1"  # the processes leave naming the failed one to this launcher
     quiet_launcher_logs()
+    with tempfile.TemporaryDirectory(prefix="memlab-launch-") as errors:
+        os.environ[ERRORS_ENV] = errors  # each process leaves its error line here; each distinct line is printed once
+        try:
+            return _launch(parsed, launch_command, accelerate_launch, errors, ChildFailedError, SignalException)
+        finally:
+            os.environ.pop(ERRORS_ENV, None)
+
+
+def _launch(parsed, launch_command, accelerate_launch, errors: str, child_failed, signal_exception) -> int:
     try:
-        launch_command(parsed)
-    except ChildFailedError as e:
+        with one_process_refused(accelerate_launch):
+            launch_command(parsed)
+    except ValueError as e:  # accelerate's checks of its options ("at least 2 processes to use --multi_gpu")
+        raise MemlabError(f"memlab launch: {' '.join(str(e).split())}") from None
+    except child_failed as e:
         rank, failure = first_failure(e.failures)
         world = int(getattr(parsed, "num_processes", None) or len(e.failures))
-        line = describe(rank, world, failure.exitcode)
-        if line:
-            print(f"memlab: error: {line}", file=sys.stderr)
+        _print_errors(errors, describe(rank, world, failure.exitcode))
         code = failure.exitcode
         return code if code > 0 else 128 - code
-    except SignalException as e:  # the launcher itself stopped (Ctrl-C): each process printed what it kept
+    except signal_exception as e:  # the launcher itself stopped (Ctrl-C): each process printed what it kept
         return 128 + int(e.sigval)
-    except subprocess.CalledProcessError as e:  # one process (simple launcher): it printed its own line
+    except subprocess.CalledProcessError as e:  # one process (simple launcher)
+        _print_errors(errors, None)
         return e.returncode if e.returncode > 0 else 128 - e.returncode
     return 0
+
+
+def _print_errors(folder: str, line: str | None) -> None:
+    """The line naming the process that failed first (when it did not print memlab's own line), then each
+    distinct error line the processes left, once."""
+    if line:
+        print(f"memlab: error: {line}", file=sys.stderr)
+    for text in collected(folder):
+        print(text, file=sys.stderr)
