@@ -432,4 +432,6 @@ def config_text(cfg: ExperimentConfig) -> str:
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    Path(path).write_text(config_text(cfg))
+    from memlab.rundir import write_atomic
+
+    write_atomic(path, config_text(cfg))

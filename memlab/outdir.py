@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from memlab.errors import MemlabError
-from memlab.rundir import RunClaim, claim, guarded, holds, newest_file, release_under, storage_failure, write_atomic
+from memlab.rundir import (RunClaim, claim, fsync_path, guarded, holds, newest_file, release_under, replace_synced,
+                           storage_failure, sync_tree, write_atomic)
 
 try:
     import resource
@@ -154,8 +155,9 @@ def save_folder(final: Path, save: Callable[[Path], None], what: str) -> bool:
             shutil.rmtree(tmp)
         tmp.mkdir()
         save(tmp)
+        sync_tree(tmp)  # every file on the disk before the folder is renamed into place
         try:
-            os.replace(tmp, final)
+            replace_synced(tmp, final)
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not final.is_dir():
                 raise
@@ -175,12 +177,14 @@ def save_files(folder: Path, save: Callable[[Path], None], what: str) -> None:
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         save(tmp)
+        sync_tree(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
                 target = folder / f.relative_to(tmp)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(f, target)
+        fsync_path(folder)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -32,7 +32,7 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     """Tight layout, write the PNG, free the figure."""
     import matplotlib.pyplot as plt
 
-    from memlab.rundir import guarded
+    from memlab.rundir import fsync_path, guarded, replace_synced
 
     path = Path(path)
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}{path.suffix}")
@@ -40,7 +40,8 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     try:
         with guarded(str(path), tmp):  # a full disk is one line, and leaves no half-written PNG
             fig.savefig(tmp, dpi=dpi)
-            os.replace(tmp, path)
+            fsync_path(tmp)
+            replace_synced(tmp, path)
     finally:
         plt.close(fig)
     return path

@@ -182,6 +182,7 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run", busy_hint: str | 
     use by another process (``busy_hint``: what to do then). A folder this process already holds is returned as is.
     """
     run_dir = Path(os.path.normpath(run_dir))  # as the user wrote it: runs/zz/../base is runs/base
+    check_path(run_dir, f"{what} directory")
     held = holds(run_dir)
     if held is not None:
         if fresh and used_entries(run_dir):  # this process wrote into it already (e.g. an earlier probe)
@@ -267,6 +268,8 @@ def storage_failure(e: BaseException, writes_only: bool = False) -> str | None:
             return "the file system is read-only"
         if writes_only:
             return None
+        if e.errno == errno.ENAMETOOLONG:
+            return "the path is too long for the file system"
         return e.strerror or " ".join(str(e).split())[:120]
     text = " ".join(str(e).split())
     low = text.lower()
@@ -316,13 +319,82 @@ def guarded(what: str, *temps: Path, then: Callable[..., str] | None = None,
         raise MemlabError(f"could not write {what} ({reason})" + (f"; {tail}" if tail else "")) from None
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's (or a folder's: its entries') data to the disk; a file system that cannot sync a folder
+    is left as it is."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if not Path(path).is_dir():  # a file that cannot reach the disk is a failed write
+            raise
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: str | Path) -> None:
+    """:func:`fsync_path` every file and folder under ``folder`` (before it is renamed into place)."""
+    folder = Path(folder)
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            fsync_path(p)
+    for p in sorted((q for q in folder.rglob("*") if q.is_dir()), reverse=True):
+        fsync_path(p)
+    fsync_path(folder)
+
+
+def replace_synced(src: str | Path, dst: str | Path) -> None:
+    """Rename ``src`` (a file or a folder, already synced) onto ``dst`` and sync the folder that holds it, so that
+    after a crash ``dst`` is the old one or the new one, never an empty or half file."""
+    os.replace(src, dst)
+    fsync_path(Path(dst).parent)
+
+
 def write_atomic(path: str | Path, data: str | bytes, then: Callable[..., str] | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (a failure leaves the old file whole)."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder, synced, then renamed (a failure or
+    a kill at any moment leaves the old file whole, or the new one)."""
     path = Path(path)
+    check_path(path, "file")
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     with guarded(str(path), tmp, then=then):
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data)
-        os.replace(tmp, path)
+        with open(tmp, "wb") as fh:
+            fh.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        replace_synced(tmp, path)
+
+
+def check_path(path: str | Path, what: str = "--out") -> None:
+    """A MemlabError when ``path`` cannot name a file here: a name longer than the file system takes, or a path
+    longer than the system's limit (checked on the text, before anything is made)."""
+    path = Path(path)
+    base = next((p for p in [path, *path.parents] if _exists(p)), Path("."))
+    try:
+        name_max = os.pathconf(base if base.is_dir() else base.parent, "PC_NAME_MAX")
+        path_max = os.pathconf(base if base.is_dir() else base.parent, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or a name it does not know
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise MemlabError(f"{what} {_short(path)}: the name {_short(Path(part))} is {len(os.fsencode(part))} "
+                              f"bytes long; this file system takes at most {name_max} (ENAMETOOLONG)")
+    size = len(os.fsencode(str(path.absolute())))
+    if size >= path_max:
+        raise MemlabError(f"{what} {_short(path)}: the path is {size} bytes long; the system takes at most "
+                          f"{path_max - 1} (ENAMETOOLONG)")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up
+        return False
+
+
+def _short(path: Path, keep: int = 60) -> str:
+    text = str(path)
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"

@@ -52,6 +52,7 @@ from memlab.probes.run import (
 from memlab.probes.sweep import _row
 from memlab.probes.train import Timer
 from memlab.progress import WorkLine
+from memlab.rundir import write_atomic
 
 SAME_TEXT = ("each length cut from the same corpus splits (training chunks from the train split, held-out chunks "
              "from {split}), the units read in the same seeded order, with the same number of training and held-out "
@@ -177,8 +178,8 @@ def _write(run_dir, payload: dict, text: str) -> None:
     (out / "plots").mkdir(parents=True, exist_ok=True)
     title = f"{payload['model']} ({payload['pool']}): retention against length"
     payload["plot"] = str(plot(payload["rows"], out / "plots" / "length_curve.png", title, payload["chunk_by"]))
-    (out / "curve.json").write_text(json.dumps(payload, indent=2))
-    (out / "curve.md").write_text(text + "\n")
+    write_atomic(out / "curve.json", json.dumps(payload, indent=2))
+    write_atomic(out / "curve.md", text + "\n")
 
 
 def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:

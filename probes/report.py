@@ -32,6 +32,7 @@ from memlab.probes.readings import NO_EVIDENCE, cell, shows_retention
 from memlab.probes.result import Calibration, CalibrationCheck, Fit, Reading, ReadoutResult
 from memlab.probes.synthetic import SyntheticEncoder
 from memlab.probes.train import fit_selected
+from memlab.rundir import write_atomic
 
 
 def peak_memory_mb() -> dict:
@@ -78,7 +79,7 @@ def write_report(report, run_dir: str | Path) -> list[Path]:
     out = Path(run_dir)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     files = [out / "report.json"]
-    files[0].write_text(json.dumps(report.to_dict(), indent=2))
+    write_atomic(files[0], json.dumps(report.to_dict(), indent=2))
     files.append(plot_accuracy_by_position(report, out / "plots" / "accuracy_by_position.png"))
     files.append(plot_training(report, out / "plots" / "training.png"))
     return files

@@ -116,9 +116,12 @@ class FittedProbe:
 
     def save(self, out_dir: str | Path, encoder_spec: dict) -> None:
         """Write ``decoder/`` (save_pretrained) and ``probe.json`` (how to rebuild the encoder)."""
-        out = Path(out_dir)
-        self.decoder.save_pretrained(str(out / "decoder"))
-        (out / "probe.json").write_text(json.dumps(encoder_spec, indent=2))
+        from memlab.outdir import save_files
+        from memlab.rundir import write_atomic
+
+        out = Path(out_dir)  # each file whole: a kill while writing leaves no empty or half file
+        save_files(out / "decoder", lambda tmp: self.decoder.save_pretrained(str(tmp)), f"the probe decoder in {out}")
+        write_atomic(out / "probe.json", json.dumps(encoder_spec, indent=2))
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

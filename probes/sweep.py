@@ -31,6 +31,7 @@ from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.result import Fit, ProbeText, Reading, jsonable
 from memlab.probes.run import control_key, encode_data, fit_one, setup
 from memlab.probes.train import Timer
+from memlab.rundir import write_atomic
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",
           "control_accuracy", "control_token_set_f1", "information_gain", "control_free_running_accuracy")
@@ -151,8 +152,8 @@ def _write(run_dir, stem: str, payload: dict, table: str, plot_fn) -> None:
         return
     out = Path(run_dir)
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
-    (out / f"{stem}.md").write_text(table + "\n")
+    write_atomic(out / f"{stem}.json", json.dumps(payload, indent=2))
+    write_atomic(out / f"{stem}.md", table + "\n")
     payload["plot"] = str(plot_fn(out / "plots"))
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, MemlabError
+from memlab.rundir import write_atomic
 
 
 @dataclass
@@ -208,7 +209,7 @@ def run_sweep(sweep: SweepConfig, out_dir: str | Path, train: bool = True) -> di
             except MemlabError as e:
                 entry["fit_error"] = str(e)
         results["families"][fam.label] = entry
-    (out / "scaling.json").write_text(json.dumps(results, indent=2))
+    write_atomic(out / "scaling.json", json.dumps(results, indent=2))
     if any("fit" in e or e["points"] for e in results["families"].values()):
         plot_scaling(results, out / "scaling.png")
     return results

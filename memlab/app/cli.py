@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import importlib
 import importlib.util
 import pkgutil
@@ -29,6 +30,9 @@ from pathlib import Path
 
 from memlab import __version__
 from memlab.errors import MemlabError
+
+PATH_ERRORS = (errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR)
+"""OSErrors of a path (too long, not permitted, not a folder) that end a command with one line naming it."""
 
 ORDER = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench", "launch")
 """The order of the verbs in ``memlab --help``; any other module of :mod:`memlab.app.commands` follows."""
@@ -106,6 +110,19 @@ def parse(argv: list[str]):
     return parser, args
 
 
+PATH_FLAGS = ("out", "cache_dir", "offload_dir")
+"""Options that name a folder a verb writes into: a path too long for the file system is refused at once."""
+
+
+def check_paths(args) -> None:
+    from memlab.rundir import check_path
+
+    for dest in PATH_FLAGS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            check_path(value, f"--{dest.replace('_', '-')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -121,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         check = getattr(sys.modules[module_name(args.verb)], "check", None)
         if check is not None:
             check(args)  # checks across flags, before anything heavy is imported
+        check_paths(args)
         from memlab.limits import check_address_space
 
         check_address_space(getattr(args, "threads", None))  # before torch: a too small ulimit -v would hang it
@@ -164,10 +182,12 @@ def _run(args) -> int:
         from memlab.rundir import storage_failure
 
         reason = storage_failure(e, writes_only=True)
-        if reason is None:
-            raise
         where = getattr(e, "filename", None)
-        raise MemlabError(f"could not write{f' {where}' if where else ''} ({reason})") from None
+        if reason is not None:
+            raise MemlabError(f"could not write{f' {where}' if where else ''} ({reason})") from None
+        if isinstance(e, OSError) and e.errno in PATH_ERRORS and where:  # a path no guarded step checked
+            raise MemlabError(f"{where}: {e.strerror}") from None
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,7 @@ import torch
 
 from memlab.errors import MemlabError, ModelError
 from memlab.outdir import check_room
+from memlab.rundir import sync_tree
 
 CKPT_PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -94,6 +95,7 @@ def write_manifest(folder: Path) -> None:
     files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
     (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+    sync_tree(folder)  # every file on the disk before the folder is renamed into place
 
 
 _VERIFIED: dict[tuple, str | None] = {}  # (folder, file sizes and times) -> verdict: each checkpoint is hashed once
@@ -228,9 +230,9 @@ def save_checkpoint(
         raise NonFiniteWeights(f"the weights at step {step} are not finite (NaN or inf) and were not saved; last good "
                                f"checkpoint: {good or 'none'}; lower train.lr or check the data")
     tmp = root / f"{final.name}.tmp{os.getpid()}"
-    from memlab.rundir import guarded
+    from memlab.rundir import guarded, replace_synced
 
-    with guarded(f"checkpoint {final.name}", tmp, then=lambda why: still_kept(run_dir, why)):
+    with guarded(f"checkpoint {final.name}", tmp, then=lambda why: still_kept(run_dir, why), name_in=(tmp, final)):
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -249,7 +251,7 @@ def save_checkpoint(
     if final.exists():  # re-saving the same step: move the old copy aside, never leave no checkpoint
         old = root / f"{final.name}.old{os.getpid()}"
         os.replace(final, old)
-    os.replace(tmp, final)
+    replace_synced(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     for stale in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
