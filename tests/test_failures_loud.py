@@ -93,7 +93,7 @@ def test_a_truncated_safetensors_file_is_named(tmp_path, capsys):
 def test_eval_limit_below_one_is_refused(tmp_path, capsys, limit):
     out = tmp_path / "eval"
     assert main(["eval", "--run", str(TOY), "--task", "needle", "--limit", limit, "--out", str(out)]) == 2
-    assert "--limit must be at least 1" in one_line_error(capsys) and not out.exists()
+    assert "argument --limit: must be a positive integer" in one_line_error(capsys) and not out.exists()
 
 
 def test_eval_data_is_refused_for_a_task_that_does_not_read_it(tmp_path, capsys):

@@ -232,13 +232,15 @@ def save_checkpoint(
     tmp = root / f"{final.name}.tmp{os.getpid()}"
     from memlab.rundir import guarded, replace_synced
 
-    with guarded(f"checkpoint {final.name}", tmp, then=lambda why: still_kept(run_dir, why), name_in=(tmp, final)):
+    kept = lambda why: still_kept(run_dir, why)  # noqa: E731
+    with guarded(f"checkpoint {final.name}", tmp, then=kept):
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
+        with guarded(f"checkpoint {final.name}", tmp, then=kept, name_in=(tmp, final)):  # names the file that failed
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         if scaler is not None:
