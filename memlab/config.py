@@ -14,6 +14,7 @@ chosen recipe declares, and ``model`` against the model family's config.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -354,6 +355,7 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
         value = getattr(built, key, None)
         if (key == "num_hidden_layers" or key.endswith("_layers")) and isinstance(value, int) and value < 1:
             raise ConfigError(f"'model.overrides.{key}' must be >= 1 (a model needs at least one layer), got {value}")
+    check_sizes(family, cfg.model.preset, cfg.model.overrides)
     for frac in ("val_fraction", "test_fraction"):
         v = getattr(cfg.data, frac)
         if not 0.0 <= v < 1.0:
@@ -392,6 +394,25 @@ def experiment_from_dict(data: dict) -> ExperimentConfig:
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise ConfigError("'train.batch_size' must be a multiple of 'train.grad_accum'")
     return cfg
+
+
+SIZE_KEY = re.compile(r"(size|layers|heads|dim|d_model|positions|embeddings|length|_len$|^num_|steps|^max_)")
+"""Model config keys that count something (a width, a number of layers, heads or positions)."""
+
+
+def check_sizes(family, preset: str | None, overrides: dict) -> None:
+    """A ConfigError for an override of a count (:data:`SIZE_KEY`) below what it can be: >= 1 where the preset's
+    value is positive, >= 0 where it is 0 (a part turned off), so that torch never meets a negative width."""
+    if not overrides:
+        return
+    defaults = family.make_config(preset).to_dict()
+    for key, value in overrides.items():
+        if not (SIZE_KEY.search(key) and isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        low = 1 if isinstance(defaults.get(key), int) and defaults[key] >= 1 else 0
+        if value < low:
+            raise ConfigError(f"'model.overrides.{key}' must be >= {low} (it counts {key.replace('_', ' ')}), "
+                              f"got {value}")
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -187,9 +187,27 @@ def family_of(model_dir: str | Path) -> str:
         raise ModelError(f"{d}: no config.json (not a saved model)")
     arch = saved_architecture(d)
     for name in FAMILIES.names():
-        if FAMILIES.get(name).model_class.__name__ == arch:
+        model_class = FAMILIES.get(name).model_class
+        if model_class.__name__ == arch:
+            check_model_type(d, model_class, name)
             return name
     raise ModelError(f"{d}: no registered model family builds '{arch}'")
+
+
+def check_model_type(model_dir: Path, model_class, family: str) -> None:
+    """A ModelError when ``config.json``'s ``model_type`` is not the one ``model_class`` reads (a config edited
+    by hand, or another library's): the weights would be read with a config that does not describe them."""
+    import json
+
+    try:
+        saved = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return
+    expected = getattr(getattr(model_class, "config_class", None), "model_type", None)
+    if expected and saved != expected:
+        raise ModelError(f"{model_dir}: config.json says model_type {saved!r}, but its architecture "
+                         f"{model_class.__name__} (family {family}) reads model_type {expected!r}; no family knows "
+                         f"{saved!r}")
 
 
 def check_saved_class(model_dir: str | Path, model_class, asked: str | None = None) -> None:

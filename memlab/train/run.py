@@ -49,11 +49,42 @@ RESUMABLE_OVERRIDES = ("train.max_steps", "train.eval_every", "train.eval_batche
 def check_resume_overrides(overrides: list[str]) -> None:
     for ov in overrides:
         key = ov.split("=", 1)[0].strip()
+        if key not in RESUMABLE_OVERRIDES and not known_key(key):
+            raise MemlabError(f"unknown config key '{key}'; a resumed run may change: {', '.join(RESUMABLE_OVERRIDES)}")
         if key not in RESUMABLE_OVERRIDES:
             raise MemlabError(
                 f"'{key}' cannot change when a run resumes (it would not continue the same run); "
                 f"resumable: {', '.join(RESUMABLE_OVERRIDES)}"
             )
+
+
+def known_key(key: str) -> bool:
+    """Whether ``key`` (``section.field``) names a field of the experiment config; the free-form mappings
+    (``model.overrides``, ``options``) take any key under them."""
+    import dataclasses
+
+    from memlab.config import ExperimentConfig
+
+    cls, parts = ExperimentConfig, key.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+        if fields is None:
+            return True  # inside a mapping: any key
+        if part not in fields:
+            return False
+        tp = fields[part].type
+        cls = _dataclass_named(cls, part)
+        if cls is None:
+            return i == len(parts) - 1 or "dict" in str(tp).lower() or "any" in str(tp).lower()
+    return True
+
+
+def _dataclass_named(owner, name: str):
+    import dataclasses
+    import typing
+
+    tp = typing.get_type_hints(owner).get(name)
+    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def check_resumable(run_dir: Path) -> None:
@@ -288,9 +319,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
             from memlab.plots import plot_metrics
 
             plot_metrics(run_dir / "metrics.jsonl", run_dir / "plots")
-    except BaseException:
+    except BaseException as e:
         if record is not None:  # a resume that fails leaves the record of its last checkpoint
             record.undo(trainer)
+        if lock is not None and not resume and not isinstance(e, KeyboardInterrupt) and not ckpt.checkpoint_dirs(run_dir):
+            if tracker is not None:
+                tracker.finish()
+                tracker = None
+            lock.abandon()  # a fresh run that failed before its first checkpoint keeps nothing: no half-made folder
         raise
     finally:
         if tracker is not None:
