@@ -11,7 +11,12 @@ raises :class:`memlab.errors.MemlabError` (one line, exit 2).
 The argparse types below refuse a bad value while the arguments are read:
 ``positive_int``, ``non_negative_int``, ``positive_float``, ``fraction`` and
 ``int_list`` (a comma list of distinct positive integers).
+
+Note: the verb modules are attributes of this package once imported (``list``
+among them), so the code here never calls a builtin of the same name.
 """
+
+from __future__ import annotations
 
 import argparse
 import math

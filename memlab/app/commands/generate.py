@@ -33,6 +33,8 @@ def check(args) -> None:
     """Flags that do nothing, refused before anything is imported."""
     from memlab.errors import MemlabError
 
+    if any(not p.strip() for p in args.prompt):
+        raise MemlabError("a prompt must hold some text")
     if not args.sample:
         changed = [f for f, v in (("--temperature", args.temperature), ("--top-p", args.top_p)) if v != 1.0]
         if changed:

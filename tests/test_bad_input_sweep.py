@@ -1,0 +1,347 @@
+"""Bad input on every verb: one line ``memlab: error: ...``, exit 2, answered before torch is imported.
+
+The cases are built from the registered verbs (:data:`memlab.app.cli.VERBS`, every module of
+``memlab.app.commands``) and from their parsers' options, so a new verb or a new typed flag is covered when it is
+added: ``--help`` and an unknown flag in a fresh interpreter (torch not imported, fast), every typed option given a
+value of the wrong type or range, a path too long for the file system for every option that names a folder to
+write, an address-space limit too small to start torch. A table adds the cases that need a verb's own knowledge
+(flags that do nothing together, repeated values). Runs of real work under a file-size limit and kills during
+writes are marked slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memlab.app import cli
+from memlab.app import commands as cmd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BUILT_WITH_TORCH = {
+    "probe": "the probe's parser is built from its option dataclasses, whose module imports torch",
+}
+"""Verbs whose parser still imports torch when it is built (their --help and refusals are still one line, exit 2)."""
+
+FAST_S = 1.0
+"""Most seconds a refusal may take inside the interpreter (imports and parsing, not the interpreter's start)."""
+
+_PROBE = (
+    "import sys, time\n"
+    "t = time.perf_counter()\n"
+    "from memlab.app.cli import main\n"
+    "rc = main(sys.argv[1:])\n"
+    "sys.stderr.write('\\n@@ torch=%d seconds=%.3f\\n' % ('torch' in sys.modules, time.perf_counter() - t))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def fresh(argv: list[str], limits=None, timeout: float = 120) -> tuple[int, str, str, bool, float]:
+    """``memlab ARGV`` in a fresh interpreter: (exit status, stdout, stderr without the probe line, whether torch was
+    imported, seconds from the first import to the answer). ``limits``: ``{resource: bytes}`` set in the child."""
+
+    def preexec():
+        import resource
+
+        for which, value in (limits or {}).items():
+            resource.setrlimit(which, (value, value))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=timeout, preexec_fn=preexec if limits else None)
+    err, _, tail = p.stderr.rpartition("\n@@ ")
+    fields = dict(kv.split("=") for kv in tail.split()) if tail.startswith("torch=") else {}
+    return p.returncode, p.stdout, err if fields else p.stderr, fields.get("torch") == "1", float(
+        fields.get("seconds", "nan"))
+
+
+def assert_one_line(rc: int, err: str, phrase: str = "") -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("memlab: error: "), err
+    assert "Traceback" not in err
+    assert phrase in lines[0], lines[0]
+    return lines[0]
+
+
+def no_torch(verb: str, torch_loaded: bool, seconds: float) -> None:
+    if torch_loaded and verb in BUILT_WITH_TORCH:
+        pytest.xfail(BUILT_WITH_TORCH[verb])
+    assert not torch_loaded, f"memlab {verb} imported torch before answering"
+    assert seconds < FAST_S, f"memlab {verb} took {seconds:.2f} s to answer"
+
+
+TOY = str(ROOT / "configs" / "token_lm" / "toy.yaml")
+
+NEEDS = {"train": [TOY], "eval": ["--run", "r"], "probe": ["--model", "m"], "generate": ["--run", "r", "--prompt", "x"],
+         "plot": ["r"]}
+"""What a verb needs besides the flag under test (its required arguments); a verb not named needs nothing."""
+
+
+def command(verb: str, *args: str) -> list[str]:
+    return [verb, *NEEDS.get(verb, []), *args]
+
+
+def answer(argv: list[str], capsys) -> tuple[int, str, bool, float]:
+    """(exit status, stderr, torch imported, seconds) of ``memlab ARGV``: in a fresh interpreter, or in this one
+    for a verb that imports torch to build its parser anyway."""
+    if argv[0] in BUILT_WITH_TORCH:
+        capsys.readouterr()
+        rc = cli.main(argv)
+        return rc, capsys.readouterr().err, True, 0.0
+    rc, _, err, torch_loaded, seconds = fresh(argv)
+    return rc, err, torch_loaded, seconds
+
+
+def verb_parser(verb: str) -> argparse.ArgumentParser:
+    parser = cli.build_parser(full=[verb])
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[verb]
+
+
+# ---------------------------------------------------------------------------------------------- every verb
+
+
+@pytest.mark.parametrize("verb", cli.VERBS)
+def test_help_is_answered_before_torch_is_imported(verb):
+    rc, out, err, torch_loaded, seconds = fresh([verb, "--help"])
+    assert rc == 0 and f"usage: memlab {verb}" in out, err
+    no_torch(verb, torch_loaded, seconds)
+
+
+def test_the_verb_list_is_answered_before_torch_is_imported():
+    rc, out, err, torch_loaded, seconds = fresh(["--help"])
+    assert rc == 0 and not torch_loaded and seconds < FAST_S, err
+    for verb in cli.VERBS:
+        assert f"    {verb}" in out
+    rc, _, err, torch_loaded, _ = fresh(["no-such-verb"])
+    assert_one_line(rc, err, "invalid choice") and not torch_loaded
+
+
+@pytest.mark.parametrize("verb", [v for v in cli.VERBS if v != "launch"])
+def test_an_unknown_flag_is_one_line_before_torch_is_imported(verb, capsys):
+    rc, err, torch_loaded, seconds = answer(command(verb, "--no-such-flag", "1"), capsys)
+    assert_one_line(rc, err, "unrecognized arguments: --no-such-flag")
+    no_torch(verb, torch_loaded, seconds)
+
+
+BAD_FOR_TYPE = {
+    cmd.positive_int: ["0", "-3", "1.5", "x"],
+    cmd.non_negative_int: ["-1", "x"],
+    cmd.positive_float: ["0", "-1e-3", "nan", "x"],
+    cmd.fraction: ["0", "1.5", "x"],
+    cmd.int_list: ["0", "-64", "8,8", "8,,16", "x"],
+    int: ["x", "1.5"],
+    float: ["x"],
+}
+"""Values each option type refuses; an option whose type is not here is refused a value by its choices, if any."""
+
+
+def typed_cases():
+    for verb in cli.VERBS:
+        if verb == "launch":
+            continue
+        for action in verb_parser(verb)._actions:
+            if not action.option_strings or action.nargs not in (None, 1):
+                continue
+            flag = max(action.option_strings, key=len)
+            bad = BAD_FOR_TYPE.get(action.type, [])
+            if action.choices is not None:
+                bad = bad + ["no-such-choice"]
+            elif getattr(action.type, "__name__", "") == "list":  # a comma list of names: a repeat, a stranger
+                bad = bad + ["no-such-name"]
+            for value in bad:
+                yield pytest.param(verb, flag, value, id=f"{verb} {flag}={value}")
+
+
+@pytest.mark.parametrize("verb,flag,value", list(typed_cases()))
+def test_every_typed_option_refuses_a_wrong_value_in_one_line(verb, flag, value, capsys):
+    assert cli.main([verb, f"{flag}={value}"]) == 2
+    err = capsys.readouterr().err
+    assert_one_line(2, err, f"argument {flag}")
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+CASES = [  # (argv, phrase of the one line)
+    (["bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive integer"),
+    (["bench", "--mfu-steps=-3"], "--mfu-steps: must be a positive integer"),
+    (["bench", "--prefill-lengths", "0"], "--prefill-lengths: each value must be a positive integer"),
+    (["bench", "--prefill-lengths=-64"], "--prefill-lengths: each value must be a positive integer"),
+    (["bench", "--generation-contexts", "256,256"], "256 is given twice"),
+    (["bench", "--parts", "mfu,mfu"], "'mfu' is given twice"),
+    (["eval", "--run", "r", "--task", "needle", "--needle-lengths", "0"], "each value must be a positive integer"),
+    (["eval", "--run", "r", "--task", "needle", "--needle-lengths=-5"], "each value must be a positive integer"),
+    (["eval", "--run", "r", "--task", "needle", "--task", "needle"], "--task needle is given twice"),
+    (["eval", "--run", "r", "--run", "r"], "--run r is given twice"),
+    (["eval", "--scaling", "s.yaml", "--run", "r"], "--scaling runs a sweep of its own"),
+    (["eval"], "give at least one --run"),
+    (["generate", "--run", "r", "--prompt", "It was", "--temperature", "0.7"], "--temperature applies to sampling"),
+    (["generate", "--run", "r", "--prompt", "  "], "a prompt must hold some text"),
+    (["plot", "r", "--metrics", "loss", "loss"], "--metrics names loss twice"),
+    (["probe", "--model", "m", "--seq-len", "8,8"], "8 is given twice"),
+    (["probe", "--model", "m", "--n-train", "100,0"], "each value must be a positive integer"),
+    (["probe", "--model", "m", "--device-map", "none", "--max-memory", "cpu:1GB"], "does not apply with --device-map none"),
+    (["launch", "--multi_gpu", "--num_processes", "0", "train", TOY], "--num_processes must be a positive integer"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive"),
+    (["launch", "--multi_gpu", "--num_processes", "2"], "memlab launch needs a verb to run"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_a_known_bad_input_is_one_line_before_torch_is_imported(argv, phrase, capsys):
+    rc, err, torch_loaded, seconds = answer(argv, capsys)
+    assert_one_line(rc, err, phrase)
+    no_torch(argv[0], torch_loaded, seconds)
+
+
+def test_an_unknown_launcher_option_is_one_line_not_the_launchers_usage():
+    rc, _, err, _, _ = fresh(["launch", "--multi_cpu", "train", TOY])
+    assert_one_line(rc, err, "unrecognized arguments: --multi_cpu")
+
+
+def test_a_launch_that_would_start_one_process_is_refused(tmp_path):
+    rc, _, err, _, _ = fresh(["launch", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                              "--dynamo_backend", "no", "train", TOY, "--out", str(tmp_path / "run")])
+    assert_one_line(rc, err, "--num_processes 2 would start one process: add --multi_gpu")
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------- paths and limits
+
+
+def path_cases():
+    for verb in cli.VERBS:
+        if verb == "launch":
+            continue
+        for action in verb_parser(verb)._actions:
+            if action.dest in cli.PATH_FLAGS and action.option_strings:
+                yield pytest.param(verb, max(action.option_strings, key=len), id=f"{verb} {action.dest}")
+
+
+@pytest.mark.parametrize("verb,flag", list(path_cases()))
+@pytest.mark.parametrize("shape", ["long name", "long path"])
+def test_a_path_too_long_is_one_line_and_makes_nothing(verb, flag, shape, tmp_path, capsys):
+    if shape == "long name":
+        path = tmp_path / ("n" * 300) / "run"
+    else:
+        path = tmp_path.joinpath(*["p" * 200] * 24) / "run"
+    rc, err, torch_loaded, seconds = answer(command(verb, flag, str(path)), capsys)
+    assert_one_line(rc, err, "ENAMETOOLONG")
+    assert sorted(tmp_path.iterdir()) == []
+    no_torch(verb, torch_loaded, seconds)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+@pytest.mark.parametrize("verb", [v for v in cli.VERBS if v != "launch"])
+def test_an_address_space_too_small_for_torch_is_one_line_at_once(verb, tmp_path):
+    import resource
+
+    from memlab.limits import BASE_MIB
+
+    out = tmp_path / "run"
+    outs = {a.dest for a in verb_parser(verb)._actions}
+    argv = command(verb, *(["--out", str(out)] if "out" in outs else []))
+    limit = (BASE_MIB // 2) * 2**20  # room for Python, not for torch
+    if verb in BUILT_WITH_TORCH:
+        pytest.xfail(BUILT_WITH_TORCH[verb])
+    t = time.monotonic()
+    rc, _, err, torch_loaded, _ = fresh(argv, limits={resource.RLIMIT_AS: limit}, timeout=60)
+    assert time.monotonic() - t < 30  # never the thread pool's endless start-up
+    if rc == 2 and "the address-space limit" not in err:  # a verb refused what it was given first: one line too
+        assert_one_line(rc, err)
+    else:
+        assert_one_line(rc, err, f"the address-space limit (ulimit -v) is {BASE_MIB // 2} MiB")
+    assert not torch_loaded and not out.exists()
+
+
+def test_the_address_space_check_says_how_many_threads_fit(monkeypatch):
+    from memlab import limits
+    from memlab.errors import MemlabError
+
+    need = limits.needed_mib(4)
+    monkeypatch.setattr(limits, "address_space_limit", lambda: (limits.needed_mib(2) + 1) * 2**20)
+    with pytest.raises(MemlabError, match=rf"torch on 4 CPU threads needs about {need} MiB.*OMP_NUM_THREADS=2"):
+        limits.check_address_space(4)
+    limits.check_address_space(2)  # fits
+    monkeypatch.setattr(limits, "address_space_limit", lambda: None)
+    limits.check_address_space(64)  # no limit
+
+
+def test_running_out_of_memory_is_recognised():
+    from memlab.limits import memory_failure
+
+    assert "out of memory" in memory_failure(MemoryError())
+    assert memory_failure(RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate "
+                                       "memory: you tried to allocate 8589934592 bytes"))
+    assert "importing numpy" in memory_failure(ImportError("failed to map segment from shared object", name="numpy"))
+    assert memory_failure(RuntimeError("shape mismatch")) is None and memory_failure(ValueError("x")) is None
+
+
+# ---------------------------------------------------------------------------------------------- real work, slow
+
+
+@pytest.fixture(scope="module")
+def toy_config(tmp_path_factory, small_corpus) -> Path:
+    from conftest import write_config
+
+    d = tmp_path_factory.mktemp("sweep")
+    return write_config(d / "c.yaml", small_corpus, train={"max_steps": 4, "save_every": 2, "eval_every": 2})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kib", [8, 64, 256])
+def test_a_file_size_limit_names_the_file_and_keeps_nothing_half_made(toy_config, tmp_path, kib):
+    import resource
+
+    out = tmp_path / "run"
+    rc, _, err, _, _ = fresh(["train", str(toy_config), "--out", str(out)], limits={resource.RLIMIT_FSIZE: kib * 1024},
+                             timeout=600)
+    line = assert_one_line(rc, err, "file size limit")
+    assert str(out) in line or "ulimit -f" in line
+    for f in out.rglob("*") if out.exists() else []:  # nothing empty, nothing under a temporary name
+        assert ".tmp" not in f.name, f
+        assert not f.is_file() or f.stat().st_size > 0 or f.name == ".memlab.lock", f
+
+
+@pytest.mark.slow
+def test_a_kill_during_any_write_leaves_every_file_whole(toy_config, tmp_path):
+    """Train with a checkpoint at every step and kill -9 at spread moments; after each kill every file under its
+    final name is whole (JSON parses, safetensors load, no empty file), and the run resumes to its end."""
+    from safetensors.torch import load_file
+
+    from memlab.train.metrics import read_metrics
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "memlab.app.cli", "train", str(toy_config), "--out", str(run),
+            "train.max_steps=12", "train.save_every=1", "train.eval_every=6"]
+    for i, delay in enumerate((3.0, 4.5, 6.0, 7.5, 9.0)):
+        p = subprocess.Popen(argv if i == 0 else argv[:3] + ["train", "--resume", str(run)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if not run.exists():
+            continue
+        for f in run.rglob("*"):
+            if not f.is_file() or ".tmp" in str(f.relative_to(run)) or ".old" in f.name or f.name == ".memlab.lock":
+                continue
+            assert f.stat().st_size > 0, f"{f} is empty after kill -9"
+            if f.suffix == ".json":
+                json.loads(f.read_text())
+            elif f.suffix == ".safetensors":
+                load_file(str(f))
+        read_metrics(run / "metrics.jsonl", warn=False)  # a torn last line at most
+    if (run / "config.yaml").is_file():
+        done = subprocess.run(argv[:3] + ["train", "--resume", str(run)], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
