@@ -84,13 +84,26 @@ def memory_failure(e: BaseException) -> str | None:
     """What did not fit, when ``e`` is what running out of memory raises (else None)."""
     text = " ".join(str(e).split())
     if isinstance(e, MemoryError):
-        return f"out of memory{f' ({text[:160]})' if text else ''}"
+        return f"out of memory{f' ({text[:160]})' if text else ''}{_where(e)}"
     low = text.lower()
     if isinstance(e, (RuntimeError, ImportError, OSError)) and any(p in low for p in _PHRASES):
         if isinstance(e, ImportError):
             return f"out of memory while importing {getattr(e, 'name', None) or 'a library'} ({text[:160]})"
         return f"out of memory ({text[:160]})"
     return None
+
+
+def _where(e: BaseException) -> str:
+    """`` in PACKAGE/FILE.py`` of the innermost frame of ``e``'s traceback (what was being made), else ``""``."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith("<"):  # not importlib's frozen frames
+            last = tb.tb_frame.f_code
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    parts = last.co_filename.replace("\\", "/").split("/")
+    return f" in {'/'.join(parts[-2:])}, {last.co_name}()"
 
 
 def limit_hint() -> str:

@@ -178,6 +178,7 @@ def _run(args) -> int:
             return launched.PEER_LOST
         memory = memory_failure(e)
         if memory is not None:
+            quiet_exit_hooks()
             raise MemlabError(f"memlab {args.verb}: {memory}{limit_hint()}; nothing half-made was kept") from None
         from memlab.rundir import storage_failure
 
@@ -188,6 +189,20 @@ def _run(args) -> int:
         if isinstance(e, OSError) and e.errno in PATH_ERRORS and where:  # a path no guarded step checked
             raise MemlabError(f"{where}: {e.strerror}") from None
         raise
+
+
+EXIT_HOOKS = (("torch._dynamo.utils", "dump_compile_times"),)
+"""Libraries' exit hooks that allocate (import, tabulate): dropped after running out of memory, where they would
+print a traceback of their own under the one line."""
+
+
+def quiet_exit_hooks() -> None:
+    import atexit
+
+    for module, name in EXIT_HOOKS:
+        hook = getattr(sys.modules.get(module), name, None)
+        if hook is not None:
+            atexit.unregister(hook)
 
 
 if __name__ == "__main__":  # pragma: no cover
