@@ -106,7 +106,8 @@ def parse(argv: list[str]):
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = list(args.overrides) + extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            subparsers.choices.get(args.verb, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     return parser, args
 
 

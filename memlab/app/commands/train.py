@@ -20,6 +20,22 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check(args) -> None:
+    """What to train, checked before anything is imported."""
+    from memlab.errors import ConfigError
+
+    if args.resume:
+        if args.config and "=" not in args.config:
+            raise ConfigError("with --resume the config is the run's own config.yaml; pass only overrides")
+        if args.out:
+            raise ConfigError("with --resume the run is written where it is; --out applies to a new run")
+    else:
+        if not args.config:
+            raise ConfigError("give a config file (e.g. configs/token_lm/toy.yaml) or --resume RUN")
+        if args.restart:
+            raise ConfigError("--restart applies to --resume RUN (a run to train again from step 0)")
+
+
 def run(args) -> int:
     from memlab.config import load_config
     from memlab.errors import ConfigError
