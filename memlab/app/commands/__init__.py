@@ -122,3 +122,16 @@ def choice_list(choices: tuple[str, ...]):
 
     parse.__name__ = "list"
     return parse
+
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def check_device(name: str | None) -> None:
+    """``--device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, else one error before anything is imported
+    (whether this machine has it is checked when the verb runs)."""
+    if name is None:
+        return
+    kind, _, index = str(name).partition(":")
+    if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
+        raise ConfigError(f"--device {name}: not a device (use auto, cpu, cuda, cuda:N or mps)")

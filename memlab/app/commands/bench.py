@@ -11,7 +11,7 @@ import shlex
 import sys
 
 from memlab.app.bench import PARTS
-from memlab.app.commands import choice_list, int_list, positive_int
+from memlab.app.commands import check_device, choice_list, int_list, positive_int
 
 
 def add_parser(sub) -> None:
@@ -30,6 +30,11 @@ def add_parser(sub) -> None:
     p.add_argument("--generation-contexts", type=int_list, default=None, help="comma-separated context lengths (default 256..16k)")
     p.add_argument("--mfu-steps", type=positive_int, default=12, help="training steps per family for MFU")
     p.set_defaults(func=run)
+
+
+def check(args) -> None:
+    """The device's name, checked before anything is imported."""
+    check_device(args.device)
 
 
 def run(args) -> int:

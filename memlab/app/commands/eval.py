@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from memlab.app.commands import int_list, positive_int
+from memlab.app.commands import check_device, int_list, positive_int
 
 
 def add_parser(sub) -> None:
@@ -39,6 +39,7 @@ def check(args) -> None:
     """Flags that do nothing together, refused before anything is imported."""
     from memlab.errors import MemlabError
 
+    check_device(args.device)
     for flag, values in (("--task", args.task), ("--run", args.run)):
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:

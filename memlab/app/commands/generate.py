@@ -9,7 +9,7 @@ minus ``--max-new-tokens`` is cut from the left).
 
 from __future__ import annotations
 
-from memlab.app.commands import fraction, non_negative_int, positive_float, positive_int
+from memlab.app.commands import check_device, fraction, non_negative_int, positive_float, positive_int
 
 
 def add_parser(sub) -> None:
@@ -33,6 +33,7 @@ def check(args) -> None:
     """Flags that do nothing, refused before anything is imported."""
     from memlab.errors import MemlabError
 
+    check_device(args.device)
     if any(not p.strip() for p in args.prompt):
         raise MemlabError("a prompt must hold some text")
     if not args.sample:
