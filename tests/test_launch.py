@@ -134,3 +134,23 @@ def test_a_killed_process_is_named_and_the_survivor_prints_no_traceback(tmp_path
     assert code == 128 + signal.SIGKILL and "Traceback" not in text and "Connection closed" not in text, text
     assert _errors(text) == ["memlab: error: process 1 of 2 was killed by SIGKILL (out of memory, or killed by hand); "
                              "the others were stopped"]
+
+
+def test_each_distinct_error_line_of_the_processes_is_printed_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(launched.ERRORS_ENV, str(tmp_path))
+    for rank, line in ((1, "memlab: error: same"), (0, "memlab: error: same"), (2, "memlab: error: other")):
+        monkeypatch.setenv("RANK", str(rank))
+        assert launched.hand_over(line)
+    assert launched.collected(str(tmp_path)) == ["memlab: error: same", "memlab: error: other"]
+    assert not list(tmp_path.glob("*.tmp"))
+    monkeypatch.delenv(launched.ERRORS_ENV)
+    assert not launched.hand_over("memlab: error: outside a launch")  # printed by the process itself
+
+
+@pytest.mark.slow  # a 2-process run whose processes all meet the same error after the process group started
+def test_an_error_met_by_every_process_after_the_group_started_is_one_line(tmp_path):
+    p = _memlab_launch("train", TOY, "--out", str(tmp_path / "run"), f"model.init_from={tmp_path / 'none'}")
+    code, text = _finish(p)
+    assert code == 2 and "Traceback" not in text, text
+    assert len(_errors(text)) == 1 and "neither a saved model" in _errors(text)[0], text
+    assert not (tmp_path / "run").exists()
