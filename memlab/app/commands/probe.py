@@ -172,28 +172,13 @@ def abandon_out(out: Path, e: BaseException, held_before=None) -> None:
 
 
 def check(args) -> None:
-    """Flags refused before the probe loads anything: a malformed or repeated length or size, a non-positive
-    count, a placement budget with the placement that ignores it."""
-    import argparse
-
-    from memlab.app.commands import int_list
+    """A length or size given twice, refused before the probe loads anything (a sweep would run it once and say
+    nothing). Ranges, types and placements are the options' own checks (:mod:`memlab.probes.options`)."""
     from memlab.errors import ConfigError
 
     for flag in ("--seq-len", "--n-train"):
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            try:
-                int_list(value)
-            except argparse.ArgumentTypeError as e:
-                raise ConfigError(f"argument {flag}: {e}") from None
-    for flag in ("--n-eval", "--batch-size", "--hidden-size", "--num-layers", "--threads"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and value < 1:
-            raise ConfigError(f"argument {flag}: must be a positive integer, got {value}")
-    for flag in ("--epochs", "--lr"):
-        value = getattr(args, flag[2:])
-        if value is not None and not value > 0:
-            raise ConfigError(f"argument {flag}: must be greater than 0, got {value}")
-    for flag in ("--max-memory", "--offload-dir"):
-        if getattr(args, flag[2:].replace("-", "_")) is not None and args.device_map == "none":
-            raise ConfigError(f"{flag} places a model by accelerate; it does not apply with --device-map none")
+        items = [x.strip() for x in str(value or "").split(",") if x.strip()]
+        twice = sorted({x for x in items if items.count(x) > 1})
+        if twice:
+            raise ConfigError(f"argument {flag}: {twice[0]} is given twice in {value!r}")
