@@ -288,3 +288,14 @@ def test_running_out_of_memory_is_recognised():
                                        "memory: you tried to allocate 8589934592 bytes"))
     assert "importing numpy" in memory_failure(ImportError("failed to map segment from shared object", name="numpy"))
     assert memory_failure(RuntimeError("shape mismatch")) is None and memory_failure(ValueError("x")) is None
+
+
+@pytest.mark.parametrize("kw", [dict(mfu_steps=0), dict(mfu_steps=-3), dict(prefill_lengths=[0]),
+                                dict(prefill_lengths=[-64]), dict(generation_contexts=[256, 256])])
+def test_the_bench_api_refuses_what_its_flags_refuse(kw, tmp_path):
+    from memlab.app.bench.run import run_bench
+    from memlab.errors import MemlabError
+
+    with pytest.raises(MemlabError, match="must be a positive integer"):
+        run_bench(tmp_path / "b", ["flops"], **kw)
+    assert not (tmp_path / "b").exists()

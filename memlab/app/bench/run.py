@@ -35,6 +35,12 @@ def run_bench(out_dir: str | Path, parts: list[str], device: str | None = None, 
         raise MemlabError(f"unknown bench part '{unknown[0]}'; known: {', '.join(PARTS)}")
     if prefill_logits not in LOGITS:
         raise MemlabError(f"unknown prefill logits {prefill_logits!r}; choose one of {', '.join(LOGITS)}")
+    if mfu_steps < 1:
+        raise MemlabError(f"mfu_steps must be a positive integer, got {mfu_steps}")
+    for name, values in (("prefill_lengths", prefill_lengths), ("generation_contexts", generation_contexts)):
+        bad = [v for v in values or [] if v < 1] + [v for i, v in enumerate(values or []) if v in values[:i]]
+        if bad:
+            raise MemlabError(f"{name}: each value must be a positive integer, given once; got {values}")
     dev = device_of(device)
     with OutputFolder.new(out_dir, "bench") as folder:  # new or empty, locked; a bench that fails leaves none
         return _run_parts(folder, parts, dev, quick, prefill_lengths, generation_contexts, mfu_steps, mfu_configs,
