@@ -149,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (e.quiet or launched.hand_over(line) or launched.quiet_on_this_process()):
             print(line, file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C while the arguments were checked: nothing was made yet
+        from memlab import interrupts
+
+        print(interrupts.message(e), file=sys.stderr)
+        return interrupts.exit_code(e)
 
 
 def _run(args) -> int:
