@@ -164,42 +164,42 @@ def trim(ids: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=2)
-def _splits(corpus: str) -> dict:
+def _splits(corpus: str, text_field: str = "text") -> dict:
     """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
-    seed 0: memlab's default data settings, read once per process."""
-    return make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
+    seed 0: memlab's default data settings, read once per process (records' text in ``text_field``)."""
+    return make_splits(units(load_corpus(corpus, text_field), "chapter"), 0.05, 0.05, 0)
 
 
 @lru_cache(maxsize=2)
-def _split_texts(corpus: str) -> dict[str, list[str]]:
+def _split_texts(corpus: str, text_field: str = "text") -> dict[str, list[str]]:
     """Cleaned texts of each split of a corpus."""
-    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus).items()}
+    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus, text_field).items()}
 
 
-def split_description(corpus: str) -> str:
+def split_description(corpus: str, text_field: str = "text") -> str:
     """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
-    return describe_splits(_splits(corpus))
+    return describe_splits(_splits(corpus, text_field))
 
 
-def _texts_of(corpus: str, split: str) -> list[str]:
-    splits = _split_texts(corpus)
+def _texts_of(corpus: str, split: str, text_field: str = "text") -> list[str]:
+    splits = _split_texts(corpus, text_field)
     if split not in splits:
         raise DataError(f"unknown split '{split}'; use train, validation or test")
     if not splits[split]:  # names the empty split and how the corpus was cut
-        require_split(_splits(corpus), split, corpus)
+        require_split(_splits(corpus, text_field), split, corpus)
     return splits[split]
 
 
 def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                at_most: bool = False) -> list[str]:
+                at_most: bool = False, text_field: str = "text") -> list[str]:
     """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
     (``at_most``: all there are when the split holds fewer than ``n``)."""
-    chosen = pick_texts(_texts_of(corpus, split), 7 * words * n * 2, seed)  # about 6 characters a word, twice
+    chosen = pick_texts(_texts_of(corpus, split, text_field), 7 * words * n * 2, seed)  # about 6 characters a word, twice
     return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
 
 
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                 at_most: bool = False) -> torch.Tensor:
+                 at_most: bool = False, text_field: str = "text") -> torch.Tensor:
     """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
     (``at_most``: all there are when the split holds fewer than ``n``).
 
@@ -208,7 +208,7 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     data settings has seen. Units are read in a seeded order until there are
     enough tokens, and ``n`` chunks are drawn from them.
     """
-    texts = _texts_of(corpus, split)
+    texts = _texts_of(corpus, split, text_field)
     chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
     try:
         chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
@@ -222,10 +222,10 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
 
 
 def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-         max_chunk_tokens: int | None, counter) -> tuple[list[str], list[str]]:
+         max_chunk_tokens: int | None, counter, text_field: str = "text") -> tuple[list[str], list[str]]:
     """The training and held-out chunk texts, each capped at ``max_chunk_tokens`` of ``counter`` when given."""
-    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed)
-    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True)
+    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed, text_field=text_field)
+    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True, text_field=text_field)
     if max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
         texts_tr, texts_ev = (cap_tokens(x, counter, max_chunk_tokens) for x in (texts_tr, texts_ev))
     return texts_tr, texts_ev
@@ -233,11 +233,12 @@ def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, 
 
 @lru_cache(maxsize=4)
 def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-                 max_chunk_tokens: int | None, chunk_tokenizer: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                 max_chunk_tokens: int | None, chunk_tokenizer: str | None,
+                 text_field: str = "text") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """:func:`_cut` with the counting tokenizer named (``chunk_tokenizer``), once per process: the entries of a
     comparison (``memlab quickstart``) read the same chunk texts, so they are cut once."""
     counter = load_tokenizer(chunk_tokenizer) if max_chunk_tokens is not None else None
-    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter)
+    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter, text_field)
     return tuple(tr), tuple(ev)
 
 
@@ -249,9 +250,9 @@ def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None)
     cap = opts.max_chunk_tokens if cap is None else cap
     args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
     if cap is None or opts.chunk_tokenizer:
-        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer))
+        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer, opts.text_field))
     else:  # capped in the encoder's own tokenizer
-        texts_tr, texts_ev = _cut(*args, encoder.tokenizer)
+        texts_tr, texts_ev = _cut(*args, encoder.tokenizer, opts.text_field)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
@@ -279,9 +280,10 @@ def probe_data(opts, encoder, cap_to_fit: bool = False) -> tuple[torch.Tensor, t
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
             raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
                               "tokens besides its special tokens)")
-        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
+        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed,
+                                 text_field=opts.text_field)
         eval_ids = probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
-                                  at_most=True)
+                                  at_most=True, text_field=opts.text_field)
         texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
         texts_tr = tok.batch_decode(rows(train_ids), skip_special_tokens=True)
         chars = chunk_chars(eval_ids, tok)

@@ -304,7 +304,7 @@ def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
     """The report's notes: how the corpus was split, fewer held-out chunks than asked, a small training budget."""
     kind = encoder_kind(opts.model)
     if kind is None or kind.impl.known_content is None:  # an encoder of known content reads no corpus split
-        report.data_split = chunks.split_description(opts.corpus)
+        report.data_split = chunks.split_description(opts.corpus, opts.text_field)
     if note := chunks.eval_note(opts, eval_ids):
         report.eval_note = note  # and report.n_eval is the number scored
     default_n = ProbeOptions.n_train

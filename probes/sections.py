@@ -59,7 +59,10 @@ class TextSection:
     """The text: corpus, how it is cut, how many chunks."""
 
     corpus: str = "austen"
-    """Corpus (memlab data pipeline): bundled name or local path."""
+    """Corpus (memlab data pipeline): bundled name, local file or folder (.txt, .jsonl, .parquet, .arrow, or a folder
+    saved with datasets' save_to_disk) or hf:NAME."""
+    text_field: str = "text"
+    """The field that holds the text in a corpus of records (.jsonl, .parquet, .arrow, a saved dataset, hf:NAME)."""
     eval_split: str = "test"
     """Held-out split scored: test or validation."""
     chunk_by: str = "words"

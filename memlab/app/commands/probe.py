@@ -33,7 +33,10 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
                                   "every --n-train size: curve.md/json and plots/compare.png"),
     "--hidden-size": ("hidden_size", int, "decoder width (decoder=llama)"),
     "--num-layers": ("num_layers", int, "decoder blocks (decoder=llama)"),
-    "--corpus": ("corpus", str, "corpus of the held-out text"),
+    "--corpus": ("corpus", str, "corpus of the held-out text: a bundled name, a file or folder (.txt, .jsonl, "
+                                ".parquet, .arrow, a folder saved with datasets' save_to_disk) or hf:NAME"),
+    "--text-field": ("text_field", str, "the field of each record that holds the text (.jsonl, .parquet, .arrow, "
+                                        "saved datasets)"),
     "--cache-dir": ("cache_dir", str, "cache embeddings and trained controls on disk here and reuse them"),
     "--device": ("device", str, "auto (the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed"),
