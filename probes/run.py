@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from memlab.data.chunkcache import read_chunk_embeddings, write_chunk_embeddings
+from memlab.data.chunkcache import read_chunk_embeddings
+from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
 from memlab.probes import chunks
@@ -117,24 +118,24 @@ def content_hash(key: dict, *tensors: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
-    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids (safetensors: one file,
-    or shards and an index when large, :mod:`memlab.data.chunkcache`)."""
+def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str = "float32",
+                  **kw) -> tuple[torch.Tensor, bool]:
+    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids: written a piece at a
+    time to a memory-mapped file in storage ``dtype``, resumed after a kill, read mapped
+    (:mod:`memlab.data.mmapcache`); a float32 cache of the earlier safetensors form is still read
+    (:mod:`memlab.data.chunkcache`)."""
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
-    path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
-    z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)
-    if z is not None:
-        return z, True
-    z = encode_all(encoder, ids, **kw)
-    write_chunk_embeddings(path, z, ids)
-    return z, False
+    stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
+    if dtype == "float32" and (z := read_chunk_embeddings(stem.with_suffix(".safetensors"), ids)) is not None:
+        return z, True  # (N, D)
+    return cached_embeddings(stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)  # (N, D)
 
 
 def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
     """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
     key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress, dtype=opts.cache_dtype)
     z_train, hit1 = cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
     z_eval, hit2 = cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
     return z_train, z_eval, bool(hit1 and hit2)

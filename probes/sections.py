@@ -50,8 +50,11 @@ class EncoderSection:
     encode_batch_size: int = 32
     """Chunks per encoder call."""
     cache_dir: str | None = None
-    """Cache embeddings and trained controls on disk (safetensors, JSON) here and reuse them; default: in memory
-    only."""
+    """Cache embeddings (memory-mapped files written in pieces, resumed after a kill) and trained controls
+    (safetensors, JSON) on disk here and reuse them; default: in memory only."""
+    cache_dtype: str = "float32"
+    """How ``cache_dir`` stores embeddings: float32, or float16/bfloat16 (half the disk; the fit reads them as float32,
+    a first run as a cached one)."""
 
 
 @dataclass

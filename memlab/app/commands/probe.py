@@ -38,6 +38,8 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
     "--text-field": ("text_field", str, "the field of each record that holds the text (.jsonl, .parquet, .arrow, "
                                         "saved datasets)"),
     "--cache-dir": ("cache_dir", str, "cache embeddings and trained controls on disk here and reuse them"),
+    "--cache-dtype": ("cache_dtype", str, "how --cache-dir stores embeddings: float32, float16 or bfloat16 (half "
+                                          "the disk)"),
     "--device": ("device", str, "auto (the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed"),
     "--dtype": ("encoder_dtype", str, "encoder weights: auto (bf16 where the device multiplies it natively, else "
