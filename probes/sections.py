@@ -123,6 +123,11 @@ class FitSection:
     """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
+    race: bool = True
+    """Race the probe's candidates (the contained probe, the plain decoder, the random start): after each epoch a
+    candidate whose held-back gain over its control trails the leader's by more than it could still gain (its last
+    epoch's improvement times the patience) and than two paired standard errors stops, as early stopping stops it
+    (memlab.probes.fitloop.race_losers)."""
     contained_lr: float = 0.1
     """The probe started as its trained control: the share of ``lr`` at which the weights it takes from the control
     train (its embedding pathway, which starts at zero, trains at ``lr``); the control's second run trains at the same
