@@ -72,8 +72,9 @@ from memlab.progress import progress_bar
 from memlab.rundir import claim
 
 ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
-                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)})
-"""Options a control run does not depend on: the encoder's, the read-outs' and the run's."""
+                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)} | {"race"})
+"""Options a control run does not depend on: the encoder's, the read-outs' and the run's, and the racing of the
+probe's candidates (which starts after the control is trained)."""
 
 
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
@@ -129,7 +130,8 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
     stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
     if dtype == "float32" and (z := read_chunk_embeddings(stem.with_suffix(".safetensors"), ids)) is not None:
         return z, True  # (N, D)
-    return cached_embeddings(stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)  # (N, D)
+    return cached_embeddings(stem, ids, lambda b: encode_all(encoder, b, **kw), dtype,
+                             width=getattr(encoder, "dim", None))  # (N, D)
 
 
 def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):

@@ -121,18 +121,21 @@ class PieceCache:
 
     def write(self, ids: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor], fp: str,
               start: int = 0, dim: int | None = None, piece_rows: int | None = None,
-              on_piece: Callable[[int], None] | None = None) -> int:
-        """Compute and write the rows from ``start`` a piece at a time (``encode``: ids (b, T) -> (b, D)); returns
-        the width. ``piece_rows`` (default :data:`PIECE_BYTES` of rows); ``on_piece(rows_done)`` after each."""
+              on_piece: Callable[[int], None] | None = None, width: int | None = None,
+              rows_of: Callable[[int, int], torch.Tensor] | None = None) -> int:
+        """Compute and write the rows from ``start`` a piece at a time (``encode``: ids (b, T) -> (b, D); or
+        ``rows_of(lo, hi)``: rows already computed); returns the width. ``piece_rows`` (default :data:`PIECE_BYTES`
+        of rows of ``width``, the expected width, else of the first piece's); ``on_piece(rows_done)`` after each."""
         n = int(ids.shape[0])
         mm = None
         if start:
             mm = np.memmap(self.part, dtype=self.np_dtype, mode="r+", shape=(n, dim))
         lo = start
         while lo < n:
-            rows = piece_rows or (max(1, PIECE_BYTES // (dim * np.dtype(self.np_dtype).itemsize)) if dim else 1024)
+            per = dim or width
+            rows = piece_rows or (max(1, PIECE_BYTES // (per * np.dtype(self.np_dtype).itemsize)) if per else 1024)
             hi = min(n, lo + rows)
-            z = encode(ids[lo:hi])  # (b, D)
+            z = rows_of(lo, hi) if rows_of is not None else encode(ids[lo:hi])  # (b, D)
             if mm is None:  # the first piece gives the width: the whole file is laid out (sparse) at once
                 dim = int(z.shape[1])
                 with contextlib.suppress(FileNotFoundError):
@@ -156,12 +159,15 @@ class PieceCache:
         return int(dim)
 
 
-def cached_embeddings(stem: str | Path, ids: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor],
-                      dtype: str = "float32", piece_rows: int | None = None) -> tuple[torch.Tensor, bool]:
+def cached_embeddings(stem: str | Path, ids: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor] | None,
+                      dtype: str = "float32", piece_rows: int | None = None, width: int | None = None,
+                      rows_of: Callable[[int, int], torch.Tensor] | None = None) -> tuple[torch.Tensor, bool]:
     """``(z (N, D) float32, whether it was read whole from the cache)`` of chunks ``ids (N, T)``: a finished cache
     is read (mapped), an interrupted one resumed from its last finished piece, else the rows are computed with
     ``encode`` (ids (b, T) -> (b, D)) and written a piece at a time (see the module doc). A cache that is damaged or
-    holds other chunks is named in one warning line and rebuilt."""
+    holds other chunks is named in one warning line and rebuilt. ``width``: the expected embedding width (the first
+    piece is then as large as the others: an encoder pass of fewer than a piece's rows is one call, as uncached);
+    ``rows_of(lo, hi)``: rows computed already (a gathered encoder pass), written instead of calling ``encode``."""
     from memlab.data.stream import _lock
 
     cache = PieceCache(stem, dtype)
@@ -173,11 +179,12 @@ def cached_embeddings(stem: str | Path, ids: torch.Tensor, encode: Callable[[tor
         dim, why = cache.finished(fp, n)
         if dim is not None:
             return cache.read(n, dim), True
-        start, width, why_part = cache.resumable(fp, n)
+        start, width_done, why_part = cache.resumable(fp, n)
         for what, problem in ((cache.meta, why), (cache.part_meta, why_part)):
             if problem is not None:
                 print(f"memlab: warning: embedding cache {what} {problem}; rebuilding it", file=sys.stderr)
         if start:
             print(f"memlab: note: embedding cache {cache.part}: resuming at row {start} of {n}", file=sys.stderr)
-        dim = cache.write(ids, encode, fp, start=start, dim=width, piece_rows=piece_rows)
+        dim = cache.write(ids, encode, fp, start=start, dim=width_done, piece_rows=piece_rows, width=width,
+                          rows_of=rows_of)
         return cache.read(n, dim), False
