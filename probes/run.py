@@ -46,7 +46,7 @@ from memlab.data.chunkcache import read_chunk_embeddings
 from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
-from memlab.probes import chunks
+from memlab.probes import chunks, shards
 from memlab.probes.chunks import fill_pad, make_targets, mask_of, trim
 from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.fitloop import train_readouts
@@ -329,19 +329,27 @@ def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
 
 
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
-              control_cache: dict | None = None) -> ProbeReport:
+              control_cache: dict | None = None) -> ProbeReport | None:
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
     same decoder options is reused from it (the report names the probe that trained it). With ``opts.cache_dir``
     control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.control_cache`).
+    In a launch of several processes (:mod:`memlab.probes.shards`) the encoder pass is shared out and the main
+    process fits and reports; the others return None.
     """
     t_start = time.perf_counter()
+    env, opts = shards.start(opts)  # one process of a launch of several (None: the only one)
     # load the encoder and cut the text
-    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
+    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir if shards.is_main() else None, encoder)
     # encode once
     with Timer() as t_enc:
-        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
+        z_train, z_eval, cached = (encode_data(opts, encoder, train_ids, eval_ids) if env is None else
+                                   shards.encode_data(opts, encoder, train_ids, eval_ids, env))
+    if env is not None:  # the main process fits and reports; the others' share is done
+        processes = shards.describe(env)
+        if not env.is_main:
+            return None
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
         control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
                                      control_cache, side=compute_side(resolve_device(opts.device)))
@@ -354,6 +362,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     _notes(report, opts, eval_ids)
     report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
                          total_s=time.perf_counter() - t_start)
+    if env is not None:
+        report.timing["processes"] = processes
     if fit.decoder is not None:
         report.fitted = FittedProbe(encoder, fit.decoder, tg.tokenizer)
     if run_dir is not None:

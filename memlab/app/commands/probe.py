@@ -135,6 +135,9 @@ def run(args) -> int:
         check_cache_dir(opts.cache_dir)
     from memlab.rundir import holds
 
+    from memlab.probes.shards import check_launch
+
+    check_launch(opts)  # a launch of several processes runs one probe, no sweep
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
     try:
         if opts.layers is not None:
@@ -153,6 +156,8 @@ def run(args) -> int:
     except BaseException as e:
         abandon_out(out, e, held_before)
         raise
+    if report is None:  # a process of a launch other than the main one: the main one reports
+        return 0
     if args.log_with:
         from memlab.tracking import log_report
 
