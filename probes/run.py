@@ -119,12 +119,16 @@ def content_hash(key: dict, *tensors: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str = "float32",
+def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str = "float32", env=None,
                   **kw) -> tuple[torch.Tensor, bool]:
     """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids: written a piece at a
     time to a memory-mapped file in storage ``dtype``, resumed after a kill, read mapped
     (:mod:`memlab.data.mmapcache`); a float32 cache of the earlier safetensors form is still read
-    (:mod:`memlab.data.chunkcache`)."""
+    (:mod:`memlab.data.chunkcache`). ``env``: the processes of a launch, each encoding its share
+    (:func:`memlab.probes.shards.cached_sharded`)."""
+    if env is not None:
+        stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}" if cache_dir else None
+        return shards.cached_sharded(env, stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
     stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
@@ -134,10 +138,13 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
                              width=getattr(encoder, "dim", None))  # (N, D)
 
 
-def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
-    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
+def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids, env=None):
+    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached;
+    ``env``: the processes of a launch, sharing the encoder pass out."""
     key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress, dtype=opts.cache_dtype)
+    main = env is None or env.is_main
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress if main else False, dtype=opts.cache_dtype,
+              env=env)
     z_train, hit1 = cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
     z_eval, hit2 = cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
     return z_train, z_eval, bool(hit1 and hit2)
@@ -344,8 +351,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir if shards.is_main() else None, encoder)
     # encode once
     with Timer() as t_enc:
-        z_train, z_eval, cached = (encode_data(opts, encoder, train_ids, eval_ids) if env is None else
-                                   shards.encode_data(opts, encoder, train_ids, eval_ids, env))
+        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids, env)
     if env is not None:  # the main process fits and reports; the others' share is done
         processes = shards.describe(env)
         if not env.is_main:

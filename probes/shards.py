@@ -6,7 +6,7 @@ What each process does:
 1. :func:`start`: joins the launch's process group (accelerate's ``PartialState``, as training does), takes its own
    device (``cuda:LOCAL_RANK`` on GPUs) and, with ``threads`` unset, its share of the host's cores;
 2. loads the encoder and cuts the same chunks (every process reads the same text);
-3. :func:`encode_data`: encodes its share of the chunks (rows ``rank::N``), and the shares are gathered in chunk
+3. :func:`cached_sharded`: encodes its share of the chunks (rows ``rank::N``), and the shares are gathered in chunk
    order into one ``(N, D)`` tensor on every process; with ``cache_dir`` the main process writes it as the one
    cache (:mod:`memlab.data.mmapcache`) and every process reads that file (mapped), so a later run of any layout
    reads it; a finished cache is read, not encoded;
@@ -84,17 +84,15 @@ def encode_sharded(env, encode, ids: torch.Tensor) -> torch.Tensor:
     return z
 
 
-def _cached_sharded(env, encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str, **kw):
-    """:func:`memlab.probes.run.cached_encode` across the processes: ``(z (N, D), whether it was cached)``."""
-    from pathlib import Path
-
+def cached_sharded(env, stem, ids: torch.Tensor, encode, dtype: str = "float32") -> tuple[torch.Tensor, bool]:
+    """``encode`` ((b, T) -> (b, D)) of chunks ``ids (N, T)`` across the processes of ``env``, cached as ``stem``
+    (None: not cached; :mod:`memlab.data.mmapcache`): ``(z (N, D), whether it was read from the cache)``. A
+    finished cache is read by every process; else each encodes its share, the main process writes the gathered
+    rows and every process then reads that one file."""
     from memlab.data.mmapcache import PieceCache, cached_embeddings, chunks_fingerprint
-    from memlab.probes.run import content_hash, encode_all
 
-    encode = lambda b: encode_all(encoder, b, **kw)  # noqa: E731
-    if not cache_dir:
+    if stem is None:
         return encode_sharded(env, encode, ids), False
-    stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
     n = int(ids.shape[0])
     finished = env.broadcast(PieceCache(stem, dtype).finished(chunks_fingerprint(ids), n)[0] is not None
                              if env.is_main else None)
@@ -105,19 +103,6 @@ def _cached_sharded(env, encoder, ids: torch.Tensor, key: dict, cache_dir: str |
         env.barrier()  # the main process has written it
     got, _ = cached_embeddings(stem, ids, None, dtype)  # every process reads the one file
     return got, bool(finished)
-
-
-def encode_data(opts, encoder, train_ids, eval_ids, env):
-    """:func:`memlab.probes.run.encode_data` across the processes of ``env``."""
-    from memlab.probes.run import encoder_spec
-
-    key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress if env.is_main else False)
-    z_train, hit1 = _cached_sharded(env, encoder, train_ids, key, opts.cache_dir, opts.cache_dtype,
-                                    desc="encode train", **kw)  # (N, D)
-    z_eval, hit2 = _cached_sharded(env, encoder, eval_ids, key, opts.cache_dir, opts.cache_dtype,
-                                   desc="encode held-out", **kw)  # (M, D)
-    return z_train, z_eval, bool(hit1 and hit2)
 
 
 def describe(env) -> dict:
