@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memlab.data.corpus import describe_splits, load_corpus, make_splits, require_split, units
-from memlab.data.views import clean_text, token_chunks
+from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
@@ -164,37 +163,48 @@ def trim(ids: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=2)
-def _splits(corpus: str, text_field: str = "text") -> dict:
+def _stream(corpus: str, text_field: str = "text"):
     """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
-    seed 0: memlab's default data settings, read once per process (records' text in ``text_field``)."""
-    return make_splits(units(load_corpus(corpus, text_field), "chapter"), 0.05, 0.05, 0)
+    seed 0: memlab's default data settings, decided once per process while the corpus streams past
+    (:class:`memlab.data.stream.CorpusStream`: the splits of the in-memory path; no list of documents is held)."""
+    from memlab.config import DataConfig
+    from memlab.data.stream import CorpusStream
+
+    return CorpusStream(DataConfig(corpus=corpus, text_field=text_field, split_by="chapter", val_fraction=0.05,
+                                   test_fraction=0.05, split_seed=0))
 
 
-@lru_cache(maxsize=2)
-def _split_texts(corpus: str, text_field: str = "text") -> dict[str, list[str]]:
-    """Cleaned texts of each split of a corpus."""
-    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus, text_field).items()}
+@lru_cache(maxsize=6)
+def _lengths(corpus: str, split: str, text_field: str = "text") -> np.ndarray:
+    from memlab.data.stream import split_lengths
+
+    return split_lengths(_stream(corpus, text_field), split)  # (n,)
 
 
 def split_description(corpus: str, text_field: str = "text") -> str:
     """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
-    return describe_splits(_splits(corpus, text_field))
+    return _stream(corpus, text_field).split_description
 
 
-def _texts_of(corpus: str, split: str, text_field: str = "text") -> list[str]:
-    splits = _split_texts(corpus, text_field)
-    if split not in splits:
+def _picked(corpus: str, split: str, need_chars: int, seed: int, text_field: str = "text") -> list[str]:
+    """:func:`pick_texts` of one split's cleaned texts, read from the corpus as it streams past: only the chosen
+    units' texts are held."""
+    from memlab.data.stream import picked_texts
+
+    if split not in ("train", "validation", "test"):
         raise DataError(f"unknown split '{split}'; use train, validation or test")
-    if not splits[split]:  # names the empty split and how the corpus was cut
-        require_split(_splits(corpus, text_field), split, corpus)
-    return splits[split]
+    stream = _stream(corpus, text_field)
+    if not stream.plan.sizes[split]:  # names the empty split and how the corpus was cut
+        raise DataError(f"the {split} split of corpus '{corpus}' is empty ({stream.split_description}); "
+                        "use a larger corpus, more documents, or larger data.val_fraction / data.test_fraction")
+    return picked_texts(stream, split, need_chars, seed, _lengths(corpus, split, text_field))
 
 
 def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
                 at_most: bool = False, text_field: str = "text") -> list[str]:
     """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
     (``at_most``: all there are when the split holds fewer than ``n``)."""
-    chosen = pick_texts(_texts_of(corpus, split, text_field), 7 * words * n * 2, seed)  # about 6 characters a word, twice
+    chosen = _picked(corpus, split, 7 * words * n * 2, seed, text_field)  # about 6 characters a word, twice
     return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
 
 
@@ -208,8 +218,7 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     data settings has seen. Units are read in a seeded order until there are
     enough tokens, and ``n`` chunks are drawn from them.
     """
-    texts = _texts_of(corpus, split, text_field)
-    chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
+    chosen = _picked(corpus, split, 8 * seq_len * n * 2, seed, text_field)  # about 4 characters a token, twice
     try:
         chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
     except DataError as e:  # not one chunk: nothing to score or train on

@@ -107,3 +107,19 @@ def test_the_probe_reads_a_saved_folder_with_text_field_as_it_reads_a_jsonl(form
                  *TINY]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("memlab: error:") and "fields: id, body" in err[0]
+
+
+@pytest.mark.parametrize("need", [1, 5_000, 40_000, 10**9])
+def test_the_probe_picks_from_the_stream_what_it_picked_from_the_whole_list(small_corpus, forms, need):
+    """The probe's units are chosen while the corpus streams past (only the chosen texts held): the very texts, in
+    the very order, that the in-memory list of every unit gave."""
+    from memlab.data.corpus import make_splits, units
+    from memlab.data.views import clean_text
+    from memlab.probes.chunks import _picked, pick_texts
+
+    for corpus, field in ((str(small_corpus), "text"), (str(forms["saved"]), "body")):
+        splits = make_splits(units(load_corpus(corpus, field), "chapter"), 0.05, 0.05, 0)
+        for split in ("train", "test"):
+            whole = [clean_text(d.text) for d in splits[split]]
+            for seed in (0, 3):
+                assert _picked(corpus, split, need, seed, field) == pick_texts(whole, need, seed), (corpus, split)
