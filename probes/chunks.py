@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memlab.data.corpus import describe_splits, load_corpus, make_splits, require_split, units
-from memlab.data.views import clean_text, token_chunks
+from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
@@ -164,42 +163,53 @@ def trim(ids: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=2)
-def _splits(corpus: str) -> dict:
+def _stream(corpus: str, text_field: str = "text"):
     """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
-    seed 0: memlab's default data settings, read once per process."""
-    return make_splits(units(load_corpus(corpus), "chapter"), 0.05, 0.05, 0)
+    seed 0: memlab's default data settings, decided once per process while the corpus streams past
+    (:class:`memlab.data.stream.CorpusStream`: the splits of the in-memory path; no list of documents is held)."""
+    from memlab.config import DataConfig
+    from memlab.data.stream import CorpusStream
+
+    return CorpusStream(DataConfig(corpus=corpus, text_field=text_field, split_by="chapter", val_fraction=0.05,
+                                   test_fraction=0.05, split_seed=0))
 
 
-@lru_cache(maxsize=2)
-def _split_texts(corpus: str) -> dict[str, list[str]]:
-    """Cleaned texts of each split of a corpus."""
-    return {k: [clean_text(d.text) for d in v] for k, v in _splits(corpus).items()}
+@lru_cache(maxsize=6)
+def _lengths(corpus: str, split: str, text_field: str = "text") -> np.ndarray:
+    from memlab.data.stream import split_lengths
+
+    return split_lengths(_stream(corpus, text_field), split)  # (n,)
 
 
-def split_description(corpus: str) -> str:
+def split_description(corpus: str, text_field: str = "text") -> str:
     """How the probe's corpus was cut into units and split (for the report: ``report["data_split"]``)."""
-    return describe_splits(_splits(corpus))
+    return _stream(corpus, text_field).split_description
 
 
-def _texts_of(corpus: str, split: str) -> list[str]:
-    splits = _split_texts(corpus)
-    if split not in splits:
+def _picked(corpus: str, split: str, need_chars: int, seed: int, text_field: str = "text") -> list[str]:
+    """:func:`pick_texts` of one split's cleaned texts, read from the corpus as it streams past: only the chosen
+    units' texts are held."""
+    from memlab.data.stream import picked_texts
+
+    if split not in ("train", "validation", "test"):
         raise DataError(f"unknown split '{split}'; use train, validation or test")
-    if not splits[split]:  # names the empty split and how the corpus was cut
-        require_split(_splits(corpus), split, corpus)
-    return splits[split]
+    stream = _stream(corpus, text_field)
+    if not stream.plan.sizes[split]:  # names the empty split and how the corpus was cut
+        raise DataError(f"the {split} split of corpus '{corpus}' is empty ({stream.split_description}); "
+                        "use a larger corpus, more documents, or larger data.val_fraction / data.test_fraction")
+    return picked_texts(stream, split, need_chars, seed, _lengths(corpus, split, text_field))
 
 
 def probe_texts(words: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                at_most: bool = False) -> list[str]:
+                at_most: bool = False, text_field: str = "text") -> list[str]:
     """``n`` chunks of ``words`` words from one split of the corpus, as text: the same for every tokenizer
     (``at_most``: all there are when the split holds fewer than ``n``)."""
-    chosen = pick_texts(_texts_of(corpus, split), 7 * words * n * 2, seed)  # about 6 characters a word, twice
+    chosen = _picked(corpus, split, 7 * words * n * 2, seed, text_field)  # about 6 characters a word, twice
     return word_chunks(chosen, words, n, seed, f"the {split} split of '{corpus}'", at_most=at_most)
 
 
 def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "austen", seed: int = 0,
-                 at_most: bool = False) -> torch.Tensor:
+                 at_most: bool = False, text_field: str = "text") -> torch.Tensor:
     """``n`` chunks of ``seq_len`` tokens ``(n, T)`` from one split of the corpus, in ``tokenizer``
     (``at_most``: all there are when the split holds fewer than ``n``).
 
@@ -208,8 +218,7 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     data settings has seen. Units are read in a seeded order until there are
     enough tokens, and ``n`` chunks are drawn from them.
     """
-    texts = _texts_of(corpus, split)
-    chosen = pick_texts(texts, 8 * seq_len * n * 2, seed)  # about 4 characters a token, twice the need
+    chosen = _picked(corpus, split, 8 * seq_len * n * 2, seed, text_field)  # about 4 characters a token, twice
     try:
         chunks = token_chunks(chosen, tokenizer, seq_len)  # (M, T)
     except DataError as e:  # not one chunk: nothing to score or train on
@@ -222,10 +231,10 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
 
 
 def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-         max_chunk_tokens: int | None, counter) -> tuple[list[str], list[str]]:
+         max_chunk_tokens: int | None, counter, text_field: str = "text") -> tuple[list[str], list[str]]:
     """The training and held-out chunk texts, each capped at ``max_chunk_tokens`` of ``counter`` when given."""
-    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed)
-    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True)
+    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed, text_field=text_field)
+    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True, text_field=text_field)
     if max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
         texts_tr, texts_ev = (cap_tokens(x, counter, max_chunk_tokens) for x in (texts_tr, texts_ev))
     return texts_tr, texts_ev
@@ -233,11 +242,12 @@ def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, 
 
 @lru_cache(maxsize=4)
 def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-                 max_chunk_tokens: int | None, chunk_tokenizer: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                 max_chunk_tokens: int | None, chunk_tokenizer: str | None,
+                 text_field: str = "text") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """:func:`_cut` with the counting tokenizer named (``chunk_tokenizer``), once per process: the entries of a
     comparison (``memlab quickstart``) read the same chunk texts, so they are cut once."""
     counter = load_tokenizer(chunk_tokenizer) if max_chunk_tokens is not None else None
-    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter)
+    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter, text_field)
     return tuple(tr), tuple(ev)
 
 
@@ -249,9 +259,9 @@ def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None)
     cap = opts.max_chunk_tokens if cap is None else cap
     args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
     if cap is None or opts.chunk_tokenizer:
-        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer))
+        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer, opts.text_field))
     else:  # capped in the encoder's own tokenizer
-        texts_tr, texts_ev = _cut(*args, encoder.tokenizer)
+        texts_tr, texts_ev = _cut(*args, encoder.tokenizer, opts.text_field)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
@@ -279,9 +289,10 @@ def probe_data(opts, encoder, cap_to_fit: bool = False) -> tuple[torch.Tensor, t
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
             raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
                               "tokens besides its special tokens)")
-        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed)
+        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed,
+                                 text_field=opts.text_field)
         eval_ids = probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
-                                  at_most=True)
+                                  at_most=True, text_field=opts.text_field)
         texts, cut = tok.batch_decode(rows(eval_ids), skip_special_tokens=True), 0
         texts_tr = tok.batch_decode(rows(train_ids), skip_special_tokens=True)
         chars = chunk_chars(eval_ids, tok)

@@ -34,8 +34,8 @@ from memlab.probes.result import Reading, jsonable
 
 SHARED = frozenset({
     "model", "layer", "pool", "final_norm", "random_init", "special_tokens", "chunk_by", "seq_len",
-    "max_chunk_tokens", "chunk_tokenizer", "n_train", "n_eval", "corpus", "eval_split", "seed", "device",
-    "encoder_dtype", "device_map", "max_memory", "offload_dir", "encode_batch_size", "cache_dir", "progress",
+    "max_chunk_tokens", "chunk_tokenizer", "n_train", "n_eval", "corpus", "text_field", "eval_split", "seed", "device",
+    "encoder_dtype", "device_map", "max_memory", "offload_dir", "encode_batch_size", "cache_dir", "cache_dtype", "progress",
     "threads", "layers", "layers_sequence",
     "compare", "decoder", "readouts", "sequence", "calibrate", "ci_level", "ci_resamples"})
 """Options of the encoder pass, its chunks and the comparison itself: not a method's to set."""

@@ -64,7 +64,7 @@ def train_readouts(readouts: list, n_rows: int, opts, progress: bool | None = No
 
 
 def train_members(units: list, n_rows: int, opts, progress: bool | None = None, desc: str = "train",
-                  epoch0: bool = False) -> tuple[list[list[dict]], list[float]]:
+                  epoch0: bool = False, race: list | None = None) -> tuple[list[list[dict]], list[float]]:
     """The fit loop: train ``units`` (a :class:`DecoderGroup`, read-out members) on the same batches of ``n_rows``
     chunks for up to ``opts.epochs`` epochs, with one optimiser (:func:`optimiser`) and one schedule; returns each
     member's curve and its share of the seconds (by the steps it ran), the members in unit order.
@@ -85,6 +85,10 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
     (step 0: a best, its weights, patience counted from it), so a member that starts as a trained control (or as its
     prior) never ends above it. The curve's last row holds ``best_val_ce`` and ``best_step`` (the kept epoch's step;
     0: the start).
+
+    ``race`` (with ``opts.race``): per member in unit order, the held-back CE of the control it is read against, or
+    None for a member that does not race; after every epoch a racing candidate that cannot catch the leader stops
+    as early stopping stops it (:func:`race`; its curve's row ``raced`` says against whom).
     """
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(opts.seed)
@@ -98,6 +102,7 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
     g_all = first[-1] + len(units[-1].decs)
     hist, best, bad, best_w = [[] for _ in range(g_all)], [float("inf")] * g_all, [0] * g_all, [None] * g_all
     ran, best_step = [0] * g_all, [0] * g_all
+    refs = list(race) if race is not None and getattr(opts, "race", False) else [None] * g_all
 
     def live():  # (unit, its first member) of the units still training
         return [(u, f) for u, f in zip(units, first) if u.active]
@@ -107,6 +112,7 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
             for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):
                 hist[f + m].append({"step": 0, "val_ce": ce})
                 best[f + m], best_w[f + m] = ce, u.weights(g)
+    before = list(best)  # each member's best before the last epoch
     step, bar = 0, progress_bar(total, desc, progress)
     while step < total and live():
         perm = torch.randperm(n, generator=gen)
@@ -141,8 +147,9 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
         if rows_val is None:
             continue
         dropped = False
+        stops = {}
         for u, f in live():
-            gone = []
+            gone = stops.setdefault(id(u), [])
             for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):  # one read an epoch
                 hist[f + m].append({"step": step, "val_ce": ce})
                 if ce < best[f + m]:
@@ -151,6 +158,12 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
                     bad[f + m] += 1
                 if bad[f + m] >= opts.patience:
                     gone.append(m)
+        for u, f, m, leader in race_losers(live(), rows_val, refs, best, before, opts.patience, stops):
+            stops[id(u)].append(m)
+            hist[f + m].append({"step": step, "raced": leader})
+        before = list(best)
+        for u, f in live():
+            gone = stops[id(u)]
             if gone:
                 u.drop(gone, opt.state)
                 dropped = True
@@ -168,6 +181,70 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
             u.decs[m].eval()
     secs = time.perf_counter() - t0
     return hist, [secs * r / max(sum(ran), 1) for r in ran]
+
+
+RACE_Z = 2.0
+"""How many paired standard errors a racing candidate must trail the leader by (beyond what it could still gain)
+before it stops."""
+
+
+def race_losers(live: list, rows_val: torch.Tensor, refs: list, best: list, before: list, horizon: int,
+                stopping: dict) -> list[tuple]:
+    """The racing candidates that cannot catch the leader after an epoch: ``(unit, its first member, member,
+    leader's member index)`` each.
+
+    A candidate's *gain* is the held-back CE of the control it is read against (``refs``) minus its best held-back
+    CE: the quantity the fit keeps the best of. The leader has the largest gain. A candidate stops when it trails the
+    leader by more than it could still gain and than the noise of the comparison:
+
+        gap > horizon * max(0, its last epoch's improvement) + RACE_Z * SE
+
+    ``horizon`` is the patience (early stopping's own look-ahead): a candidate still improving fast (a random start
+    in its first epochs) is never stopped for being behind, one that has levelled off is. ``SE`` is the paired
+    standard error of the two candidates' held-back CE (per-token, a ratio estimate over the held-back chunks, at
+    their current weights), read only for a candidate the first test would stop. A candidate already stopping this
+    epoch (``stopping``: unit id -> members) is not raced; units without per-chunk losses do not race."""
+    racing = [(u, f, g, m) for u, f in live for g, m in enumerate(u.active)
+              if refs[f + m] is not None and m not in stopping.get(id(u), ()) and math.isfinite(best[f + m])]
+    if len(racing) < 2:
+        return []
+    gain = {(id(u), m): refs[f + m] - best[f + m] for u, f, _, m in racing}
+    lu, lf, lg, lm = max(racing, key=lambda r: gain[(id(r[0]), r[3])])
+    per_chunk: dict = {}
+
+    def chunks(u):
+        if id(u) not in per_chunk:
+            got = u.held_back_chunk_nll(rows_val) if hasattr(u, "held_back_chunk_nll") else None
+            per_chunk[id(u)] = got
+        return per_chunk[id(u)]
+
+    out = []
+    for u, f, g, m in racing:
+        if (u, m) == (lu, lm):
+            continue
+        gap = gain[(id(lu), lm)] - gain[(id(u), m)]
+        still = horizon * max(0.0, before[f + m] - best[f + m]) if math.isfinite(before[f + m]) else math.inf
+        if gap <= still:
+            continue
+        a, b = chunks(u), chunks(lu)
+        if a is None or b is None:
+            continue
+        se = paired_se(a[0][g], b[0][lg], a[1])
+        if gap > still + RACE_Z * se:
+            out.append((u, f, m, lf + lm))
+    return out
+
+
+def paired_se(nll_a: torch.Tensor, nll_b: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Standard error of the difference of two per-token CEs over the same chunks: ``nll_a``, ``nll_b`` (n,) summed
+    nats per chunk, ``tokens`` (n,) target tokens per chunk (the ratio estimator's linearised variance)."""
+    n = int(tokens.numel())
+    if n < 2:
+        return math.inf
+    d, t = (nll_a - nll_b).double(), tokens.double()  # (n,)
+    mean = d.sum() / t.sum()
+    resid = d - mean * t  # (n,)
+    return float(torch.sqrt(resid.pow(2).sum() * n / (n - 1)) / t.sum())
 
 
 def _states(unit, opt: torch.optim.Optimizer) -> dict:

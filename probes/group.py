@@ -97,6 +97,13 @@ def member_nll(base: nn.Module, params: dict, zn: torch.Tensor, ids: torch.Tenso
     return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tc.reshape(-1), reduction="sum")
 
 
+def chunk_nll(base: nn.Module, params: dict, zn: torch.Tensor, ids: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+    """:func:`member_nll` per chunk: (b,) summed CE (nats, compact classes) of each chunk."""
+    logits = torch.func.functional_call(base, params, (zn, ids), {"mode": "read"})  # (b, T, C)
+    ce = nn.functional.cross_entropy(logits.float().transpose(1, 2), tc, reduction="none")  # (b, T), 0 at pads
+    return ce.sum(1).double()  # (b,)
+
+
 def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
     """``torch.nn.utils.clip_grad_norm_`` for each member of stacked gradients (G, ...) on its own norm."""
     # each member's norms on its own slices (as clip_grad_norm_ computes them): the same bits as training alone
@@ -237,6 +244,24 @@ class DecoderGroup:
             nll, other, n_real = nll + self.nll(zn, ids, tc), other + o, n_real + n
         return (nll + other) / n_real.clamp(min=1)  # (G,)
 
+    @torch.no_grad()
+    def held_back_chunk_nll(self, rows: torch.Tensor, batch_size: int = 128) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per chunk: (G, n) summed CE (nats, the *other* class's nats included) of every active member and (n,)
+        target tokens, on the host: the paired noise of the held-back CE (:func:`memlab.probes.fitloop.race`).
+        None for decoders without the prepare/read modes."""
+        if not self.modes:
+            return None
+        nll, tokens = [], []
+        for i in range(0, rows.shape[0], batch_size):
+            zn, ids, tc, _, _ = self._batch(rows[i : i + batch_size], noise=False)
+            with self.amp:
+                per = torch.stack([chunk_nll(self.base, self.member_params(g), zn[g], ids[g], tc)
+                                   for g in range(len(self.active))])  # (G, b)
+            other = (tc == self.other).sum(1) * self.penalty if self.penalty else 0.0  # (b,)
+            nll.append((per + other).cpu())
+            tokens.append((tc != -100).sum(1).cpu())
+        return torch.cat(nll, 1), torch.cat(tokens)  # (G, n), (n,)
+
     def drop(self, gone: list[int], state: dict | None = None) -> None:
         """Members ``gone`` (decoder indices) leave the group; the others keep their weights and moments (from
         ``state``, the optimiser state of the loop that trains the group, default its own; the new weights' states
@@ -265,7 +290,7 @@ class DecoderGroup:
 
 def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, progress: bool | None = None,
                    desc: str = "train", batched: bool | None = None, epoch0: bool = False, readouts: tuple = (),
-                   lr_scales: list | None = None) -> tuple[list[list[dict]], list[float]]:
+                   lr_scales: list | None = None, race: list | None = None) -> tuple[list[list[dict]], list[float]]:
     """Train decoders ``decs`` in the fit loop (:func:`memlab.probes.fitloop.train_members`, which says how), decoder
     m on embeddings ``zs[m]`` (N, D) of chunks ``ids`` (N, T), beside the read-out members ``readouts`` (each a unit
     of its own); returns each decoder's curve and its share of the seconds (by the steps it ran). The read-outs keep
@@ -273,7 +298,8 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
 
     ``lr_scales``: per decoder, None or {weight name: its share of the learning rate} (the rest at the full rate).
     Decoders with the same shares train as one group; each other set of shares is a group of its own in the same
-    loop (the same batches, optimiser and schedule)."""
+    loop (the same batches, optimiser and schedule). ``race``: per decoder, the held-back CE of the control it is
+    read against, or None (not raced): the candidates race (:func:`memlab.probes.fitloop.race`)."""
     scales = list(lr_scales or [None] * len(decs))
     kinds = []  # the distinct sets of shares, in order of first use
     for sc in scales:
@@ -282,7 +308,9 @@ def train_decoders(decs: list, zs: list[torch.Tensor], ids: torch.Tensor, opts, 
     members = [[i for i, sc in enumerate(scales) if sc == k] for k in kinds]
     groups = [DecoderGroup([decs[i] for i in idx], [zs[i] for i in idx], ids, opts, batched, lr_scale=k)
               for k, idx in zip(kinds, members)]
-    hist, secs = train_members([*groups, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0)
+    refs = [race[i] for idx in members for i in idx] + [None] * len(readouts) if race else None  # the loop's order
+    hist, secs = train_members([*groups, *readouts], ids.shape[0], opts, progress=progress, desc=desc, epoch0=epoch0,
+                               race=refs)
     n = len(decs)
     for r, h, t in zip(readouts, hist[n:], secs[n:]):
         r.history, r.seconds = h, t

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from memlab.config import apply_overrides, from_dict, read_yaml
 from memlab.devices import resolve_device
+from memlab.data.mmapcache import STORAGE
 from memlab.errors import ConfigError
 from memlab.probes import placement
 from memlab.probes.chunks import train_sizes
@@ -147,6 +148,8 @@ def _check_range(opts) -> None:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
+    if opts.cache_dtype not in STORAGE:
+        raise ConfigError(f"'cache_dtype' must be one of {', '.join(STORAGE)}, got {opts.cache_dtype!r}")
     for k in ("input_dropout", "cond_dropout", "plain_input_dropout", "beta1", "beta2", "warmup_fraction",
               "val_fraction"):
         if not 0.0 <= getattr(opts, k) < 1.0:

@@ -42,10 +42,11 @@ from pathlib import Path
 
 import torch
 
-from memlab.data.chunkcache import read_chunk_embeddings, write_chunk_embeddings
+from memlab.data.chunkcache import read_chunk_embeddings
+from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
-from memlab.probes import chunks
+from memlab.probes import chunks, shards
 from memlab.probes.chunks import fill_pad, make_targets, mask_of, trim
 from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.fitloop import train_readouts
@@ -71,8 +72,9 @@ from memlab.progress import progress_bar
 from memlab.rundir import claim
 
 ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
-                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)})
-"""Options a control run does not depend on: the encoder's, the read-outs' and the run's."""
+                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)} | {"race"})
+"""Options a control run does not depend on: the encoder's, the read-outs' and the run's, and the racing of the
+probe's candidates (which starts after the control is trained)."""
 
 
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
@@ -117,24 +119,32 @@ def content_hash(key: dict, *tensors: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, **kw) -> tuple[torch.Tensor, bool]:
-    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids (safetensors: one file,
-    or shards and an index when large, :mod:`memlab.data.chunkcache`)."""
+def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str = "float32", env=None,
+                  **kw) -> tuple[torch.Tensor, bool]:
+    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids: written a piece at a
+    time to a memory-mapped file in storage ``dtype``, resumed after a kill, read mapped
+    (:mod:`memlab.data.mmapcache`); a float32 cache of the earlier safetensors form is still read
+    (:mod:`memlab.data.chunkcache`). ``env``: the processes of a launch, each encoding its share
+    (:func:`memlab.probes.shards.cached_sharded`)."""
+    if env is not None:
+        stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}" if cache_dir else None
+        return shards.cached_sharded(env, stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)
     if not cache_dir:
         return encode_all(encoder, ids, **kw), False
-    path = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}.safetensors"
-    z = read_chunk_embeddings(path, ids)  # (N, D); None when absent, damaged or of other chunks (then rebuilt)
-    if z is not None:
-        return z, True
-    z = encode_all(encoder, ids, **kw)
-    write_chunk_embeddings(path, z, ids)
-    return z, False
+    stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
+    if dtype == "float32" and (z := read_chunk_embeddings(stem.with_suffix(".safetensors"), ids)) is not None:
+        return z, True  # (N, D)
+    return cached_embeddings(stem, ids, lambda b: encode_all(encoder, b, **kw), dtype,
+                             width=getattr(encoder, "dim", None))  # (N, D)
 
 
-def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids):
-    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached."""
+def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids, env=None):
+    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached;
+    ``env``: the processes of a launch, sharing the encoder pass out."""
     key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress)
+    main = env is None or env.is_main
+    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress if main else False, dtype=opts.cache_dtype,
+              env=env)
     z_train, hit1 = cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
     z_eval, hit2 = cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
     return z_train, z_eval, bool(hit1 and hit2)
@@ -304,7 +314,7 @@ def _notes(report: ProbeReport, opts: ProbeOptions, eval_ids) -> None:
     """The report's notes: how the corpus was split, fewer held-out chunks than asked, a small training budget."""
     kind = encoder_kind(opts.model)
     if kind is None or kind.impl.known_content is None:  # an encoder of known content reads no corpus split
-        report.data_split = chunks.split_description(opts.corpus)
+        report.data_split = chunks.split_description(opts.corpus, opts.text_field)
     if note := chunks.eval_note(opts, eval_ids):
         report.eval_note = note  # and report.n_eval is the number scored
     default_n = ProbeOptions.n_train
@@ -326,19 +336,26 @@ def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
 
 
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
-              control_cache: dict | None = None) -> ProbeReport:
+              control_cache: dict | None = None) -> ProbeReport | None:
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
     same decoder options is reused from it (the report names the probe that trained it). With ``opts.cache_dir``
     control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.control_cache`).
+    In a launch of several processes (:mod:`memlab.probes.shards`) the encoder pass is shared out and the main
+    process fits and reports; the others return None.
     """
     t_start = time.perf_counter()
+    env, opts = shards.start(opts)  # one process of a launch of several (None: the only one)
     # load the encoder and cut the text
-    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir, encoder)
+    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir if shards.is_main() else None, encoder)
     # encode once
     with Timer() as t_enc:
-        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids)
+        z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids, env)
+    if env is not None:  # the main process fits and reports; the others' share is done
+        processes = shards.describe(env)
+        if not env.is_main:
+            return None
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
         control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
                                      control_cache, side=compute_side(resolve_device(opts.device)))
@@ -351,6 +368,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     _notes(report, opts, eval_ids)
     report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
                          total_s=time.perf_counter() - t_start)
+    if env is not None:
+        report.timing["processes"] = processes
     if fit.decoder is not None:
         report.fitted = FittedProbe(encoder, fit.decoder, tg.tokenizer)
     if run_dir is not None:

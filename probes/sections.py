@@ -50,8 +50,11 @@ class EncoderSection:
     encode_batch_size: int = 32
     """Chunks per encoder call."""
     cache_dir: str | None = None
-    """Cache embeddings and trained controls on disk (safetensors, JSON) here and reuse them; default: in memory
-    only."""
+    """Cache embeddings (memory-mapped files written in pieces, resumed after a kill) and trained controls
+    (safetensors, JSON) on disk here and reuse them; default: in memory only."""
+    cache_dtype: str = "float32"
+    """How ``cache_dir`` stores embeddings: float32, or float16/bfloat16 (half the disk; the fit reads them as float32,
+    a first run as a cached one)."""
 
 
 @dataclass
@@ -59,7 +62,10 @@ class TextSection:
     """The text: corpus, how it is cut, how many chunks."""
 
     corpus: str = "austen"
-    """Corpus (memlab data pipeline): bundled name or local path."""
+    """Corpus (memlab data pipeline): bundled name, local file or folder (.txt, .jsonl, .parquet, .arrow, or a folder
+    saved with datasets' save_to_disk) or hf:NAME."""
+    text_field: str = "text"
+    """The field that holds the text in a corpus of records (.jsonl, .parquet, .arrow, a saved dataset, hf:NAME)."""
     eval_split: str = "test"
     """Held-out split scored: test or validation."""
     chunk_by: str = "words"
@@ -117,6 +123,11 @@ class FitSection:
     """Fit the sequence decoder (and its control); false: the read-outs alone, in seconds (needs readouts)."""
     control: bool = True
     """Also train the control decoder on a constant embedding."""
+    race: bool = True
+    """Race the probe's candidates (the contained probe, the plain decoder, the random start): after each epoch a
+    candidate whose held-back gain over its control trails the leader's by more than it could still gain (its last
+    epoch's improvement times the patience) and than two paired standard errors stops, as early stopping stops it
+    (memlab.probes.fitloop.race_losers)."""
     contained_lr: float = 0.1
     """The probe started as its trained control: the share of ``lr`` at which the weights it takes from the control
     train (its embedding pathway, which starts at zero, trains at ``lr``); the control's second run trains at the same

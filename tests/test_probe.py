@@ -131,7 +131,7 @@ def test_disk_cache_is_reused(tiny_llama, small_corpus, tmp_path):
     a = run_probe(opts)
     b = run_probe(opts)
     assert not a["timing"]["encode_cached"] and b["timing"]["encode_cached"]
-    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+    assert len(list((tmp_path / "cache").glob("emb-*.float32.bin"))) == 2
     assert b["probe"]["ce"] == pytest.approx(a["probe"]["ce"], rel=1e-5)
 
 

@@ -90,17 +90,33 @@ def test_a_damaged_or_foreign_shard_is_named_in_one_line(tmp_path, monkeypatch, 
     assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
 
 
-def test_a_sharded_cache_gives_the_same_probe_reading(tiny_llama, small_corpus, tmp_path, monkeypatch):
-    def probe(cache):
+def test_a_cache_in_pieces_gives_the_same_probe_reading(tiny_llama, small_corpus,
+                                                        tmp_path, monkeypatch):
+    import memlab.data.mmapcache as mc
+
+    def probe(cache, **kw):
         return run_probe(load_options(None, TINY, model=str(tiny_llama), corpus=str(small_corpus), control=False,
-                                      cache_dir=str(cache)))
+                                      cache_dir=str(cache), **kw))
 
     plain = probe(tmp_path / "plain")
-    assert not list((tmp_path / "plain").glob("*.index.json"))
-    monkeypatch.setattr(cc, "SHARD_BYTES", 4096)  # the 64 training chunks' embeddings and ids: several shards
-    first, again = probe(tmp_path / "sharded"), probe(tmp_path / "sharded")
-    (index,) = [p for p in (tmp_path / "sharded").glob("*.index.json")
-                if json.loads(p.read_text())["ids_shape"][0] == 64]
-    assert len(json.loads(index.read_text())["shards"]) > 2
+    assert sorted(p.name.split(".", 1)[1] for p in (tmp_path / "plain").glob("emb-*")) == \
+        ["float32.bin", "float32.bin", "float32.json", "float32.json", "float32.lock", "float32.lock"]
+    monkeypatch.setattr(mc, "PIECE_BYTES", 1024)  # the 64 training chunks' embeddings: several pieces
+    first, again = probe(tmp_path / "pieces"), probe(tmp_path / "pieces")
     assert not first["timing"]["encode_cached"] and again["timing"]["encode_cached"]
-    assert first["probe"] == plain["probe"] and again["probe"] == plain["probe"]
+    assert again["probe"] == first["probe"]  # a first run reads its embeddings back as a cached run does
+    # encoded a piece at a time, the padding-masked encoder's batches differ from one pass's: float noise only
+    assert first["probe"]["ce"] == pytest.approx(plain["probe"]["ce"], rel=1e-4)
+    half = probe(tmp_path / "half", cache_dtype="bfloat16")
+    assert probe(tmp_path / "half", cache_dtype="bfloat16")["probe"] == half["probe"]  # first run reads as cached
+
+
+def test_a_cache_of_the_earlier_safetensors_form_is_still_read(tmp_path):
+    from memlab.probes.run import cached_encode, content_hash
+
+    z, ids = _data()
+    key = {"model": "m"}
+    cc.write_chunk_embeddings(tmp_path / f"emb-{content_hash(key, ids)[:20]}.safetensors", z, ids)
+    got, hit = cached_encode(None, ids, key, str(tmp_path))  # no encoder: it must not be called
+    assert hit and torch.equal(got, z)
+

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_n_eval_larger_than_the_split_scores_all_of_it(tiny_llama, tokenizer, small_corpus, tmp_path, capsys):
-    have = token_chunks(T._split_texts(str(small_corpus))["test"], tokenizer, 16).shape[0]  # chunks there are
+    have = token_chunks(list(T._stream(str(small_corpus)).texts("test")), tokenizer, 16).shape[0]  # chunks there are
     assert 0 < have < 100_000
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),

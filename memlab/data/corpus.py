@@ -1,8 +1,9 @@
 """Corpora -> documents, and held-out splits.
 
 Every corpus is read through ``datasets``: the bundled Austen novels (gzipped
-text shipped in the package), local text/jsonl/json/parquet files or folders,
-and hub datasets by name (``hf:NAME[:CONFIG]``, streamed when asked) where a
+text shipped in the package), local text/jsonl/json/parquet/arrow files or folders
+of them, a folder saved with ``datasets``' ``save_to_disk`` (a Dataset, or one
+split of a DatasetDict, chosen as a hub dataset's is), and hub datasets by name (``hf:NAME[:CONFIG]``, streamed when asked) where a
 network is there. A corpus becomes a list of :class:`Document`; documents can
 be cut into chapters, and splits are made over whole units (chapters or
 documents), never over lines, reproducibly from a seed.
@@ -28,6 +29,7 @@ from memlab.registry import CORPORA
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
 
 
 @dataclass
@@ -66,6 +68,77 @@ def _doc_stem(f: Path, root: Path | None) -> str:
     return str(rel.with_name(name).as_posix())
 
 
+def _kind(f: Path) -> str:
+    """How a corpus file is read: text, json, parquet or arrow (a DataError for any other suffix)."""
+    suf = _suffix(f)
+    for kind, sufs in (("text", TEXT_SUFFIXES), ("json", JSON_SUFFIXES), ("parquet", PARQUET_SUFFIXES),
+                       ("arrow", ARROW_SUFFIXES)):
+        if suf in sufs:
+            return kind
+    raise DataError(f"{f}: unsupported corpus file type '{suf}' (use .txt, .jsonl/.json, .parquet or .arrow, "
+                    "or a folder saved with datasets' save_to_disk)")
+
+
+def _read_file(f: Path, kind: str):
+    """One local file as a ``datasets.Dataset`` (memory-mapped on disk; an ``.arrow`` file is mapped where it lies)."""
+    import datasets
+
+    if f.stat().st_size == 0:
+        raise DataError(f"{f}: the file is empty")
+    try:
+        if kind == "text":
+            return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
+        if kind == "arrow":
+            return _arrow_file(f)
+        return datasets.load_dataset(kind, data_files=[str(f)], split="train")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{f}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+    except DataError:
+        raise
+    except Exception as e:  # datasets wraps decoding and parse errors
+        cause = e
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            nxt = cause.__cause__ or cause.__context__
+            if nxt is None or nxt is cause:
+                break
+            cause = nxt
+        if isinstance(cause, UnicodeDecodeError):
+            raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
+        raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
+
+
+def _arrow_file(f: Path):
+    """An Arrow file as a ``datasets.Dataset`` mapped in place: the streaming format ``datasets`` writes (its
+    caches, ``save_to_disk``), or the Arrow IPC file format (``pyarrow.feather``/``ipc.new_file``)."""
+    import datasets
+    import pyarrow as pa
+
+    try:
+        return datasets.Dataset.from_file(str(f))
+    except (pa.ArrowInvalid, OSError):
+        pass
+    with pa.memory_map(str(f)) as src:  # the IPC file format: mapped, not copied
+        table = pa.ipc.open_file(src).read_all()
+    return datasets.Dataset(table)
+
+
+def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False) -> Iterator[Document]:
+    """The documents of a ``datasets.Dataset``: one a row, its text in ``field`` (one DataError line naming the
+    fields present when it has none). ``fill``: a row's missing text is an empty document (plain-text files)."""
+    if field not in ds.column_names:
+        raise DataError(f"{where}: no field '{field}' (fields: {', '.join(ds.column_names)}); "
+                        "set the text field (--text-field, data.text_field)")
+    n = len(ds)
+    for i, rec in enumerate(ds.select_columns([field])):
+        text = rec[field]
+        if text is None and not fill:  # datasets fills a field that a record lacks with None
+            raise DataError(f"{where}: missing field '{field}' in row {i + 1}; every record needs it "
+                            "(set the text field to the one that holds the text)")
+        if not isinstance(text, str):
+            raise DataError(f"{where}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
+        yield Document(id=f"{stem}/{i}" if n > 1 else stem, text=_check_text(text, where), group=stem)
+
+
 def _iter_files(files: list[Path], text_field: str, root: Path | None = None) -> Iterator[Document]:
     """The documents of local files, one at a time (``datasets`` keeps each file memory-mapped on disk)."""
     import datasets
@@ -73,45 +146,42 @@ def _iter_files(files: list[Path], text_field: str, root: Path | None = None) ->
     datasets.disable_progress_bars()
     by_kind: dict[str, list[Path]] = {}
     for f in files:
-        suf = _suffix(f)
-        kind = "text" if suf in TEXT_SUFFIXES else "json" if suf in JSON_SUFFIXES else "parquet" if suf in PARQUET_SUFFIXES else None
-        if kind is None:
-            raise DataError(f"{f}: unsupported corpus file type '{suf}' (use .txt, .jsonl/.json or .parquet)")
-        by_kind.setdefault(kind, []).append(f)
+        by_kind.setdefault(_kind(f), []).append(f)
     for kind, fs in by_kind.items():
         for f in sorted(fs):
-            if f.stat().st_size == 0:
-                raise DataError(f"{f}: the file is empty")
-            try:
-                if kind == "text":
-                    ds = datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
-                    field = "text"
-                else:
-                    ds = datasets.load_dataset(kind, data_files=[str(f)], split="train")
-                    field = text_field
-            except UnicodeDecodeError as e:
-                raise DataError(f"{f}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
-            except Exception as e:  # datasets wraps decoding and parse errors
-                cause = e
-                while cause.__cause__ is not None or cause.__context__ is not None:
-                    nxt = cause.__cause__ or cause.__context__
-                    if nxt is None or nxt is cause:
-                        break
-                    cause = nxt
-                if isinstance(cause, UnicodeDecodeError):
-                    raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
-                raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
-            if field not in ds.column_names:
-                raise DataError(f"{f}: no field '{field}' (fields: {', '.join(ds.column_names)}); set data.text_field")
-            stem = _doc_stem(f, root)
-            for i, rec in enumerate(ds.select_columns([field])):
-                text = rec[field]
-                if text is None and kind != "text":  # datasets fills a field that a record lacks with None
-                    raise DataError(f"{f}: missing field '{field}' in row {i + 1}; every record needs it "
-                                    "(set data.text_field to the field that holds the text)")
-                if not isinstance(text, str):
-                    raise DataError(f"{f}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
-                yield Document(id=f"{stem}/{i}" if len(ds) > 1 else stem, text=_check_text(text, str(f)), group=stem)
+            ds = _read_file(f, kind)
+            field = "text" if kind == "text" else text_field
+            yield from _dataset_documents(ds, field, str(f), _doc_stem(f, root), fill=kind == "text")
+
+
+def saved_dataset(p: Path) -> str | None:
+    """What a folder saved with ``datasets``' ``save_to_disk`` holds: ``"dataset"``, ``"dict"`` (a DatasetDict) or
+    None (not such a folder)."""
+    if (p / "dataset_dict.json").is_file():
+        return "dict"
+    if (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
+        return "dataset"
+    return None
+
+
+def _iter_saved(p: Path, text_field: str, split: str) -> Iterator[Document]:
+    """The documents of a folder saved with ``save_to_disk``, memory-mapped: a Dataset whole, or one split of a
+    DatasetDict (``split``, as a hub dataset's; a missing one is a DataError naming those there are)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:  # a damaged or partial folder
+        raise DataError(f"{p}: could not be read as a saved dataset ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:160]})") from None
+    where = str(p)
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{p}: no split '{split}' in the saved dataset (splits: {', '.join(ds)}); "
+                            "set data.hf_split")
+        ds, where = ds[split], f"{p} (split {split})"
+    yield from _dataset_documents(ds, text_field, where, p.name)
 
 
 def _load_files(files: list[Path], text_field: str, root: Path | None = None) -> list[Document]:
@@ -179,6 +249,8 @@ def iter_documents(
         docs: Iterable[Document] = _iter_hub(spec[3:], text_field, hf_split, streaming, max_documents)
     elif spec in CORPORA:
         docs = CORPORA.get(spec)()
+    elif (p := Path(os.path.expanduser(spec))).is_dir() and saved_dataset(p):
+        docs = _iter_saved(p, text_field, hf_split)
     else:
         files, root = local_files(spec)
         docs = _iter_files(files, text_field, root=root)

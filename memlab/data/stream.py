@@ -122,6 +122,28 @@ class CorpusStream:
         return ids, lengths, info["seen"] - n
 
 
+def picked_texts(stream: CorpusStream, split: str, need_chars: int, seed: int, lengths=None) -> list[str]:
+    """The cleaned texts of ``split``'s units in a seeded order until they hold ``need_chars`` characters: what
+    ``memlab.probes.chunks.pick_texts`` gives of the split's whole list of texts, with only the chosen texts held
+    (one pass for the texts' lengths, unless ``lengths`` gives them, one to collect the chosen)."""
+    if lengths is None:
+        lengths = split_lengths(stream, split)
+    order = np.random.default_rng(seed).permutation(len(lengths))  # (n,)
+    total = np.cumsum(lengths[order])  # (n,)
+    k = min(int(np.searchsorted(total, need_chars)) + 1, len(order))  # the first k reach need_chars (or all)
+    place = {int(i): r for r, i in enumerate(order[:k])}
+    out: list[str] = [""] * k
+    for i, text in enumerate(stream.texts(split)):
+        if i in place:
+            out[place[i]] = text
+    return out
+
+
+def split_lengths(stream: CorpusStream, split: str) -> np.ndarray:
+    """Characters of each cleaned text of ``split``, in corpus order: ``(n,)``."""
+    return np.fromiter((len(t) for t in stream.texts(split)), dtype=np.int64)
+
+
 def stream_corpus(cfg: DataConfig, tokenizer_dir: str | Path | None = None,
                   tokenizer_spec: str | None = None) -> CorpusStream:
     """:func:`memlab.data.views.prepare_corpus` for corpora of any size: the same splits and tokenizer,

@@ -33,8 +33,13 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
                                   "every --n-train size: curve.md/json and plots/compare.png"),
     "--hidden-size": ("hidden_size", int, "decoder width (decoder=llama)"),
     "--num-layers": ("num_layers", int, "decoder blocks (decoder=llama)"),
-    "--corpus": ("corpus", str, "corpus of the held-out text"),
+    "--corpus": ("corpus", str, "corpus of the held-out text: a bundled name, a file or folder (.txt, .jsonl, "
+                                ".parquet, .arrow, a folder saved with datasets' save_to_disk) or hf:NAME"),
+    "--text-field": ("text_field", str, "the field of each record that holds the text (.jsonl, .parquet, .arrow, "
+                                        "saved datasets)"),
     "--cache-dir": ("cache_dir", str, "cache embeddings and trained controls on disk here and reuse them"),
+    "--cache-dtype": ("cache_dtype", str, "how --cache-dir stores embeddings: float32, float16 or bfloat16 (half "
+                                          "the disk)"),
     "--device": ("device", str, "auto (the best present, a GPU if there is one), cpu, cuda, cuda:N or mps"),
     "--seed": ("seed", int, "seed"),
     "--dtype": ("encoder_dtype", str, "encoder weights: auto (bf16 where the device multiplies it natively, else "
@@ -130,6 +135,9 @@ def run(args) -> int:
         check_cache_dir(opts.cache_dir)
     from memlab.rundir import holds
 
+    from memlab.probes.shards import check_launch
+
+    check_launch(opts)  # a launch of several processes runs one probe, no sweep
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
     try:
         if opts.layers is not None:
@@ -148,6 +156,8 @@ def run(args) -> int:
     except BaseException as e:
         abandon_out(out, e, held_before)
         raise
+    if report is None:  # a process of a launch other than the main one: the main one reports
+        return 0
     if args.log_with:
         from memlab.tracking import log_report
 
