@@ -21,20 +21,20 @@ def _is_path(spec: str) -> bool:
 
 
 # encoders: the first whose ``matches`` takes the spec, newest registration first; each loads its own kind
-for _name, _kind, _doc in [
+for _name, _kind, _doc, _honours in [
     ("hub", EncoderKind(lambda s: True, loading.load_transformers, source=loading.hub_source),
-     "a Hugging Face hub name, read from the local cache"),
+     "a Hugging Face hub name, read from the local cache", "all"),
     ("folder", EncoderKind(_is_path, loading.load_transformers, source=loading.path_source),
-     "a save_pretrained folder, a memlab run directory or a GGUF file"),
+     "a save_pretrained folder, a memlab run directory or a GGUF file", "all"),
     ("shortcut", EncoderKind(lambda s: s in assets.ASSETS, loading.load_transformers, source=loading.shortcut_source),
-     "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)"),
+     "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)", "all"),
     ("space", EncoderKind(lambda s: s.startswith("space:"), loading.load_space),
-     "space:NAME[:PATH]: any registered EmbeddingSpace"),
+     "space:NAME[:PATH]: any registered EmbeddingSpace", ("random_init",)),
     ("synthetic", EncoderKind(lambda s: s.startswith("synthetic:"), synthetic.load_synthetic_kind,
                               known_content=report.check_synthetic_spec),
-     "synthetic:concat|bag|constant: a calibration encoder"),
-]:
-    register_part("encoder", Part(_name, _kind, description=_doc))
+     "synthetic:concat|bag|constant: a calibration encoder", ("random_init",)),
+]:  # space and synthetic refuse random_init themselves, in one line that says why
+    register_part("encoder", Part(_name, _kind, description=_doc, honours=_honours))
 
 
 def _last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ register_part("conditioning", Part("unrolled", Conditioning(lambda c: c.max_len,
                                    description="projected to max_len vectors, one added to each position"))
 register_part("conditioning", Part("prefix", Conditioning(lambda c: c.prefix_len, _prefix_join,
                                                           lambda c: c.prefix_len),
-                                   options_class=PrefixOptions, description="projected to prefix_len memory vectors"))
+                                   options=PrefixOptions, description="projected to prefix_len memory vectors"))
 
 
 def _teacher(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
@@ -88,13 +88,13 @@ def _blank(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
     return torch.full_like(ids, config.start_id)  # (B, T): all the decoder knows comes through the embedding
 
 
-register_part("inputs", Part("teacher", InputMode(_teacher), options_class=TeacherOptions,
+register_part("inputs", Part("teacher", InputMode(_teacher), options=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
 register_part("inputs", Part("blank", InputMode(_blank, reads_tokens=False),
                              description="the start token everywhere (a blank copy)"))
 
 
-register_part("decoder", Part("llama", ProbeDecoder, options_class=LlamaOptions,
+register_part("decoder", Part("llama", ProbeDecoder, options=LlamaOptions, honours="all",
                                description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 
 
@@ -114,7 +114,7 @@ def _bow_summary(b: dict) -> str:
 
 
 register_part("readout", Part(
-    "bow", _bow, options_class=BowOptions, summary=_bow_summary, gain_unit="of the bag of words over its prior",
+    "bow", _bow, options=BowOptions, summary=_bow_summary, gain_unit="of the bag of words over its prior",
     readings=(("recovered", "bag-of-words read-out", False, 3),
               ("gain", "bag-of-words read-out over its prior", True, 3)),
     columns=lambda b: {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}, member=_bow_member,
@@ -138,7 +138,7 @@ def _align_columns(a: dict) -> dict:
             "align_bits_per_chunk": a["bits_per_chunk"]}
 
 
-register_part("readout", Part("align", _align, options_class=AlignOptions, check_context=check_target,
+register_part("readout", Part("align", _align, options=AlignOptions, check_context=check_target,
                               summary=_align_summary, columns=_align_columns,
                               readings=(("bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
                                         ("recovered", "alignment read-out, token accuracy in its target", False, 3),

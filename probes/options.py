@@ -24,7 +24,7 @@ from memlab.errors import ConfigError
 from memlab.probes import placement
 from memlab.probes.chunks import train_sizes
 from memlab.probes.compare import methods, owners
-from memlab.probes.parts import PARTS, check_parts, get_part
+from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
                                     TeacherOptions, TextSection)
@@ -65,7 +65,7 @@ def option_class(name: str) -> type | None:
     """The options class of the registered part (of any kind) that declares option ``name`` (None: none does)."""
     for kind in PARTS:
         for n in PARTS[kind].names():
-            cls = PARTS[kind].get(n).options_class
+            cls = PARTS[kind].get(n).options
             if cls is not None and name in {f.name for f in fields(cls)}:
                 return cls
     return None
@@ -171,7 +171,7 @@ def _check_range(opts) -> None:
         raise ConfigError(f"'threads' must be >= 1 (torch CPU threads; unset: torch's own), got {opts.threads}")
     if not train_sizes(opts) or min(train_sizes(opts)) < 1:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
-    if opts.hidden_size % opts.num_heads:
+    if "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
     if not seq_lens(opts) or min(seq_lens(opts)) < 2:
         raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
@@ -179,9 +179,15 @@ def _check_range(opts) -> None:
 
 def _check_together(opts, explicit: set[str]) -> None:
     """Options that need another option (one ConfigError naming both)."""
-    if "plain_input_dropout" in explicit and not opts.select_decoder:
-        raise ConfigError("'plain_input_dropout' applies to the plain decoder of select_decoder=true, not to "
-                          "select_decoder=false; drop it or set select_decoder=true")
+    if "plain_input_dropout" in explicit and not (opts.select_decoder and opts.bag_head):
+        off = "select_decoder=false" if not opts.select_decoder else "bag_head=false (nothing to select from)"
+        raise ConfigError(f"'plain_input_dropout' applies to the plain decoder of select_decoder=true, not to "
+                          f"{off}; drop it")
+    if "contained_lr" in explicit and not (opts.sequence and opts.control and opts.val_fraction > 0):
+        off = ("sequence=false" if not opts.sequence else "control=false (--no-control)" if not opts.control
+               else "val_fraction=0")
+        raise ConfigError(f"'contained_lr' trains the probe started as its control, which {off} does not fit; "
+                          "drop it")
     if "layers_sequence" in explicit and opts.layers is None:
         raise ConfigError("'layers_sequence' applies to a layer sweep; set layers (all or a list) or drop it")
     if opts.max_chunk_tokens is not None and (opts.chunk_by != "words" or opts.max_chunk_tokens < 1):
@@ -210,12 +216,14 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
         methods = tuple(compared(opts, explicit))
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
+    off = unhonoured(opts)  # the generic settings the chosen decoder does not read, switched off (never explicit)
     placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
     _check_range(opts)
     _check_together(opts, set(explicit))
     values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts) if f.name not in RESOLVED}
     lens = seq_lens(opts)  # a length sweep's lengths sorted; a list of one is that length
     values["seq_len"] = lens if len(lens) > 1 else lens[0]
+    values.update(off)
     return ResolvedOptions(**{**values, "device": str(resolve_device(opts.device))}, explicit=given, methods=methods)
 
 
@@ -224,18 +232,43 @@ def resolved(opts: ProbeOptions) -> ResolvedOptions:
     return opts if isinstance(opts, ResolvedOptions) else validate(opts)
 
 
+SECTION_PARTS = {"encoder": ("encoder", "pool"), "decoder": ("decoder", "conditioning", "inputs", "scorer"),
+                 "readouts": ("readout",)}
+"""The kinds of part whose own options each section holds, besides its own fields."""
+SECTION_NAMES = {"decoder": {"kind": "decoder"}}
+"""Other spellings of a section's fields: ``decoder: {kind: gru, ...}`` names the decoder part."""
+
+
+def home(name: str) -> str | None:
+    """Where option ``name`` belongs, as a user would write it (``the fit section``, ``decoder=llama``), or None."""
+    for sec, cls in SECTIONS.items():
+        if name in {f.name for f in fields(cls)}:
+            return f"the {sec} section"
+    for kind in PARTS:
+        for n in PARTS[kind].names():
+            if name in PARTS[kind].get(n).option_names:
+                sec = next(s for s, kinds in SECTION_PARTS.items() if kind in kinds)
+                return f"{'the model' if kind == 'encoder' else SELECTED_BY[kind]}={n} (in the {sec} section)"
+    return None
+
+
 def _flatten(data: dict, where: str) -> dict:
-    """Sections given as mappings (``fit: {epochs: 3}``) -> their flat names; a flat name stays as it is. A key of a
-    section that the section does not hold (nor a part's options) is refused by name."""
+    """Sections given as mappings (``fit: {epochs: 3}``, ``decoder: {kind: gru, hidden: 64}``) -> their flat names;
+    a flat name stays as it is. A key that its section does not hold (its own fields and the options of the parts
+    it chooses) is refused with where it belongs."""
     out: dict = {}
     for k, v in data.items():
         if k in SECTIONS and isinstance(v, dict):
-            own = {f.name for f in fields(SECTIONS[k])}
+            own = {f.name for f in fields(SECTIONS[k])} | set(SECTION_NAMES.get(k, {}))
+            parts = {o for kind in SECTION_PARTS.get(k, ()) for n in PARTS[kind].names()
+                     for o in PARTS[kind].get(n).option_names}
             for kk, vv in v.items():
-                if kk not in own and option_class(kk) is None:
-                    raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section (it holds "
-                                      f"{', '.join(sorted(own))}, and the chosen parts' options)")
-                out[kk] = vv
+                if kk not in own | parts:
+                    there = home(kk)
+                    raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section; "
+                                      + (f"it belongs to {there}" if there else
+                                         f"it holds {', '.join(sorted(own))} and its parts' options"))
+                out[SECTION_NAMES.get(k, {}).get(kk, kk)] = vv
         else:
             out[k] = v
     return out
@@ -253,7 +286,7 @@ def _typed(data: dict, prefix: str) -> ProbeOptions:
             extra[k] = getattr(from_dict(cls, {k: v}, prefix=prefix), k)
         else:
             plugin = sorted({f.name for kind in PARTS for n in PARTS[kind].names()
-                             if (c := PARTS[kind].get(n).options_class) is not None for f in fields(c)} - names)
+                             if (c := PARTS[kind].get(n).options) is not None for f in fields(c)} - names)
             raise ConfigError(f"unknown config key '{prefix}{k}'; valid keys: {', '.join(sorted(names))}"
                               + (f", and the parts' {', '.join(plugin)}" if plugin else ""))
     opts = from_dict(ProbeOptions, flat, prefix=prefix)

@@ -361,6 +361,6 @@ def check(opts, arg: str, explicit: set) -> None:
 
 register_part("decoder", Part(
     "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options_class=PretrainedOptions,
+    options=PretrainedOptions, honours="all",
     argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
     check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, LoRA or fine-tuned)"))

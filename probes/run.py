@@ -78,11 +78,23 @@ ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) fo
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
     spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
-    if opts.part_options:  # a plugin encoder kind's or pooling's options may change the embeddings
-        spec["part_options"] = dict(opts.part_options)
+    own = encoder_options(opts)
+    if own:  # a plugin encoder kind's or pooling's own options change the embeddings; no other part's do
+        spec["part_options"] = own
     if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
         spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
     return spec
+
+
+def encoder_options(opts: ProbeOptions) -> dict:
+    """The plugin options (``part_options``) of the chosen encoder kind and pooling: the only part options the
+    embeddings depend on (a decoder's or a read-out's are not in the embedding cache's key)."""
+    kind = encoder_kind(opts.model)
+    parts = [kind] if kind is not None else []
+    if opts.pool is not None:
+        parts.append(get_part("pool", opts.pool))
+    names = {o for p in parts for o in p.option_names}
+    return {k: v for k, v in (opts.part_options or {}).items() if k in names}
 
 
 def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
@@ -164,7 +176,7 @@ def load_encoder(opts: ProbeOptions, encoder=None):
     if kind is None:
         raise ModelError(f"no registered encoder kind takes '{opts.model}'")
     placed = {k: getattr(opts, k) for k in ("device_map", "max_memory", "offload_dir") if getattr(opts, k) is not None}
-    if kind.options_class is not None and takes(kind.impl.load, "options"):  # the kind's own options
+    if kind.options is not None and takes(kind.impl.load, "options"):  # the kind's own options
         placed["options"] = part_options(opts, kind)
     encoder = kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
                              random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,

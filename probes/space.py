@@ -14,17 +14,19 @@ vocabulary; ``encode`` and ``encode_text`` stay in the encoder's.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 
-from memlab.errors import ModelError
+from memlab.errors import ConfigError, ModelError
 from memlab.loading import strict_from_pretrained
 from memlab.probes.capture import right_pad
 from memlab.probes.chunks import shift_right
-from memlab.probes.decoder import ProbeDecoder
+from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.loading import load_encoder, load_tokenizer
-from memlab.probes.parts import PARTS, DecoderKind, reads_tokens
+from memlab.probes.parts import PARTS, DecoderKind, encoder_kind, get_part, reads_tokens, takes
 from memlab.probes.readings import reconstruct_ids
 
 
@@ -117,7 +119,7 @@ class FittedProbe:
     def save(self, out_dir: str | Path, encoder_spec: dict) -> None:
         """Write ``decoder/`` (save_pretrained) and ``probe.json`` (how to rebuild the encoder)."""
         out = Path(out_dir)
-        self.decoder.save_pretrained(str(out / "decoder"))
+        save_decoder(self.decoder, out / "decoder")
         (out / "probe.json").write_text(json.dumps(encoder_spec, indent=2))
 
 
@@ -130,8 +132,17 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
 
 
+def _own(part, values: dict):
+    """``part``'s options dataclass from saved ``values`` (its defaults for the rest), or None without options."""
+    if part.options is None:
+        return None
+    names = {f.name for f in fields(part.options)}
+    return part.options(**{k: v for k, v in values.items() if k in names})
+
+
 def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
-    """Reload a fitted probe from its run directory (``memlab probe --out DIR``)."""
+    """Reload a fitted probe from its run directory (``memlab probe --out DIR``): the encoder from ``probe.json``
+    (its kind's and pooling's own options included), the decoder by the part that made it (:func:`load_decoder`)."""
 
     if path is None:
         raise ModelError("the 'probe' space needs the run directory of a fitted probe")
@@ -139,10 +150,17 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     if not (p / "probe.json").is_file() or not (p / "decoder" / "config.json").is_file():
         raise ModelError(f"{p}: not a probe run directory (probe.json and decoder/ expected)")
     spec = json.loads((p / "probe.json").read_text())
+    saved = spec.get("part_options") or {}
+    kw = {}
+    kind = encoder_kind(spec["model"])
+    if kind is not None and saved and takes(kind.impl.load, "options"):
+        kw["options"] = _own(kind, saved)
     encoder = load_encoder(spec["model"], layer=spec.get("layer", -1), pool=spec.get("pool"),
                            final_norm=spec.get("final_norm", False), random_init=spec.get("random_init", False),
                            special_tokens=spec.get("special_tokens", True), dtype=spec.get("dtype", "float32"),
-                           max_len=spec.get("max_len"))
+                           max_len=spec.get("max_len"), **kw)
+    if spec.get("pool") and saved and hasattr(encoder, "pool_options"):
+        encoder.pool_options = _own(get_part("pool", spec["pool"]), saved)
     decoder, target_tokenizer = load_decoder(p / "decoder")
     if target_tokenizer is None and spec.get("target_tokenizer"):  # a scratch decoder's targets in a named tokenizer
 
@@ -150,17 +168,62 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     return FittedProbe(encoder, decoder, target_tokenizer)
 
 
+WEIGHTS = "model.safetensors"
+"""The weights file of a decoder saved by :func:`save_decoder` (as ``save_pretrained`` names it)."""
+
+
+def _decoder_part(config):
+    """The registered decoder part a decoder ``config`` names (``probe_part``), or None (a decoder saved before
+    decoders named their part: the built-in one)."""
+    record = getattr(config, "probe_part", None) if not isinstance(config, dict) else config.get("probe_part")
+    if not record:
+        return None, {}
+    try:
+        return get_part("decoder", record["name"]), record.get("options") or {}
+    except ConfigError:
+        raise ModelError(f"this probe's decoder part '{record['name']}' is not registered: install (or import) the "
+                         "package that registers it") from None
+
+
+def save_decoder(decoder, folder: str | Path) -> None:
+    """Write a probe decoder into ``folder``: by its part's ``save`` when it has one, by ``save_pretrained`` (a
+    transformers model), else as ``config.json`` and ``model.safetensors`` (its state, shared tensors once)."""
+    folder = Path(folder)
+    part, _ = _decoder_part(decoder.config)
+    if part is not None and part.save is not None:
+        part.save(decoder, folder)
+    elif hasattr(decoder, "save_pretrained"):
+        decoder.save_pretrained(str(folder))
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(decoder.config.to_json_string())
+        save_model(decoder, str(folder / WEIGHTS))
+
+
 def load_decoder(folder: Path):
-    """A saved probe decoder (strict) and its targets' tokenizer (None: the encoder's): the built-in decoder, or
-    the registered :class:`~memlab.probes.parts.DecoderKind` whose ``config_type`` its config.json names."""
+    """A saved probe decoder (strict) and its targets' tokenizer (None: the encoder's): the registered
+    :class:`~memlab.probes.parts.DecoderKind` whose ``config_type`` its config.json names, else the decoder part its
+    config names (``probe_part``: by the part's ``load``, or rebuilt from its config and own options and its weights
+    read strictly), else the built-in decoder."""
 
     try:
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise ModelError(f"{folder}: the saved decoder's config.json cannot be read ({e})") from None
     for name in PARTS["decoder"].names():
         kind = PARTS["decoder"].get(name).impl
-        if isinstance(kind, DecoderKind) and kind.config_type == model_type:
+        if isinstance(kind, DecoderKind) and kind.config_type == config.get("model_type"):
             dec = kind.load(folder)
             return dec, kind.tokenizer(dec.config.source)
-    return strict_from_pretrained(ProbeDecoder, folder), None
+    part, own = _decoder_part(config)
+    if part is None or part.impl is ProbeDecoder:
+        return strict_from_pretrained(ProbeDecoder, folder), None
+    if part.load is not None:
+        return part.load(folder), None
+    dec = part.impl(ProbeDecoderConfig.from_pretrained(str(folder)), **({"options": _own(part, own)}
+                                                                       if takes(part.impl, "options") else {}))
+    missing, unexpected = load_model(dec, str(folder / WEIGHTS), strict=False)
+    if missing or unexpected:
+        raise ModelError(f"{folder}: the saved weights do not fit decoder '{part.name}' (missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]})")
+    return dec.eval(), None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -47,26 +47,42 @@ def start_token_id(tokenizer) -> int:
 
 
 def _plugin_options(opts) -> dict:
-    """The options of plugin conditionings, input modes and decoders that ``opts`` chooses: kept in the decoder's
-    config (saved with it), where their parts read them."""
-    chosen = {o for k in ("conditioning", "inputs", "decoder") for o in get_part(k, getattr(opts, k)).options}
+    """The options of plugin conditionings and input modes that ``opts`` chooses: kept in the decoder's config (saved
+    with it), where their parts read them."""
+    chosen = {o for k in ("conditioning", "inputs") for o in get_part(k, getattr(opts, k)).option_names}
     return {k: v for k, v in (opts.part_options or {}).items() if k in chosen}
 
 
-def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for :class:`~memlab.probes.options.ProbeOptions` ``opts`` (its decoder fields and seed);
-    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
-    torch.manual_seed(opts.seed)
+LLAMA_SHAPE = ("hidden_size", "num_layers", "num_heads")
+"""The decoder config's fields a decoder part's options may set (the built-in llama's own)."""
+
+
+def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True):
+    """The decoder's config: the encoder's facts (the embedding's width, the targets' vocabulary, the kept ids, the
+    start id, the chunk length), the generic decoder settings the chosen decoder honours, the chosen conditioning's
+    and inputs' options, the shape its own options set, and which part it is (``probe_part``: its name and own
+    options, what :func:`memlab.probes.space.load_decoder` rebuilds it from)."""
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
     if kept and kept[-1] >= v:
         raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
-    cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
-                             hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
-                             max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
-                             inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
-                             input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty,
-                             **_plugin_options(opts))
+    part = get_part("decoder", opts.decoder)
+    own = part_options(opts, part)
+    honoured = set(part.honoured("decoder"))
+    generic = {k: getattr(opts, k) for k in ("conditioning", "inputs", "cond_dropout", "bag_head") if k in honoured}
+    shape = {k: getattr(opts, k) for k in LLAMA_SHAPE if k in part.option_names}
+    record = {"name": opts.decoder, "options": asdict(own) if own is not None else {}}
+    return ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
+                              max_len=int(train_ids.shape[1]), prefix_len=opts.prefix_len, input_dropout=opts.input_dropout,
+                              repeat_penalty=opts.repeat_penalty, **generic, **shape, **_plugin_options(opts),
+                              probe_part=record)
+
+
+def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
+    """A fresh decoder of the chosen decoder part, built from :func:`decoder_config` and its own options;
+    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
+    torch.manual_seed(opts.seed)
+    cfg = decoder_config(embed_dim, tokenizer, train_ids, opts, compact)
     part = get_part("decoder", opts.decoder)
     if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
         return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
@@ -290,7 +306,8 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
     if selects:
         members["plain"] = replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
     decs = {k: _new_decoder(o, tok, train_ids, z_train) for k, o in members.items()}
-    if not all(callable(getattr(d, "embedding_weights", None)) for d in decs.values()):
+    honours = "contained_lr" in get_part("decoder", opts.decoder).honoured("decoder")
+    if not honours or not all(callable(getattr(d, "embedding_weights", None)) for d in decs.values()):
         members, decs = {}, {}  # a decoder kind without an embedding pathway to silence: the scratch probe alone
     for d in decs.values():
         contain(d, start)
