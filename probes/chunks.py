@@ -44,6 +44,7 @@ from memlab.data.corpus import describe_splits, load_corpus, make_splits, requir
 from memlab.data.views import clean_text, token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
+from memlab.probes.options import train_sizes
 from memlab.probes.parts import DecoderKind, get_part, split_name
 from memlab.probes.result import ProbeText, TextAccounting
 
@@ -143,12 +144,6 @@ def rendering(texts: list[str], ids: torch.Tensor, tokenizer) -> str:
         return "lowercased (the tokenizer drops case: the bits do not count it)"
     same = sum(a == b for a, b in zip(back, orig)) / max(len(orig), 1)
     return f"normalised by the tokenizer ({same:.0%} of the chunks decode to their text exactly)"
-
-
-def train_sizes(opts) -> list[int]:
-    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
-    n = opts.n_train
-    return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
 def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:

@@ -19,11 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from memlab.config import apply_overrides, from_dict, read_yaml
-from memlab.devices import resolve_device
 from memlab.errors import ConfigError
-from memlab.probes import placement
-from memlab.probes.chunks import train_sizes
-from memlab.probes.compare import methods, owners
 from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
@@ -97,6 +93,8 @@ def option_values(opts: ProbeOptions) -> dict:
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
     """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
     probe of that method alone would be (one ConfigError naming the method)."""
+    from memlab.probes.compare import methods  # the comparison's module (plots, torch): only when one is asked for
+
     out = []
     for m, mine, given in methods(opts, explicit):
         try:
@@ -104,6 +102,12 @@ def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple
         except ConfigError as e:
             raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
     return out
+
+
+def train_sizes(opts) -> list[int]:
+    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
+    n = opts.n_train
+    return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
 def seq_lens(opts) -> list[int]:
@@ -206,6 +210,11 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     """Check every option (one ConfigError naming it) and return the resolved options (a new object: the device
     resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
     options); ``opts`` is not changed. ``explicit``: the options the user set (their parts must be chosen)."""
+    # torch and the placement's libraries: imported when options are checked, not when the command line is built
+    from memlab.devices import resolve_device
+    from memlab.probes import placement
+    from memlab.probes.compare import owners
+
     if opts.pool is not None:
         get_part("pool", opts.pool)
     _check_lengths(opts)

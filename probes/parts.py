@@ -79,40 +79,52 @@ UNHONOURED = {"bag_head": False, "select_decoder": False}
 """The value a generic setting takes for a part that does not honour it (the others are then not read)."""
 
 
+def _resolve(ref: Any) -> Any:
+    """``"module:attr"`` -> that object, imported now; anything else as it is."""
+    if isinstance(ref, str) and ":" in ref:
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
+
+
+LAZY = ("impl", "check", "check_context", "summary", "columns", "member", "save", "load")
+"""The attributes of a :class:`Part` that may be given as ``"module:attr"`` and are imported on first use."""
+
+
 class Part:
     """One registered choice of one kind of probe part: its code (``impl``), its own options (``options``, a
-    dataclass), the generic settings of its kind it honours (``honours``) and, for a decoder, how it saves and loads
-    its files (``save``, ``load``; default: :func:`memlab.probes.decoder_files.save_decoder`).
+    dataclass: each field an option, typed, with its default and a docstring), the generic settings of its kind it
+    honours (``honours``: names from :data:`GENERIC`, or ``"all"``) and, for a decoder, how it saves and loads its
+    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.space.save_decoder` and a
+    rebuild from the saved config and options).
 
-    ``impl`` may be given as ``"module:attr"``: it is imported the first time it is used, so that registering a part
-    (and building the probe's command line from its options) imports nothing heavy."""
+    Its code and hooks (:data:`LAZY`) may be given as ``"module:attr"``: imported the first time they are used, so
+    that registering a part, and building the probe's command line from its options, imports nothing heavy."""
 
     def __init__(self, name: str, impl: Any, options: type | None = None, description: str = "",
-                 argument: str = "", check: Callable[[Any, Any, set], None] | None = None,
-                 check_context: Callable[..., None] | None = None,
-                 readings: tuple[tuple[str, str, bool, int], ...] = (), summary: Callable[[dict], str] | None = None,
-                 gain_unit: str = "", columns: Callable[[dict], dict] | None = None,
-                 member: Callable[..., Any] | None = None, honours: tuple[str, ...] | str = (),
-                 save: Callable[[Any, Any], None] | None = None, load: Callable[..., Any] | None = None,
-                 options_class: type | None = None):
+                 argument: str = "", check: Callable[[Any, Any, set], None] | str | None = None,
+                 check_context: Callable[..., None] | str | None = None,
+                 readings: tuple[tuple[str, str, bool, int], ...] = (),
+                 summary: Callable[[dict], str] | str | None = None, gain_unit: str = "",
+                 columns: Callable[[dict], dict] | str | None = None, member: Callable[..., Any] | str | None = None,
+                 honours: tuple[str, ...] | str = (), save: Callable[[Any, Any], None] | str | None = None,
+                 load: Callable[..., Any] | str | None = None, options_class: type | None = None):
         options = options if options is not None else options_class
         if options is not None and not is_dataclass(options):
             raise TypeError(f"part '{name}': options must be a dataclass of its options (fields with defaults), "
                             f"got {options!r}")
-        self.name, self._impl, self.options = name, impl, options
-        self.description, self.argument, self.check, self.check_context = description, argument, check, check_context
-        self.readings, self.summary, self.gain_unit, self.columns = tuple(readings), summary, gain_unit, columns
-        self.member, self.save, self.load = member, save, load
-        self.honours = tuple(honours) if not isinstance(honours, str) else (honours,)
-        """The generic settings of its kind (:data:`GENERIC`) the part reads; ``"all"``: every one."""
+        self.name, self.options, self.description, self.argument = name, options, description, argument
+        self.readings, self.gain_unit = tuple(readings), gain_unit
+        self.honours = (honours,) if isinstance(honours, str) else tuple(honours)
+        self._refs = dict(impl=impl, check=check, check_context=check_context, summary=summary, columns=columns,
+                          member=member, save=save, load=load)
 
-    @property
-    def impl(self) -> Any:
-        """The part's code (imported on first use when registered as ``"module:attr"``)."""
-        if isinstance(self._impl, str):
-            module, _, attr = self._impl.partition(":")
-            self._impl = getattr(importlib.import_module(module), attr)
-        return self._impl
+    def __getattr__(self, attr: str) -> Any:  # only for names that are not set: the lazy hooks
+        refs = self.__dict__.get("_refs", {})
+        if attr not in refs:
+            raise AttributeError(attr)
+        refs[attr] = _resolve(refs[attr])
+        return refs[attr]
 
     @property
     def options_class(self) -> type | None:

@@ -67,7 +67,9 @@ def test_the_reference_shows_the_dataclasses_defaults():
 
 
 def test_help_reads_its_defaults_from_the_dataclasses(monkeypatch, capsys):
-    monkeypatch.setattr(ProbeOptions, "epochs", 7.0)
+    from memlab.probes.sections import FitSection
+
+    monkeypatch.setattr(FitSection.__dataclass_fields__["epochs"], "default", 7.0)
     assert main(["probe", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "(default 7)" in text and "(default 30)" not in text
@@ -124,3 +126,29 @@ def test_a_configs_name_names_its_run_folder(tmp_path, monkeypatch, small_corpus
     assert main(["probe", "--config", str(cfg), "--no-control", "hidden_size=16", "num_layers=1"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("my-probe-") and (run / "report.json").is_file()
+
+
+LIGHT = """
+import argparse, sys
+from memlab.app.commands import probe
+parser = argparse.ArgumentParser(prog="memlab")
+probe.add_parser(parser.add_subparsers(dest="verb"))
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "the parser imported torch"
+try:
+    parser.parse_args(ARGV)
+except SystemExit as e:
+    print("exit", e.code)
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "answering imported torch"
+"""
+
+
+@pytest.mark.parametrize("argv", [["probe", "--help"], ["probe", "--epochs", "many"], ["probe", "--bag-head=3"]])
+def test_the_probe_command_line_imports_no_torch(argv):
+    """`memlab probe --help` and a malformed flag answer from the option dataclasses alone (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LIGHT.replace("ARGV", repr(argv))], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == ("exit 0" if argv[-1] == "--help" else "exit 2")
