@@ -31,7 +31,7 @@ from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readou
 from memlab.probes.readings import NO_EVIDENCE, cell, shows_retention
 from memlab.probes.result import Calibration, CalibrationCheck, Fit, Reading, ReadoutResult
 from memlab.probes.synthetic import SyntheticEncoder
-from memlab.probes.train import fit_selected
+from memlab.probes.train import FitData, fit_selected
 
 
 def peak_memory_mb() -> dict:
@@ -282,8 +282,9 @@ def _codes(kind: str, tok, ids: torch.Tensor) -> torch.Tensor:
 
 def calibrate_on(opts, tok, train_ids, eval_ids) -> Calibration:
     """Positive controls in the model's tokenizer on the same chunks: concat (sequence decoder), bag (BoW)."""
-    _, m, _, secs = fit_selected(opts, tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
-                                 _codes("concat", tok, eval_ids), desc="calibration decoder")
+    got = fit_selected(opts, FitData(tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
+                                     _codes("concat", tok, eval_ids)), desc="calibration decoder")
+    m, secs = got.scores, got.seconds
     b = ReadoutResult.split("bow", fit_readout(train_ids, eval_ids, _codes("bag", tok, train_ids),
                                                _codes("bag", tok, eval_ids), "bow", seed=opts.seed, device=opts.device))
     (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
