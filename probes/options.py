@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
-from memlab.config import apply_overrides, from_dict, read_yaml
+from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
 from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
@@ -93,7 +93,7 @@ def option_values(opts: ProbeOptions) -> dict:
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
     """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
     probe of that method alone would be (one ConfigError naming the method)."""
-    from memlab.probes.compare import methods  # the comparison's module (plots, torch): only when one is asked for
+    from memlab.probes.compare import methods  # start-up: plots and torch, only when a comparison is asked for
 
     out = []
     for m, mine, given in methods(opts, explicit):
@@ -108,6 +108,18 @@ def train_sizes(opts) -> list[int]:
     """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
     n = opts.n_train
     return list(n) if isinstance(n, (list, tuple)) else [n]
+
+
+def parse_sizes(text) -> list[int]:
+    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    try:
+        sizes = sorted({int(x) for x in items if str(x).strip()})
+    except ValueError:
+        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
+    return sizes
 
 
 def seq_lens(opts) -> list[int]:
@@ -210,10 +222,9 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     """Check every option (one ConfigError naming it) and return the resolved options (a new object: the device
     resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
     options); ``opts`` is not changed. ``explicit``: the options the user set (their parts must be chosen)."""
-    # torch and the placement's libraries: imported when options are checked, not when the command line is built
-    from memlab.devices import resolve_device
-    from memlab.probes import placement
-    from memlab.probes.compare import owners
+    from memlab.devices import resolve_device  # start-up: torch, imported when options are checked
+    from memlab.probes import placement  # start-up: accelerate and transformers, likewise
+    from memlab.probes.compare import owners  # start-up: the comparison's plots and torch, likewise
 
     if opts.pool is not None:
         get_part("pool", opts.pool)
@@ -226,7 +237,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
     off = unhonoured(opts)  # the generic settings the chosen decoder does not read, switched off (never explicit)
-    placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
+    if any(v is not None for v in (opts.device_map, opts.max_memory, opts.offload_dir)):  # unset: chosen at load
+        placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
     _check_range(opts)
     _check_together(opts, set(explicit))
     values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts) if f.name not in RESOLVED}
@@ -345,3 +357,11 @@ def load_options(path: str | Path | None = None, overrides: list[str] | None = N
     if "seq_len" in data:  # "8,16,32" (key=value, --seq-len): a length sweep
         data["seq_len"] = parse_lengths(data["seq_len"])
     return validate(_typed(data, prefix), explicit={k for k in data if k not in ("model", "name")})
+
+
+def docs(cls: type) -> dict[str, str]:
+    """Field -> docstring of an options class and of every options class it is made of."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        out.update(field_docs(base) if "__dataclass_fields__" in vars(base) else {})
+    return out

@@ -376,12 +376,15 @@ def check_parts(opts, explicit: set[str] = frozenset()) -> None:
         mine = {o for _, p in picked for o in p.option_names}
         now = ", ".join(p.name for _, p in picked) or "none"
         where = "model" if kind == "encoder" else SELECTED_BY[kind]
+        owners: dict[str, list[str]] = {}  # an option set that only parts not chosen have -> those parts
         for name in PARTS[kind].names():
             other = PARTS[kind].get(name)
-            for o in sorted(set(other.option_names) - mine):
+            for o in set(other.option_names) - mine:
                 if o in explicit:
-                    raise ConfigError(f"'{o}' applies to {_spelled(kind, other)}, not to {where}={now}; drop it "
-                                      f"or choose {_spelled(kind, other)}")
+                    owners.setdefault(o, []).append(_spelled(kind, other))
+        for o, them in sorted(owners.items()):
+            raise ConfigError(f"'{o}' applies to {' or '.join(them)}, not to {where}={now}; drop it or choose "
+                              f"{' or '.join(them)}")
         for _, p in picked:
             ignored = [g for g in GENERIC.get(kind, ()) if g in explicit and g not in p.honoured(kind)]
             if ignored:

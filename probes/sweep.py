@@ -200,18 +200,6 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     return payload
 
 
-def parse_sizes(text) -> list[int]:
-    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
-    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
-    try:
-        sizes = sorted({int(x) for x in items if str(x).strip()})
-    except ValueError:
-        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
-    return sizes
-
-
 def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> list[tuple]:
     """(method spec or None, its options, its targets) of every method a curve fits: ``opts`` itself, or each
     method of ``opts.compare`` as validation resolved it (``opts.methods``, at the curve's largest size), its

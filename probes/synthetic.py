@@ -28,6 +28,7 @@ import torch
 from memlab.data.tokenizer import load_tokenizer
 from memlab.errors import ModelError
 from memlab.paths import resource
+from memlab.probes.parts import EncoderKind
 
 KINDS = ("concat", "bag", "constant")
 DEFAULT_TOKENIZER = resource("checkpoints", "token_lm-toy")
@@ -105,3 +106,14 @@ def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
         raise ModelError(f"{spec}: tokenizer folder '{folder}' does not exist")
     tok = load_tokenizer(folder)
     return SyntheticEncoder(kind, tok, max_len=max_len)
+
+
+def _known_content(spec: str, fit):
+    """The report's calibration of a probe of a synthetic encoder: checked against what it must read."""
+    from memlab.probes.report import check_synthetic_spec  # cycle: the report's calibration encodes with this module
+
+    return check_synthetic_spec(spec, fit)
+
+
+KIND = EncoderKind(lambda s: s.startswith("synthetic:"), load_synthetic_kind, known_content=_known_content)
+"""The ``synthetic:`` encoder kind (registered in :mod:`memlab.probes.catalog`)."""

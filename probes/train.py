@@ -24,70 +24,19 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
-from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
+from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.group import train_decoders
-from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
+from memlab.probes.parts import get_part
 from memlab.probes.readings import reconstruction_scores
 from memlab.probes.result import ChunkScores, DecoderScores
-
-
-def start_token_id(tokenizer) -> int:
-    """The id that starts every decoder input: BOS, else CLS, else EOS, else pad."""
-    for name in ("bos_token_id", "cls_token_id", "eos_token_id", "pad_token_id"):
-        v = getattr(tokenizer, name, None)
-        if v is not None:
-            return int(v)
-    return 0
-
-
-def _plugin_options(opts) -> dict:
-    """The options of plugin conditionings and input modes that ``opts`` chooses: kept in the decoder's config (saved
-    with it), where their parts read them."""
-    chosen = {o for k in ("conditioning", "inputs") for o in get_part(k, getattr(opts, k)).option_names}
-    return {k: v for k, v in (opts.part_options or {}).items() if k in chosen}
-
-
-LLAMA_SHAPE = ("hidden_size", "num_layers", "num_heads")
-"""The decoder config's fields a decoder part's options may set (the built-in llama's own)."""
-
-
-def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True):
-    """The decoder's config: the encoder's facts (the embedding's width, the targets' vocabulary, the kept ids, the
-    start id, the chunk length), the generic decoder settings the chosen decoder honours, the chosen conditioning's
-    and inputs' options, the shape its own options set, and which part it is (``probe_part``: its name and own
-    options, what :func:`memlab.probes.space.load_decoder` rebuilds it from)."""
-    v = len(tokenizer)
-    kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
-    if kept and kept[-1] >= v:
-        raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
-    part = get_part("decoder", opts.decoder)
-    own = part_options(opts, part)
-    honoured = set(part.honoured("decoder"))
-    generic = {k: getattr(opts, k) for k in ("conditioning", "inputs", "cond_dropout", "bag_head") if k in honoured}
-    shape = {k: getattr(opts, k) for k in LLAMA_SHAPE if k in part.option_names}
-    record = {"name": opts.decoder, "options": asdict(own) if own is not None else {}}
-    return ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
-                              max_len=int(train_ids.shape[1]), prefix_len=opts.prefix_len, input_dropout=opts.input_dropout,
-                              repeat_penalty=opts.repeat_penalty, **generic, **shape, **_plugin_options(opts),
-                              probe_part=record)
-
-
-def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder of the chosen decoder part, built from :func:`decoder_config` and its own options;
-    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
-    torch.manual_seed(opts.seed)
-    cfg = decoder_config(embed_dim, tokenizer, train_ids, opts, compact)
-    part = get_part("decoder", opts.decoder)
-    if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
-        return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
-    return part.impl(cfg, **own_options(part, opts))
+from memlab.probes.space import build_decoder
 
 
 @torch.no_grad()
