@@ -13,7 +13,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from memlab.app.commands import check_threads
-from memlab.probes.sections import PART_OPTIONS, SECTIONS, ReadoutSection, docs
+from memlab.probes.options import docs
+from memlab.probes.sections import PART_OPTIONS, SECTIONS, ReadoutSection
 
 FLAGS = {  # flag -> (option, type, help): the hand-written flags; every other option gets --its-name
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end"),
@@ -169,7 +170,8 @@ def run(args) -> int:
 
     from memlab.probes.lengths import run_length_sweep
     from memlab.probes.options import seq_lens
-    from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve
+    from memlab.probes.options import parse_sizes
+    from memlab.probes.sweep import run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
