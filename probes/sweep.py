@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from memlab.errors import ConfigError, ModelError
+from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import compare
 from memlab.probes.chunks import fill_pad, make_targets, mask_of
