@@ -44,9 +44,9 @@ from memlab.data.corpus import describe_splits, load_corpus, make_splits, requir
 from memlab.data.views import clean_text, token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
-from memlab.probes.options import train_sizes
 from memlab.probes.parts import DecoderKind, get_part, split_name
 from memlab.probes.result import ProbeText, TextAccounting
+from memlab.probes.sections import train_sizes
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""

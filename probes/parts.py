@@ -79,7 +79,7 @@ UNHONOURED = {"bag_head": False, "select_decoder": False}
 """The value a generic setting takes for a part that does not honour it (the others are then not read)."""
 
 
-def _resolve(ref: Any) -> Any:
+def resolve(ref: Any) -> Any:
     """``"module:attr"`` -> that object, imported now; anything else as it is."""
     if isinstance(ref, str) and ":" in ref:
         module, _, attr = ref.partition(":")
@@ -123,7 +123,7 @@ class Part:
         refs = self.__dict__.get("_refs", {})
         if attr not in refs:
             raise AttributeError(attr)
-        refs[attr] = _resolve(refs[attr])
+        refs[attr] = resolve(refs[attr])
         return refs[attr]
 
     @property
@@ -268,8 +268,9 @@ class EncoderKind:
     source: Callable[[str], tuple] | None = None
     """A transformers model's kind: ``source(spec) -> (folder or hub name, GGUF file or None, default pooling)``;
     accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
-    known_content: Callable[[str, Any], dict] | None = None
-    """A calibration encoder of known content: ``known_content(spec, fit) -> the report's calibration`` checks its
+    known_content: Callable[[str, Any], dict] | str | None = None
+    """A calibration encoder of known content (a function, or its ``"module:attr"``): ``known_content(spec, fit) ->
+    the report's calibration`` checks its
     own probe against what it must give (``fit``: a :class:`memlab.probes.result.Fit`; its report then describes no
     corpus split)."""
 

@@ -27,7 +27,7 @@ import torch
 
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import fill_pad, mask_of
-from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readout_summary
+from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readout_summary, resolve
 from memlab.probes.readings import NO_EVIDENCE, cell, shows_retention
 from memlab.probes.result import Calibration, CalibrationCheck, Fit, Reading, ReadoutResult
 from memlab.probes.synthetic import SyntheticEncoder
@@ -300,7 +300,7 @@ def calibration(opts, tok, train_ids, eval_ids, fit: Fit) -> Calibration:
     """The report's calibration section (see the module doc)."""
     kind = encoder_kind(opts.model)
     if kind is not None and kind.impl.known_content is not None:  # an encoder of known content checks itself
-        return kind.impl.known_content(opts.model, fit)
+        return resolve(kind.impl.known_content)(opts.model, fit)
     if opts.calibrate and fit.probe:
         return calibrate_on(opts, tok, train_ids, eval_ids)
     return Calibration.unchecked("positive controls not run on these chunks (calibrate=true, or the quickstart's "

@@ -108,12 +108,6 @@ def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
     return SyntheticEncoder(kind, tok, max_len=max_len)
 
 
-def _known_content(spec: str, fit):
-    """The report's calibration of a probe of a synthetic encoder: checked against what it must read."""
-    from memlab.probes.report import check_synthetic_spec  # cycle: the report's calibration encodes with this module
-
-    return check_synthetic_spec(spec, fit)
-
-
-KIND = EncoderKind(lambda s: s.startswith("synthetic:"), load_synthetic_kind, known_content=_known_content)
+KIND = EncoderKind(lambda s: s.startswith("synthetic:"), load_synthetic_kind,
+                   known_content="memlab.probes.report:check_synthetic_spec")
 """The ``synthetic:`` encoder kind (registered in :mod:`memlab.probes.catalog`)."""
