@@ -41,7 +41,7 @@ from memlab.probes.chunks import chunk_chars
 from memlab.probes.group import train_decoders
 from memlab.probes.options import load_options
 from memlab.probes.readings import readings
-from memlab.probes.train import _held_back_ce, _new_decoder, contain, contained_shares, evaluate
+from memlab.probes.train import FitData, _held_back_ce, _new_decoder, contain, contained_shares, evaluate
 
 MODELS = {"minilm": {"pool": "mean"}, "space:memory_ae": {}, "synthetic:concat": {}}
 
@@ -59,19 +59,19 @@ def one_size(opts, tok, train_ids, eval_ids, z_train, z_eval, shares: list[float
     """Every candidate at one number of training chunks."""
     t0 = time.perf_counter()
     const, const_eval = (z_train.mean(0, keepdim=True).expand_as(z) for z in (z_train, z_eval))
-    start = _new_decoder(opts, tok, train_ids, const)
+    start = _new_decoder(opts, FitData(tok, train_ids, train_ids, const, const))
     (h1,), _ = train_decoders([start], [const], train_ids, opts, desc="control (first run)")
     first = evaluate(start, const_eval, eval_ids)
-    scratch = _new_decoder(opts, tok, train_ids, z_train)
+    scratch = _new_decoder(opts, FitData(tok, train_ids, train_ids, z_train, z_train))
     (hs,), _ = train_decoders([scratch], [z_train], train_ids, opts, desc="probe from a random start")
     out = {"n_train": int(train_ids.shape[0]), "control_token_accuracy": first.metrics["token_accuracy"],
            "scratch": _read(scratch, z_eval, eval_ids, first.chunks, chars, opts, hs)}
     for s in shares:
         o = replace(opts, contained_lr=s)
-        second = contain(_new_decoder(o, tok, train_ids, const), start)
+        second = contain(_new_decoder(o, FitData(tok, train_ids, train_ids, const, const)), start)
         (h2,), _ = train_decoders([second], [const], train_ids, o, epoch0=True, desc=f"control (second run, {s})",
                                   lr_scales=[contained_shares(second, o)])
-        probe = contain(_new_decoder(o, tok, train_ids, z_train), start)
+        probe = contain(_new_decoder(o, FitData(tok, train_ids, train_ids, z_train, z_train)), start)
         (hp,), _ = train_decoders([probe], [z_train], train_ids, o, epoch0=True, desc=f"contained probe ({s})",
                                   lr_scales=[contained_shares(probe, o)])
         out[f"contained_{s:g}"] = _read(probe, z_eval, eval_ids, evaluate(second, const_eval, eval_ids).chunks,

@@ -1,14 +1,27 @@
 """Inversion probes: hidden-state capture from any HF model, a trained decoder, and the report.
 
-A probe is a composition of registered parts (:mod:`memlab.probes.parts`); the built-in ones register here.
+A probe is a composition of registered parts (:mod:`memlab.probes.parts`); the built-in ones register here, by
+name (:mod:`memlab.probes.catalog`), and their code is imported when a probe runs: importing this package, and
+building ``memlab probe``'s command line, imports neither torch nor transformers.
 """
 
-from memlab.probes import builtin_parts  # noqa: F401  (registers the probe's own parts)
-from memlab.probes import pretrained  # noqa: F401  (registers decoder=pretrained:NAME)
-from memlab.probes.lengths import probe  # noqa: F401  (the Python API: a probe, or a length sweep)
+from memlab.probes import catalog  # noqa: F401  (registers the probe's own parts)
 from memlab.probes.options import ProbeOptions
-from memlab.probes.space import load_probe
 from memlab.registry import SPACES, VERB_RECIPES, VerbRecipe
+
+
+def load_probe(path=None, **kw):
+    """A fitted probe from its run directory (:func:`memlab.probes.space.load_probe`)."""
+    from memlab.probes.space import load_probe as load  # start-up: torch, when a probe is loaded
+
+    return load(path, **kw)
+
+
+def probe(model: str = "minilm", out=None, config=None, encoder=None, **options):
+    """Probe ``model`` (:func:`memlab.probes.lengths.probe`: one probe, or a length sweep); returns the report."""
+    from memlab.probes.lengths import probe as run  # start-up: torch, when a probe runs
+
+    return run(model, out=out, config=config, encoder=encoder, **options)
 
 
 SPACES.register("probe", load_probe, description="a fitted inversion probe (its run directory)")

@@ -287,3 +287,22 @@ def fit_align(z_train: torch.Tensor, z_eval: torch.Tensor, context, own: bool = 
                       "definition": "the target decoder reading the target's own memories of the same chunks; r2: "
                                     "the share of their variance (around the training mean) that the map predicts"}
     return out
+
+
+# the align read-out part's code (registered in memlab.probes.catalog)
+
+def align_readout(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None) -> dict:
+    return fit_align(z_train, z_eval, context)
+
+
+def align_summary(a: dict) -> str:
+    own = (f"; the target's decoder on its own memories {a['own']['recovered']:.3f}, the map predicts "
+           f"{a['own']['r2']:.2f} of their variance" if a.get("own") else "")
+    return (f"alignment read-out into {a['target']}: token accuracy {a['recovered']:.3f} (prior "
+            f"{a['prior']:.3f}{own}), TF1 {a['token_set_f1']:.3f} (prior {a['prior_token_set_f1']:.3f}), {a['bits_per_chunk']:.1f} bits per "
+            f"chunk; ridge alpha {a['alpha']:g} by leave-one-out")
+
+
+def align_columns(a: dict) -> dict:
+    return {"align_recovered": a["recovered"], "align_prior": a["prior"], "align_token_set_f1": a["token_set_f1"],
+            "align_bits_per_chunk": a["bits_per_chunk"]}

@@ -176,3 +176,24 @@ def fit_bow(z_train: torch.Tensor, ids_train: torch.Tensor, z_eval: torch.Tensor
     member = BagHeadMember(z_train, ids_train, ids_eval, options or BowOptions(), loop, device)
     train_readouts([member], z_train.shape[0], loop, progress=getattr(fit, "progress", None))
     return member.result(z_eval, ids_eval)
+
+
+# the bow read-out part's code (registered in memlab.probes.catalog)
+
+def bow_readout(z_train, train_ids, z_eval, eval_ids, seed: int = 0, device: str = "cpu", context=None,
+         options: BowOptions = BowOptions()) -> dict:
+    fit = context.opts if context is not None else None  # the probe's fit settings (None: the defaults)
+    return fit_bow(z_train, train_ids, z_eval, eval_ids, options=options, fit=fit, seed=seed, device=device)
+
+
+def bow_member(z_train, train_ids, eval_ids, options: BowOptions, fit, device: str = "cpu"):
+    return BagHeadMember(z_train, train_ids, eval_ids, options, fit, device)
+
+
+def bow_summary(b: dict) -> str:
+    return (f"bag-of-words read-out: recovered {b['recovered']:.3f} of each chunk's distinct tokens "
+            f"(frequency prior {b['prior']:.3f})")
+
+
+def bow_columns(b: dict) -> dict:
+    return {"bow_recovered": b["recovered"], "bow_prior": b["prior"]}

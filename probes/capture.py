@@ -156,7 +156,7 @@ def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
 
 def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str, options=None) -> torch.Tensor:
     """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)`` by the registered pooling ``pool``
-    (:mod:`memlab.probes.parts`; the built-in ones in :mod:`memlab.probes.builtin_parts`), given ``options``, its
+    (:mod:`memlab.probes.parts`; the built-in ones registered in :mod:`memlab.probes.catalog`, their code below), given ``options``, its
     own options, when it has any."""
     kw = {"options": options} if options is not None else {}
     return get_part("pool", pool).impl(h, mask, **kw)  # (B, D)
@@ -389,3 +389,24 @@ class SpaceEncoder:
     def encode_text(self, sentences: list[str]) -> torch.Tensor:
         enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, return_tensors="pt")
         return self.encode(enc["input_ids"], enc["attention_mask"])
+
+
+# the built-in poolings (registered in memlab.probes.catalog): (B, T, D) states, (B, T) mask -> (B, D)
+
+def pool_last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(h.shape[0], device=h.device)
+    return h[rows, (mask.sum(1).long() - 1).clamp(min=0)]  # (B, D)
+
+
+def pool_second_last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(h.shape[0], device=h.device)
+    return h[rows, (mask.sum(1).long() - 2).clamp(min=0)]  # (B, D)
+
+
+def pool_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
+
+
+def pool_first(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return h[:, 0]  # (B, D)

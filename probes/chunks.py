@@ -45,6 +45,7 @@ from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
 from memlab.probes.result import ProbeText, TextAccounting
+from memlab.probes.sections import train_sizes
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
@@ -142,12 +143,6 @@ def rendering(texts: list[str], ids: torch.Tensor, tokenizer) -> str:
         return "lowercased (the tokenizer drops case: the bits do not count it)"
     same = sum(a == b for a, b in zip(back, orig)) / max(len(orig), 1)
     return f"normalised by the tokenizer ({same:.0%} of the chunks decode to their text exactly)"
-
-
-def train_sizes(opts) -> list[int]:
-    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
-    n = opts.n_train
-    return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
 def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:

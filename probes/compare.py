@@ -109,7 +109,7 @@ def parse_methods(value) -> list[Method]:
 
 def owners(option: str) -> list[tuple[str, str]]:
     """The (kind, part name) of every registered part that ``option`` belongs to alone (empty: a general option)."""
-    return [(k, n) for k in PARTS for n in PARTS[k].names() if option in PARTS[k].get(n).options]
+    return [(k, n) for k in PARTS for n in PARTS[k].names() if option in PARTS[k].get(n).option_names]
 
 
 def applies(opts, option: str) -> bool:
@@ -134,7 +134,7 @@ def method_options(opts, method: Method, explicit: set[str]) -> tuple[object, se
     if method.kind == "decoder":
         base = replace(opts, compare=None, decoder=method.name, readouts=[], sequence=True)
     else:
-        own = get_part("readout", method.name).options
+        own = get_part("readout", method.name).option_names
         wrong = [k for k in keys if k not in own]
         if wrong:
             raise ConfigError(f"'compare': '{wrong[0]}' does not apply to the read-out {method.name!r} "

@@ -4,8 +4,7 @@ A control run depends on the token data, the vocabulary and the decoder's option
 (:func:`memlab.probes.run.control_key` hashes them), not on the encoder, so a probe of any model on the same chunks
 with the same decoder options reads the same control. :class:`ControlCache` has the interface of the in-memory dict
 that :func:`memlab.probes.train.fit_decoders` reads and fills (``key in cache``, ``cache[key]``,
-``cache[key] = entry``; an entry is ``(scores, history, owner, control, start, first-run scores, first-run
-history)``, the scores :class:`~memlab.probes.result.DecoderScores`) and keeps every entry it is given on disk as well::
+``cache[key] = entry``; an entry is a :class:`~memlab.probes.train.ControlEntry`) and keeps every entry it is given on disk as well::
 
     CACHE_DIR/controls/<key>-<side>/     side: the compute side (:func:`compute_side`), e.g. cpu-bf16-members
         control.safetensors   the control's weights (its second run)
@@ -35,13 +34,14 @@ from safetensors.torch import load_file, save_file
 from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
 from memlab.probes.result import ChunkScores, DecoderScores
+from memlab.probes.train import ControlEntry
 
 FORMAT = "memlab-probe-control-2"
 """The entry layout's name (version 2: each decoder's scores as metrics, per-chunk numbers and reconstructions)."""
 FOLDER = "controls"
 """Subfolder of ``cache_dir`` holding the control entries (beside the embedding caches)."""
 DECODERS = ("control", "start")
-"""The entry's decoders, in the order of their places in the entry tuple (3 and 4)."""
+"""The entry's decoders (their fields of :class:`~memlab.probes.train.ControlEntry`)."""
 
 
 def encode(x: Any) -> Any:
@@ -149,7 +149,7 @@ class ControlCache:
             raise KeyError(key)
         return self.memory[key]
 
-    def __setitem__(self, key: str, entry: tuple) -> None:
+    def __setitem__(self, key: str, entry: ControlEntry) -> None:
         self.memory[key] = entry
         self.missed.discard(key)
         self._write(key, entry)
@@ -159,7 +159,7 @@ class ControlCache:
         names = [p.name for p in self.folder.iterdir() if (p / "entry.json").is_file()] if self.folder.is_dir() else []
         return len({n[: len(n) - len(tail)] for n in names if n.endswith(tail)} | set(self.memory))
 
-    def _read(self, key: str) -> tuple | None:
+    def _read(self, key: str) -> ControlEntry | None:
         """The entry kept under ``key``, or None: absent, or damaged (named in one warning line)."""
         where = self.entry_path(key)
         if not where.is_dir():
@@ -191,11 +191,11 @@ class ControlCache:
             print(f"memlab: warning: control cache {where} is damaged ({' '.join(str(e).split())[:120]}); "
                   "training the control again", file=sys.stderr)
             return None
-        return metrics, history, owner, decs[0], decs[1], metrics_1, history_1
+        return ControlEntry(metrics, history, owner, decs[0], decs[1], metrics_1, history_1)
 
-    def _write(self, key: str, entry: tuple) -> None:
+    def _write(self, key: str, entry: ControlEntry) -> None:
         """``entry`` under ``key``: written in a temporary folder, renamed when whole (replacing an older one)."""
-        metrics, history, owner, control, start, metrics_1, history_1 = entry
+        control, start = entry.control, entry.start
         final = self.entry_path(key)
         tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
         try:
@@ -205,8 +205,9 @@ class ControlCache:
                 save_file(_weights(dec), str(tmp / f"{name}.safetensors"))
             info = {"format": FORMAT, "key": final.name,
                     "embed_dim": {n: int(d.config.embed_dim) for n, d in zip(DECODERS, (control, start))},
-                    "entry": encode({"metrics": _scores_as_json(metrics), "history": history, "owner": owner,
-                                     "metrics_1": _scores_as_json(metrics_1), "history_1": history_1})}
+                    "entry": encode({"metrics": _scores_as_json(entry.scores), "history": entry.history,
+                                     "owner": entry.owner, "metrics_1": _scores_as_json(entry.first_scores),
+                                     "history_1": entry.first_history})}
             (tmp / "entry.json").write_text(json.dumps(info))
             if final.exists():
                 shutil.rmtree(final, ignore_errors=True)

@@ -61,7 +61,7 @@ from transformers import AttentionInterface, DynamicCache, LlamaConfig, LlamaMod
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from memlab.probes.parts import get_part
+from memlab.probes.parts import Conditioning, InputMode, get_part
 from memlab.probes.sections import DecoderSection, LlamaOptions, PrefixOptions, TeacherOptions
 
 ATTENTION = "memlab_one_dtype_sdpa"
@@ -366,3 +366,32 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
         seen = cache.get_seq_length()
         h = self.body(inputs_embeds=x[:, seen:], cache=cache, use_cache=True).last_hidden_state  # (B, new, d)
         return self._head(h[:, -1:], zn)  # (B, 1, C)
+
+
+# the built-in conditionings and token inputs (registered in memlab.probes.catalog)
+
+def _unrolled_join(x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    return x + cond[:, : x.shape[1]]  # (B, T, d): the t-th slice added to the t-th token
+
+
+def _prefix_join(x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    return torch.cat([cond, x], dim=1)  # (B, P + T, d)
+
+
+UNROLLED = Conditioning(lambda c: c.max_len, _unrolled_join)
+PREFIX = Conditioning(lambda c: c.prefix_len, _prefix_join, lambda c: c.prefix_len)
+
+
+def _teacher(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
+    if training and config.input_dropout:
+        drop = torch.rand(ids.shape, device=ids.device) < config.input_dropout  # (B, T)
+        ids = ids.masked_fill(drop, config.start_id)  # (B, T)
+    return ids
+
+
+def _blank(ids: torch.Tensor, config, training: bool) -> torch.Tensor:
+    return torch.full_like(ids, config.start_id)  # (B, T): all the decoder knows comes through the embedding
+
+
+TEACHER = InputMode(_teacher)
+BLANK = InputMode(_blank, reads_tokens=False)

@@ -50,7 +50,7 @@ from memlab.probes.run import (
     run_probe,
 )
 from memlab.probes.sweep import _row
-from memlab.probes.train import Timer
+from memlab.probes.train import ControlStore, FitData, Timer
 from memlab.progress import WorkLine
 from memlab.rundir import write_atomic
 
@@ -202,9 +202,9 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
             with Timer() as t_enc:
                 z_tr, z_ev, _ = encode_data(o, encoder, train_ids, eval_ids)  # (N, D), (M, D)
             encode_s += t_enc.seconds
-            fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev, None,
-                          control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=o.sequence,
-                          fit_readouts=bool(o.readouts), chars=text.chars, texts=text.texts)
+            fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev),
+                          ControlStore(None, control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids), o.model), text,
+                          sequence=o.sequence, fit_readouts=bool(o.readouts))
         except BaseException:
             line.close()  # the length's line stays: the error printed next is about it
             raise

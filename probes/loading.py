@@ -1,7 +1,7 @@
 """Build a frozen encoder from a name: a shortcut, a memlab space, a local folder or run, or a hub name.
 
 ``spec`` forms: each a registered encoder kind (:mod:`memlab.probes.parts`, newest registration first; the
-built-in ones in :mod:`memlab.probes.builtin_parts`), whose own loader builds it:
+built-in ones registered in :mod:`memlab.probes.catalog`, defined at the end of this module), whose own loader builds it:
 
 * a shortcut from :mod:`memlab.assets` (``minilm``, ``smollm2``);
 * ``space:NAME[:PATH]``: a registered EmbeddingSpace (``memlab list spaces``),
@@ -32,7 +32,7 @@ from memlab.errors import ModelError
 from memlab.loading import resolve_model_dir, strict_from_pretrained
 from memlab.probes import placement as P
 from memlab.probes.capture import HiddenStateEncoder, SpaceEncoder
-from memlab.probes.parts import encoder_kind
+from memlab.probes.parts import EncoderKind, encoder_kind
 from memlab.space import build_space
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
@@ -227,3 +227,15 @@ def load_transformers(spec: str, layer: int = -1, pool: str | None = None, final
     name = f"{spec} (random init)" if random_init else spec
     return HiddenStateEncoder(model, tok, layer=layer, pool=pool or default_pool, final_norm=final_norm,
                               special_tokens=special_tokens, name=name)
+
+
+def _is_path(spec: str) -> bool:
+    return Path(os.path.expanduser(spec)).exists() or spec.startswith((".", "/", "~"))
+
+
+# the encoder kinds of this module (registered in memlab.probes.catalog): the first whose ``matches`` takes the spec,
+# newest registration first, loads it
+HUB = EncoderKind(lambda s: True, load_transformers, source=hub_source)
+FOLDER = EncoderKind(_is_path, load_transformers, source=path_source)
+SHORTCUT = EncoderKind(lambda s: s in assets.ASSETS, load_transformers, source=shortcut_source)
+SPACE = EncoderKind(lambda s: s.startswith("space:"), load_space)

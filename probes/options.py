@@ -18,19 +18,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
-from memlab.config import apply_overrides, from_dict, read_yaml
-from memlab.devices import resolve_device
-from memlab.data.mmapcache import STORAGE
+from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
-from memlab.probes import placement
-from memlab.probes.chunks import train_sizes
-from memlab.probes.compare import methods, owners
-from memlab.probes.parts import PARTS, check_parts, get_part
+from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
-                                    TeacherOptions, TextSection)
+                                    TeacherOptions, TextSection, train_sizes)
 
 CHUNK_BY = ("words", "tokens")
+CACHE_DTYPES = ("float32", "float16", "bfloat16")  # memlab.data.mmapcache.STORAGE, named here without numpy or torch
 EXPERIMENT_KEYS = ("name", "recipe", "options")
 """The sections a ``recipe: probe`` experiment file may hold."""
 
@@ -66,7 +62,7 @@ def option_class(name: str) -> type | None:
     """The options class of the registered part (of any kind) that declares option ``name`` (None: none does)."""
     for kind in PARTS:
         for n in PARTS[kind].names():
-            cls = PARTS[kind].get(n).options_class
+            cls = PARTS[kind].get(n).options
             if cls is not None and name in {f.name for f in fields(cls)}:
                 return cls
     return None
@@ -98,6 +94,8 @@ def option_values(opts: ProbeOptions) -> dict:
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
     """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
     probe of that method alone would be (one ConfigError naming the method)."""
+    from memlab.probes.compare import methods  # start-up: plots and torch, only when a comparison is asked for
+
     out = []
     for m, mine, given in methods(opts, explicit):
         try:
@@ -105,6 +103,18 @@ def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple
         except ConfigError as e:
             raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
     return out
+
+
+def parse_sizes(text) -> list[int]:
+    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    try:
+        sizes = sorted({int(x) for x in items if str(x).strip()})
+    except ValueError:
+        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
+    return sizes
 
 
 def seq_lens(opts) -> list[int]:
@@ -148,8 +158,8 @@ def _check_range(opts) -> None:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
     if opts.eval_split not in ("test", "validation"):
         raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
-    if opts.cache_dtype not in STORAGE:
-        raise ConfigError(f"'cache_dtype' must be one of {', '.join(STORAGE)}, got {opts.cache_dtype!r}")
+    if opts.cache_dtype not in CACHE_DTYPES:
+        raise ConfigError(f"'cache_dtype' must be one of {', '.join(CACHE_DTYPES)}, got {opts.cache_dtype!r}")
     for k in ("input_dropout", "cond_dropout", "plain_input_dropout", "beta1", "beta2", "warmup_fraction",
               "val_fraction"):
         if not 0.0 <= getattr(opts, k) < 1.0:
@@ -174,7 +184,7 @@ def _check_range(opts) -> None:
         raise ConfigError(f"'threads' must be >= 1 (torch CPU threads; unset: torch's own), got {opts.threads}")
     if not train_sizes(opts) or min(train_sizes(opts)) < 1:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
-    if opts.hidden_size % opts.num_heads:
+    if "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
     if not seq_lens(opts) or min(seq_lens(opts)) < 2:
         raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
@@ -182,9 +192,15 @@ def _check_range(opts) -> None:
 
 def _check_together(opts, explicit: set[str]) -> None:
     """Options that need another option (one ConfigError naming both)."""
-    if "plain_input_dropout" in explicit and not opts.select_decoder:
-        raise ConfigError("'plain_input_dropout' applies to the plain decoder of select_decoder=true, not to "
-                          "select_decoder=false; drop it or set select_decoder=true")
+    if "plain_input_dropout" in explicit and not (opts.select_decoder and opts.bag_head):
+        off = "select_decoder=false" if not opts.select_decoder else "bag_head=false (nothing to select from)"
+        raise ConfigError(f"'plain_input_dropout' applies to the plain decoder of select_decoder=true, not to "
+                          f"{off}; drop it")
+    if "contained_lr" in explicit and not (opts.sequence and opts.control and opts.val_fraction > 0):
+        off = ("sequence=false" if not opts.sequence else "control=false (--no-control)" if not opts.control
+               else "val_fraction=0")
+        raise ConfigError(f"'contained_lr' trains the probe started as its control, which {off} does not fit; "
+                          "drop it")
     if "layers_sequence" in explicit and opts.layers is None:
         raise ConfigError("'layers_sequence' applies to a layer sweep; set layers (all or a list) or drop it")
     if opts.max_chunk_tokens is not None and (opts.chunk_by != "words" or opts.max_chunk_tokens < 1):
@@ -203,6 +219,10 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     """Check every option (one ConfigError naming it) and return the resolved options (a new object: the device
     resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
     options); ``opts`` is not changed. ``explicit``: the options the user set (their parts must be chosen)."""
+    from memlab.devices import resolve_device  # start-up: torch, imported when options are checked
+    from memlab.probes import placement  # start-up: accelerate and transformers, likewise
+    from memlab.probes.compare import owners  # start-up: the comparison's plots and torch, likewise
+
     if opts.pool is not None:
         get_part("pool", opts.pool)
     _check_lengths(opts)
@@ -213,12 +233,15 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
         methods = tuple(compared(opts, explicit))
         explicit = {k for k in explicit if not owners(k)}
     check_parts(opts, explicit)
-    placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
+    off = unhonoured(opts)  # the generic settings the chosen decoder does not read, switched off (never explicit)
+    if any(v is not None for v in (opts.device_map, opts.max_memory, opts.offload_dir)):  # unset: chosen at load
+        placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
     _check_range(opts)
     _check_together(opts, set(explicit))
     values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts) if f.name not in RESOLVED}
     lens = seq_lens(opts)  # a length sweep's lengths sorted; a list of one is that length
     values["seq_len"] = lens if len(lens) > 1 else lens[0]
+    values.update(off)
     return ResolvedOptions(**{**values, "device": str(resolve_device(opts.device))}, explicit=given, methods=methods)
 
 
@@ -227,18 +250,43 @@ def resolved(opts: ProbeOptions) -> ResolvedOptions:
     return opts if isinstance(opts, ResolvedOptions) else validate(opts)
 
 
+SECTION_PARTS = {"encoder": ("encoder", "pool"), "decoder": ("decoder", "conditioning", "inputs", "scorer"),
+                 "readouts": ("readout",)}
+"""The kinds of part whose own options each section holds, besides its own fields."""
+SECTION_NAMES = {"decoder": {"kind": "decoder"}}
+"""Other spellings of a section's fields: ``decoder: {kind: gru, ...}`` names the decoder part."""
+
+
+def home(name: str) -> str | None:
+    """Where option ``name`` belongs, as a user would write it (``the fit section``, ``decoder=llama``), or None."""
+    for sec, cls in SECTIONS.items():
+        if name in {f.name for f in fields(cls)}:
+            return f"the {sec} section"
+    for kind in PARTS:
+        for n in PARTS[kind].names():
+            if name in PARTS[kind].get(n).option_names:
+                sec = next(s for s, kinds in SECTION_PARTS.items() if kind in kinds)
+                return f"{'the model' if kind == 'encoder' else SELECTED_BY[kind]}={n} (in the {sec} section)"
+    return None
+
+
 def _flatten(data: dict, where: str) -> dict:
-    """Sections given as mappings (``fit: {epochs: 3}``) -> their flat names; a flat name stays as it is. A key of a
-    section that the section does not hold (nor a part's options) is refused by name."""
+    """Sections given as mappings (``fit: {epochs: 3}``, ``decoder: {kind: gru, hidden: 64}``) -> their flat names;
+    a flat name stays as it is. A key that its section does not hold (its own fields and the options of the parts
+    it chooses) is refused with where it belongs."""
     out: dict = {}
     for k, v in data.items():
         if k in SECTIONS and isinstance(v, dict):
-            own = {f.name for f in fields(SECTIONS[k])}
+            own = {f.name for f in fields(SECTIONS[k])} | set(SECTION_NAMES.get(k, {}))
+            parts = {o for kind in SECTION_PARTS.get(k, ()) for n in PARTS[kind].names()
+                     for o in PARTS[kind].get(n).option_names}
             for kk, vv in v.items():
-                if kk not in own and option_class(kk) is None:
-                    raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section (it holds "
-                                      f"{', '.join(sorted(own))}, and the chosen parts' options)")
-                out[kk] = vv
+                if kk not in own | parts:
+                    there = home(kk)
+                    raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section; "
+                                      + (f"it belongs to {there}" if there else
+                                         f"it holds {', '.join(sorted(own))} and its parts' options"))
+                out[SECTION_NAMES.get(k, {}).get(kk, kk)] = vv
         else:
             out[k] = v
     return out
@@ -256,7 +304,7 @@ def _typed(data: dict, prefix: str) -> ProbeOptions:
             extra[k] = getattr(from_dict(cls, {k: v}, prefix=prefix), k)
         else:
             plugin = sorted({f.name for kind in PARTS for n in PARTS[kind].names()
-                             if (c := PARTS[kind].get(n).options_class) is not None for f in fields(c)} - names)
+                             if (c := PARTS[kind].get(n).options) is not None for f in fields(c)} - names)
             raise ConfigError(f"unknown config key '{prefix}{k}'; valid keys: {', '.join(sorted(names))}"
                               + (f", and the parts' {', '.join(plugin)}" if plugin else ""))
     opts = from_dict(ProbeOptions, flat, prefix=prefix)
@@ -306,3 +354,11 @@ def load_options(path: str | Path | None = None, overrides: list[str] | None = N
     if "seq_len" in data:  # "8,16,32" (key=value, --seq-len): a length sweep
         data["seq_len"] = parse_lengths(data["seq_len"])
     return validate(_typed(data, prefix), explicit={k for k in data if k not in ("model", "name")})
+
+
+def docs(cls: type) -> dict[str, str]:
+    """Field -> docstring of an options class and of every options class it is made of."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        out.update(field_docs(base) if "__dataclass_fields__" in vars(base) else {})
+    return out

@@ -44,12 +44,14 @@ Contracts (``impl``; ``options``: the part's options dataclass, given to a funct
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
 from memlab.errors import ConfigError
+from memlab.probes.sections import PART_OPTIONS
 from memlab.registry import ALL, Registry
 
 KINDS = ("encoder", "pool", "conditioning", "inputs", "decoder", "readout", "scorer")
@@ -63,53 +65,102 @@ SELECTED_BY = {"pool": "pool", "conditioning": "conditioning", "inputs": "inputs
 """The ProbeOptions field that names the chosen part(s) of each kind (readouts and scorers: a list)."""
 
 
-@dataclass(frozen=True)
-class Part:
-    """One registered choice of one kind of probe part."""
+GENERIC: dict[str, tuple[str, ...]] = {
+    "encoder": ("layer", "final_norm", "random_init", "special_tokens", "encoder_dtype", "device_map", "max_memory",
+                "offload_dir"),
+    "decoder": ("conditioning", "inputs", "bag_head", "select_decoder", "plain_input_dropout", "cond_dropout",
+                "contained_lr"),
+}
+"""The generic settings of each kind: options every part of the kind is given, which each part states whether it
+honours (:attr:`Part.honours`). One set explicitly while the chosen part does not honour it is refused in one line
+(:func:`check_parts`); left at its default, it is switched off for that part (:func:`unhonoured`)."""
 
-    name: str
-    impl: Any
-    options_class: type | None = None
-    """The part's own options (a dataclass, fields with docstrings and defaults): given as flat ``name=value`` like
-    any probe option, refused when the part is not chosen, and handed to the part's code typed
-    (:func:`part_options`)."""
-    description: str = ""
-    argument: str = ""
-    """What the ``:ARG`` after the part's name names (empty: the part takes none)."""
-    check: Callable[[Any, Any, set], None] | None = None
-    """``check(opts, arg, explicit)``: more checks of the options when this part is chosen (a ConfigError)."""
-    check_context: Callable[..., None] | None = None
-    """Read-outs: ``check_context(context: ReadoutContext)``, run once the chunks are cut, before any fitting (one
-    clear error, or nothing)."""
-    readings: tuple[tuple[str, str, bool, int], ...] = ()
-    """Read-outs: the summary's interval lines of its readings, ``(reading after NAME_, label, is a gain,
-    digits)`` (default: its recovered share and its gain over its prior)."""
-    summary: Callable[[dict], str] | None = None
-    """Read-outs: ``summary(result) -> str``, its line in the summary (default: recovered and prior)."""
-    gain_unit: str = ""
-    """Read-outs: how the retention line names its gain over its prior (default: of the NAME read-out over its
-    prior)."""
-    columns: Callable[[dict], dict] | None = None
-    """Read-outs: ``columns(result) -> {column: value}``, its columns of a sweep's table (default:
-    ``NAME_recovered`` and ``NAME_prior``)."""
-    member: Callable[..., Any] | None = None
-    """Read-outs trained by gradient: ``member(z_train, train_ids, eval_ids, options, fit, device)`` -> a member of the
-    probe's fit loop (:func:`memlab.probes.fitloop.train_members`; ``fit``: the probe's options) with ``history``
-    (empty until the loop trains it) and ``seconds``, whose ``result(z_eval, eval_ids)`` is what ``impl`` returns
-    (with ``seconds``). A probe trains it beside its decoders (alone without them); ``impl`` fits it alone."""
+UNHONOURED = {"bag_head": False, "select_decoder": False}
+"""The value a generic setting takes for a part that does not honour it (the others are then not read)."""
+
+
+def resolve(ref: Any) -> Any:
+    """``"module:attr"`` -> that object, imported now; anything else as it is."""
+    if isinstance(ref, str) and ":" in ref:
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
+
+
+LAZY = ("impl", "check", "check_context", "summary", "columns", "member", "save", "load")
+"""The attributes of a :class:`Part` that may be given as ``"module:attr"`` and are imported on first use."""
+
+
+class Part:
+    """One registered choice of one kind of probe part: its code (``impl``), its own options (``options``, a
+    dataclass: each field an option, typed, with its default and a docstring), the generic settings of its kind it
+    honours (``honours``: names from :data:`GENERIC`, or ``"all"``) and, for a decoder, how it saves and loads its
+    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.space.save_decoder` and a
+    rebuild from the saved config and options).
+
+    Its code and hooks (:data:`LAZY`) may be given as ``"module:attr"``: imported the first time they are used, so
+    that registering a part, and building the probe's command line from its options, imports nothing heavy."""
+
+    def __init__(self, name: str, impl: Any, options: type | None = None, description: str = "",
+                 argument: str = "", check: Callable[[Any, Any, set], None] | str | None = None,
+                 check_context: Callable[..., None] | str | None = None,
+                 readings: tuple[tuple[str, str, bool, int], ...] = (),
+                 summary: Callable[[dict], str] | str | None = None, gain_unit: str = "",
+                 columns: Callable[[dict], dict] | str | None = None, member: Callable[..., Any] | str | None = None,
+                 honours: tuple[str, ...] | str = (), save: Callable[[Any, Any], None] | str | None = None,
+                 load: Callable[..., Any] | str | None = None, options_class: type | None = None):
+        options = options if options is not None else options_class
+        if options is not None and not is_dataclass(options):
+            raise TypeError(f"part '{name}': options must be a dataclass of its options (fields with defaults), "
+                            f"got {options!r}")
+        self.name, self.options, self.description, self.argument = name, options, description, argument
+        self.readings, self.gain_unit = tuple(readings), gain_unit
+        self.honours = (honours,) if isinstance(honours, str) else tuple(honours)
+        self._refs = dict(impl=impl, check=check, check_context=check_context, summary=summary, columns=columns,
+                          member=member, save=save, load=load)
+
+    def __getattr__(self, attr: str) -> Any:  # only for names that are not set: the lazy hooks
+        refs = self.__dict__.get("_refs", {})
+        if attr not in refs:
+            raise AttributeError(attr)
+        refs[attr] = resolve(refs[attr])
+        return refs[attr]
 
     @property
-    def options(self) -> tuple[str, ...]:
+    def options_class(self) -> type | None:
+        """The part's options dataclass (what ``memlab list`` shows)."""
+        return self.options
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
         """The names of the part's own options."""
-        return tuple(f.name for f in fields(self.options_class)) if self.options_class is not None else ()
+        return tuple(f.name for f in fields(self.options)) if self.options is not None else ()
+
+    def honoured(self, kind: str) -> tuple[str, ...]:
+        """The generic settings of ``kind`` this part honours."""
+        return GENERIC.get(kind, ()) if "all" in self.honours else tuple(self.honours)
+
+    def __repr__(self) -> str:
+        return f"Part({self.name!r})"
 
 
 def part_options(opts, part: Part):
     """``part``'s options dataclass, with the values ``opts`` holds (its defaults without ``opts``)."""
-    cls = part.options_class
+    cls = part.options
     if cls is None:
         return None
-    return cls(**{f.name: getattr(opts, f.name) for f in fields(cls)}) if opts is not None else cls()
+    if opts is None:
+        return cls()
+    explicit = getattr(opts, "explicit", None)
+    given = {f.name: getattr(opts, f.name) for f in fields(cls)
+             if explicit is None or f.name in explicit or not _also_elsewhere(f.name, cls)}
+    return cls(**given)
+
+
+def _also_elsewhere(name: str, cls: type) -> bool:
+    """Whether option ``name`` of the part options ``cls`` is also a built-in part's option (``hidden_size`` of a
+    plugin decoder and of ``llama``): unset, each part then gets its own default."""
+    return any(c is not cls and name in {f.name for f in fields(c)} for c in PART_OPTIONS.values())
 
 
 @dataclass(frozen=True)
@@ -145,7 +196,7 @@ def takes_context(impl) -> bool:
 
 def own_options(part: Part, opts) -> dict:
     """``{"options": the part's options}`` when the part has options and its ``f`` takes them, else ``{}``."""
-    return {"options": part_options(opts, part)} if part.options_class is not None and takes(part.impl, "options") \
+    return {"options": part_options(opts, part)} if part.options is not None and takes(part.impl, "options") \
         else {}
 
 
@@ -217,8 +268,9 @@ class EncoderKind:
     source: Callable[[str], tuple] | None = None
     """A transformers model's kind: ``source(spec) -> (folder or hub name, GGUF file or None, default pooling)``;
     accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
-    known_content: Callable[[str, Any], dict] | None = None
-    """A calibration encoder of known content: ``known_content(spec, fit) -> the report's calibration`` checks its
+    known_content: Callable[[str, Any], dict] | str | None = None
+    """A calibration encoder of known content (a function, or its ``"module:attr"``): ``known_content(spec, fit) ->
+    the report's calibration`` checks its
     own probe against what it must give (``fit``: a :class:`memlab.probes.result.Fit`; its report then describes no
     corpus split)."""
 
@@ -303,23 +355,54 @@ def chosen(opts, kind: str) -> list[str]:
     return [] if v is None else list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _chosen_parts(opts, kind: str) -> list[tuple[str, Part]]:
+    """(name as chosen, part) of every part of ``kind`` that ``opts`` chooses (the encoder kind: by ``model``)."""
+    if kind == "encoder":
+        part = encoder_kind(opts.model) if getattr(opts, "model", None) else None
+        return [(part.name, part)] if part is not None else []
+    return [(n, get_part(kind, n)) for n in chosen(opts, kind)]
+
+
+def _spelled(kind: str, part: Part) -> str:
+    if kind == "encoder":
+        return f"a model of the {part.name} encoder kind"
+    return f"{SELECTED_BY[kind]}={part.name}" + (f":{part.argument.split(':')[0]}" if part.argument else "")
+
+
 def check_parts(opts, explicit: set[str] = frozenset()) -> None:
-    """Every chosen part is registered; no option in ``explicit`` belongs only to a part that is not chosen."""
-    for kind in SELECTED_BY:
-        names = chosen(opts, kind)
-        picked = [get_part(kind, n) for n in names]
-        mine = {o for p in picked for o in p.options}
+    """Every chosen part is registered; no option in ``explicit`` belongs only to a part that is not chosen, and no
+    generic setting in ``explicit`` (:data:`GENERIC`) is one the chosen part of its kind does not honour."""
+    for kind in ("encoder", *SELECTED_BY):
+        picked = _chosen_parts(opts, kind)
+        mine = {o for _, p in picked for o in p.option_names}
+        now = ", ".join(p.name for _, p in picked) or "none"
+        where = "model" if kind == "encoder" else SELECTED_BY[kind]
+        owners: dict[str, list[str]] = {}  # an option set that only parts not chosen have -> those parts
         for name in PARTS[kind].names():
             other = PARTS[kind].get(name)
-            for o in set(other.options) - mine:
+            for o in set(other.option_names) - mine:
                 if o in explicit:
-                    now = ", ".join(p.name for p in picked) or "none"
-                    spelled = other.name + (f":{other.argument.split(':')[0]}" if other.argument else "")
-                    raise ConfigError(f"'{o}' applies to {SELECTED_BY[kind]}={other.name}, not to "
-                                      f"{SELECTED_BY[kind]}={now}; drop it or choose {spelled}")
-        for n, p in zip(names, picked):
-            if p.check is not None:
+                    owners.setdefault(o, []).append(_spelled(kind, other))
+        for o, them in sorted(owners.items()):
+            raise ConfigError(f"'{o}' applies to {' or '.join(them)}, not to {where}={now}; drop it or choose "
+                              f"{' or '.join(them)}")
+        for _, p in picked:
+            ignored = [g for g in GENERIC.get(kind, ()) if g in explicit and g not in p.honoured(kind)]
+            if ignored:
+                says = ", ".join(p.honoured(kind)) or "none of them"
+                raise ConfigError(f"'{ignored[0]}' is not read by {where}={p.name} (of the generic {kind} settings "
+                                  f"it honours {says}); drop it")
+        for n, p in picked:
+            if p.check is not None and kind != "encoder":
                 p.check(opts, split_name(n)[1], set(explicit))
+
+
+def unhonoured(opts) -> dict:
+    """The generic settings the chosen decoder does not honour, at the value that switches each off
+    (:data:`UNHONOURED`): what :func:`memlab.probes.options.validate` sets, so that nothing is fitted for a setting
+    its part does not read (a plain decoder beside a bag-head one that has no bag head)."""
+    (_, part), = _chosen_parts(opts, "decoder")
+    return {k: v for k, v in UNHONOURED.items() if k not in part.honoured("decoder") and getattr(opts, k) != v}
 
 
 def encoder_kind(spec: str) -> Part | None:

@@ -61,7 +61,7 @@ from memlab.errors import ConfigError, ModelError
 from memlab.loading import strict_from_pretrained
 from memlab.probes.decoder import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
 from memlab.probes.loading import _load_tokenizer, resolve_source
-from memlab.probes.parts import DecoderKind, Part, get_part, register_part
+from memlab.probes.parts import DecoderKind, get_part
 from memlab.probes.sections import PretrainedOptions
 
 WEIGHTS = "decoder.safetensors"
@@ -359,8 +359,5 @@ def check(opts, arg: str, explicit: set) -> None:
                               "(or pip install 'memlab[lora]')") from None
 
 
-register_part("decoder", Part(
-    "pretrained", DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type),
-    options_class=PretrainedOptions,
-    argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
-    check=check, description="a pretrained causal LM reading the embedding as soft prompts (frozen, LoRA or fine-tuned)"))
+KIND = DecoderKind(build, load_decoder_tokenizer, load_decoder, PretrainedDecoderConfig.model_type)
+"""The ``pretrained:NAME`` decoder kind (registered in :mod:`memlab.probes.catalog`)."""

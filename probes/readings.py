@@ -53,6 +53,8 @@ import math
 import numpy as np
 import torch
 
+from memlab.metrics import sentence_bleu
+
 from memlab.probes.chunks import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
 from memlab.probes.result import ChunkScores, Reading, Reconstructed
@@ -281,3 +283,17 @@ def cell(r: Reading | dict | None, gain: bool, digits: int = 3) -> str:
     if gain and not shows_retention(r):
         return f"no evidence {span}"
     return f"{r.value:.{digits}f} {span}"
+
+
+# the built-in scorers (registered in memlab.probes.catalog)
+
+def score_token_set_f1(pred, true, hyps, refs) -> float:
+    return token_set_f1(pred, true)
+
+
+def score_sentence_bleu(pred, true, hyps, refs) -> float:
+    return sentence_bleu(hyps, refs) if refs else 0.0
+
+
+def score_exact_match(pred, true, hyps, refs) -> float:
+    return exact_match(pred, true)

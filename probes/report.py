@@ -27,11 +27,11 @@ import torch
 
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import fill_pad, mask_of
-from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readout_summary
+from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readout_summary, resolve
 from memlab.probes.readings import NO_EVIDENCE, cell, shows_retention
 from memlab.probes.result import Calibration, CalibrationCheck, Fit, Reading, ReadoutResult
 from memlab.probes.synthetic import SyntheticEncoder
-from memlab.probes.train import fit_selected
+from memlab.probes.train import FitData, fit_selected
 from memlab.rundir import write_atomic
 
 
@@ -283,8 +283,9 @@ def _codes(kind: str, tok, ids: torch.Tensor) -> torch.Tensor:
 
 def calibrate_on(opts, tok, train_ids, eval_ids) -> Calibration:
     """Positive controls in the model's tokenizer on the same chunks: concat (sequence decoder), bag (BoW)."""
-    _, m, _, secs = fit_selected(opts, tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
-                                 _codes("concat", tok, eval_ids), desc="calibration decoder")
+    got = fit_selected(opts, FitData(tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
+                                     _codes("concat", tok, eval_ids)), desc="calibration decoder")
+    m, secs = got.scores, got.seconds
     b = ReadoutResult.split("bow", fit_readout(train_ids, eval_ids, _codes("bag", tok, train_ids),
                                                _codes("bag", tok, eval_ids), "bow", seed=opts.seed, device=opts.device))
     (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
@@ -300,7 +301,7 @@ def calibration(opts, tok, train_ids, eval_ids, fit: Fit) -> Calibration:
     """The report's calibration section (see the module doc)."""
     kind = encoder_kind(opts.model)
     if kind is not None and kind.impl.known_content is not None:  # an encoder of known content checks itself
-        return kind.impl.known_content(opts.model, fit)
+        return resolve(kind.impl.known_content)(opts.model, fit)
     if opts.calibrate and fit.probe:
         return calibrate_on(opts, tok, train_ids, eval_ids)
     return Calibration.unchecked("positive controls not run on these chunks (calibrate=true, or the quickstart's "

@@ -67,7 +67,7 @@ from memlab.probes.report import calibration, format_summary, peak_memory_mb, wr
 from memlab.probes.result import Fit, ProbeReport, ProbeText, Reading, ReadoutResult
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
 from memlab.probes.space import FittedProbe
-from memlab.probes.train import Timer, build_decoder, fit_decoders, information_gain
+from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
 from memlab.progress import progress_bar
 from memlab.rundir import claim
 
@@ -80,11 +80,23 @@ probe's candidates (which starts after the control is trained)."""
 def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
     spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
             "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
-    if opts.part_options:  # a plugin encoder kind's or pooling's options may change the embeddings
-        spec["part_options"] = dict(opts.part_options)
+    own = encoder_options(opts)
+    if own:  # a plugin encoder kind's or pooling's own options change the embeddings; no other part's do
+        spec["part_options"] = own
     if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
         spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
     return spec
+
+
+def encoder_options(opts: ProbeOptions) -> dict:
+    """The plugin options (``part_options``) of the chosen encoder kind and pooling: the only part options the
+    embeddings depend on (a decoder's or a read-out's are not in the embedding cache's key)."""
+    kind = encoder_kind(opts.model)
+    parts = [kind] if kind is not None else []
+    if opts.pool is not None:
+        parts.append(get_part("pool", opts.pool))
+    names = {o for p in parts for o in p.option_names}
+    return {k: v for k, v in (opts.part_options or {}).items() if k in names}
 
 
 def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
@@ -174,7 +186,7 @@ def load_encoder(opts: ProbeOptions, encoder=None):
     if kind is None:
         raise ModelError(f"no registered encoder kind takes '{opts.model}'")
     placed = {k: getattr(opts, k) for k in ("device_map", "max_memory", "offload_dir") if getattr(opts, k) is not None}
-    if kind.options_class is not None and takes(kind.impl.load, "options"):  # the kind's own options
+    if kind.options is not None and takes(kind.impl.load, "options"):  # the kind's own options
         placed["options"] = part_options(opts, kind)
     encoder = kind.impl.load(opts.model, layer=opts.layer, pool=opts.pool, final_norm=opts.final_norm,
                              random_init=opts.random_init, special_tokens=opts.special_tokens, device=opts.device,
@@ -207,29 +219,34 @@ def _decoded(opts, tok, train_ids, eval_ids, fit_readouts: bool):
     return tuple(tok.batch_decode(chunks.rows(x), skip_special_tokens=True) for x in (train_ids, eval_ids))
 
 
-def fit_one(opts, tok, train_ids, eval_ids, z_train, z_eval, control_cache: dict | None = None,
-            control_key: str | None = None, sequence: bool = True, fit_readouts: bool = True, chars=None,
-            texts=None) -> Fit:
-    """Fit one set of cached embeddings: the sequence decoder and its control (``sequence``), the read-outs
-    (``fit_readouts``: ``opts.readouts``), the intervals, the calibration and the limit line. A probe run, every
-    layer of a layer sweep and every size (and method) of a learning curve is one call.
+def fit_one(opts, data: FitData, control: ControlStore | None = None, text: ProbeText | None = None,
+            sequence: bool = True, fit_readouts: bool = True) -> Fit:
+    """Fit one set of cached embeddings (``data``): the sequence decoder and its control (``sequence``; the control
+    with ``opts.control``, looked up and kept in ``control``), the read-outs (``fit_readouts``: ``opts.readouts``),
+    the intervals, the calibration and the limit line. A probe run, every layer of a layer sweep and every size (and
+    method) of a learning curve is one call.
 
-    ``chars``: characters of each held-out chunk's text (default: as its tokens decode); ``texts``: (training texts,
-    held-out texts) of the chunks, for read-outs that read text (default: as the tokens decode).
+    ``text``: the chunks' texts and the characters of each held-out chunk (default: as their tokens decode).
     """
     out = Fit()
+    tok, train_ids, eval_ids, z_train, z_eval = data.tok, data.train_ids, data.eval_ids, data.z_train, data.z_eval
+    chars, texts = (text.chars, text.texts) if text is not None else (None, None)
     names = list(opts.readouts) if fit_readouts else []
     # read-outs trained by gradient are members of the fit loop: beside the probe decoders, else alone
     members = {n: part.member(z_train, train_ids, eval_ids, part_options(opts, part), opts, opts.device)
                for n in names if (part := get_part("readout", n)).member is not None}
     if sequence:
-        got = fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control=opts.control,
-                           cache=control_cache, key=control_key, owner=opts.model, readouts=tuple(members.values()))
-        out.decoder, probe, out.history["probe"], out.timing["train_s"] = got["probe"]
+        got = fit_decoders(opts, data, control=(control or ControlStore(owner=opts.model)) if opts.control else None,
+                           readouts=tuple(members.values()))
+        out.decoder, out.history["probe"], out.timing["train_s"] = got.probe.decoder, got.probe.history, \
+            got.probe.seconds
+        probe = got.probe.scores
         out.probe, out.probe_chunks, out.reconstruction = probe.metrics, probe.chunks, probe.reconstruction
         if opts.control:
-            control, out.history["control"], out.timing["control_s"], out.control_shared_with = got["control"]
-            out.control, out.control_chunks = dict(control.metrics), control.chunks  # a cached control's: a copy
+            c = got.control
+            out.history["control"], out.timing["control_s"], out.control_shared_with = c.history, c.seconds, \
+                c.shared_with
+            out.control, out.control_chunks = dict(c.scores.metrics), c.scores.chunks  # a cached control's: a copy
             out.information_gain = information_gain(out.probe["ce"], out.control["ce"])
         out.limited_by = limit_line(out.probe, out.control)
     context = readout_context(opts, tok, texts or _decoded(opts, tok, train_ids, eval_ids, fit_readouts),
@@ -360,9 +377,9 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
                                      control_cache, side=compute_side(resolve_device(opts.device)))
     # fit the decoders, read out, score, put intervals on the readings
-    fit = fit_one(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, control_cache,
-                  control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), sequence=opts.sequence,
-                  fit_readouts=bool(opts.readouts), chars=text.chars, texts=text.texts)
+    fit = fit_one(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval),
+                  ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), opts.model),
+                  text, sequence=opts.sequence, fit_readouts=bool(opts.readouts))
     # the report
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
     _notes(report, opts, eval_ids)

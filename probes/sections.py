@@ -13,8 +13,9 @@ meanings, the core's defaults where the probe uses the same value, the probe's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
-from memlab.config import TrainConfig, field_docs
+from memlab.config import TrainConfig
 
 
 @dataclass
@@ -164,7 +165,7 @@ class DecoderSection:
     """Dropout on the standardised embedding while the decoder trains (regularises the embedding-to-decoder map)."""
     compact_vocab: bool = True
     """Output layer over tokens seen in training plus one 'other' class (exact over V; much faster for large V)."""
-    scorers: list[str] = field(default_factory=lambda: ["token_set_f1", "sentence_bleu", "exact_match"])
+    scorers: list[str] = field(default_factory=partial(list, ("token_set_f1", "sentence_bleu", "exact_match")))
     """Scores of the greedy reconstruction (registered parts: ``memlab list probe_scorers``)."""
 
 
@@ -172,7 +173,7 @@ class DecoderSection:
 class ReadoutSection:
     """The read-outs fitted beside the decoder, the intervals on the readings, the calibration and the examples."""
 
-    readouts: list[str] = field(default_factory=lambda: ["bow"])
+    readouts: list[str] = field(default_factory=partial(list, ("bow",)))
     """Read-outs fitted beside the decoder (registered parts: bow, the bag-of-words read-out, a linear multi-label
     head, and its frequency prior; align, a ridge map into the space of align_target, read by its decoder); []
     for none."""
@@ -299,9 +300,7 @@ PART_OPTIONS: dict[tuple[str, str], type] = {
 """(kind, part) -> the options class of each built-in part that has options."""
 
 
-def docs(cls: type) -> dict[str, str]:
-    """Field -> docstring of an options class and of every options class it is made of."""
-    out: dict[str, str] = {}
-    for base in reversed(cls.__mro__):
-        out.update(field_docs(base) if "__dataclass_fields__" in vars(base) else {})
-    return out
+def train_sizes(opts) -> list[int]:
+    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
+    n = opts.n_train
+    return list(n) if isinstance(n, (list, tuple)) else [n]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from memlab.errors import ConfigError, ModelError
+from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import compare
 from memlab.probes.chunks import fill_pad, make_targets, mask_of
@@ -30,6 +30,7 @@ from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.result import Fit, ProbeText, Reading, jsonable
 from memlab.probes.run import control_key, encode_data, fit_one, setup
+from memlab.probes.train import ControlStore, FitData
 from memlab.probes.train import Timer
 from memlab.rundir import write_atomic
 
@@ -182,8 +183,8 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
     key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
-        fit = fit_one(o, tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], cache, key,
-                      sequence=sequence, fit_readouts=bool(opts.readouts), chars=text.chars, texts=text.texts)
+        fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j]),
+                      ControlStore(cache, key, o.model), text, sequence=sequence, fit_readouts=bool(opts.readouts))
         rows.append(replace(_row(fit), layer=layer))
         own.update(dict.fromkeys(_own_columns(fit)))
         log(f"layer {layer}: {fit.retention}")
@@ -198,18 +199,6 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
                                                                list(own)))
     log(table)
     return payload
-
-
-def parse_sizes(text) -> list[int]:
-    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
-    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
-    try:
-        sizes = sorted({int(x) for x in items if str(x).strip()})
-    except ValueError:
-        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
-    return sizes
 
 
 def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> list[tuple]:
@@ -243,9 +232,9 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
             o = replace(m, n_train=n, calibrate=False)
             t = tgm.first(n)
             key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
-            fit = fit_one(o, t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, None, key,
-                          sequence=o.sequence, fit_readouts=bool(o.readouts), chars=text.chars,
-                          texts=(text.train_texts[:n], text.eval_texts))
+            fit = fit_one(o, FitData(t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev),
+                          ControlStore(None, key, o.model), replace(text, train_texts=text.train_texts[:n]),
+                          sequence=o.sequence, fit_readouts=bool(o.readouts))
             rows.append(replace(_row(fit), n_train=n))
             own.update(dict.fromkeys(_own_columns(fit)))
             r = rows[-1]

@@ -28,6 +28,7 @@ import torch
 from memlab.data.tokenizer import load_tokenizer
 from memlab.errors import ModelError
 from memlab.paths import resource
+from memlab.probes.parts import EncoderKind
 
 KINDS = ("concat", "bag", "constant")
 DEFAULT_TOKENIZER = resource("checkpoints", "token_lm-toy")
@@ -105,3 +106,8 @@ def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
         raise ModelError(f"{spec}: tokenizer folder '{folder}' does not exist")
     tok = load_tokenizer(folder)
     return SyntheticEncoder(kind, tok, max_len=max_len)
+
+
+KIND = EncoderKind(lambda s: s.startswith("synthetic:"), load_synthetic_kind,
+                   known_content="memlab.probes.report:check_synthetic_spec")
+"""The ``synthetic:`` encoder kind (registered in :mod:`memlab.probes.catalog`)."""

@@ -24,53 +24,19 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
-from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
+from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.group import train_decoders
-from memlab.probes.parts import DecoderKind, get_part, own_options, part_options, split_name
+from memlab.probes.parts import get_part
 from memlab.probes.readings import reconstruction_scores
 from memlab.probes.result import ChunkScores, DecoderScores
-
-
-def start_token_id(tokenizer) -> int:
-    """The id that starts every decoder input: BOS, else CLS, else EOS, else pad."""
-    for name in ("bos_token_id", "cls_token_id", "eos_token_id", "pad_token_id"):
-        v = getattr(tokenizer, name, None)
-        if v is not None:
-            return int(v)
-    return 0
-
-
-def _plugin_options(opts) -> dict:
-    """The options of plugin conditionings, input modes and decoders that ``opts`` chooses: kept in the decoder's
-    config (saved with it), where their parts read them."""
-    chosen = {o for k in ("conditioning", "inputs", "decoder") for o in get_part(k, getattr(opts, k)).options}
-    return {k: v for k, v in (opts.part_options or {}).items() if k in chosen}
-
-
-def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
-    """A fresh decoder for :class:`~memlab.probes.options.ProbeOptions` ``opts`` (its decoder fields and seed);
-    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
-    torch.manual_seed(opts.seed)
-    v = len(tokenizer)
-    kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
-    if kept and kept[-1] >= v:
-        raise DataError(f"token id {kept[-1]} is outside the tokenizer's {v} tokens")
-    cfg = ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
-                             hidden_size=opts.hidden_size, num_layers=opts.num_layers, num_heads=opts.num_heads,
-                             max_len=int(train_ids.shape[1]), conditioning=opts.conditioning, prefix_len=opts.prefix_len,
-                             inputs=opts.inputs, cond_dropout=opts.cond_dropout, bag_head=opts.bag_head,
-                             input_dropout=opts.input_dropout, repeat_penalty=opts.repeat_penalty,
-                             **_plugin_options(opts))
-    part = get_part("decoder", opts.decoder)
-    if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
-        return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
-    return part.impl(cfg, **own_options(part, opts))
+from memlab.probes.space import build_decoder
 
 
 @torch.no_grad()
@@ -123,26 +89,120 @@ class Timer:
         self.seconds = time.perf_counter() - self.t0
 
 
+@dataclass(frozen=True)
+class FitData:
+    """What one fit reads: the targets' tokenizer, the training and held-out target ids (N, T), (M, T) and the
+    embeddings (N, D), (M, D)."""
+
+    tok: Any
+    train_ids: torch.Tensor
+    eval_ids: torch.Tensor
+    z_train: torch.Tensor
+    z_eval: torch.Tensor
+
+    def constant(self) -> "FitData":
+        """The same chunks read from a constant embedding (the mean training embedding): the control's data."""
+        mean = self.z_train.mean(0, keepdim=True)  # (1, D)
+        return replace(self, z_train=mean.expand_as(self.z_train), z_eval=mean.expand_as(self.z_eval))
+
+
+@dataclass
+class ControlStore:
+    """Where a probe's control is looked up and kept: ``cache`` (a dict shared by probes, or a
+    :class:`~memlab.probes.control_cache.ControlCache`; None: kept nowhere) under ``key``, trained by ``owner``."""
+
+    cache: Any = None
+    key: str | None = None
+    owner: str | None = None
+
+    def get(self) -> "ControlEntry | None":
+        return self.cache[self.key] if self.cache is not None and self.key in self.cache else None
+
+    def put(self, entry: "ControlEntry") -> None:
+        if self.cache is not None:
+            self.cache[self.key] = entry
+
+
+@dataclass
+class ControlEntry:
+    """A trained control, as the control cache keeps it: the control a probe is read against (``control``, its
+    second run, started as the first and trained as the contained probe is), its held-out ``scores`` and its
+    ``history`` (both runs); the first run (``start``: where the contained probe starts), its scores (None until a
+    kept scratch probe reads them) and history; and ``owner``, the probe that trained it."""
+
+    scores: DecoderScores
+    history: list
+    owner: str | None
+    control: Any
+    start: Any
+    first_scores: DecoderScores | None
+    first_history: list
+
+
+@dataclass
+class Fitted:
+    """A fitted decoder: the decoder, its held-out scores, its history and its training seconds."""
+
+    decoder: Any
+    scores: DecoderScores
+    history: list
+    seconds: float
+
+
+@dataclass
+class ControlRun:
+    """The control a probe is read against: its held-out scores, history and seconds (0 when cached), and the
+    probe that trained it (None: this one)."""
+
+    scores: DecoderScores | None
+    history: list
+    seconds: float
+    shared_with: str | None = None
+
+
+@dataclass
+class DecoderFit:
+    """What :func:`fit_decoders` gives: the kept probe decoder and the control it is read against (None: none)."""
+
+    probe: Fitted
+    control: ControlRun | None = None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How a group is trained: its progress line, whether batched (None: the machine's choice), and the read-out
+    members trained in the probe's group (:func:`memlab.probes.fitloop.train_members`)."""
+
+    desc: str = "probe decoder"
+    batched: bool | None = None
+    readouts: tuple = ()
+
+
 def _held_back_ce(history: list[dict]) -> float:
     best = [h["best_val_ce"] for h in history if "best_val_ce" in h]
     return best[-1] if best else float("inf")
 
 
-def _new_decoder(opts, tok, train_ids, z_train):
-    dec = build_decoder(z_train.shape[1], tok, train_ids, opts, compact=opts.compact_vocab)
-    dec.set_normalization(z_train)
+def _new_decoder(opts, data: FitData):
+    dec = build_decoder(data.z_train.shape[1], data.tok, data.train_ids, opts, compact=opts.compact_vocab)
+    dec.set_normalization(data.z_train)
     return dec
 
 
-def _scored(dec, opts, tok, z_eval, eval_ids) -> DecoderScores:
-    """The held-out scores of ``dec``: teacher-forced (:func:`evaluate`) and of its reconstructions."""
-    return evaluate(dec, z_eval, eval_ids).with_reconstruction(
-        reconstruction_scores(dec, z_eval, eval_ids, tok, opts.scorers, opts))
+def _scored(dec, opts, data: FitData) -> DecoderScores:
+    """The held-out scores of ``dec`` on ``data``: teacher-forced (:func:`evaluate`) and of its reconstructions."""
+    return evaluate(dec, data.z_eval, data.eval_ids).with_reconstruction(
+        reconstruction_scores(dec, data.z_eval, data.eval_ids, data.tok, opts.scorers, opts))
 
 
-def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool = False, cache: dict | None = None,
-                 key: str | None = None, owner: str | None = None, desc: str = "probe decoder",
-                 batched: bool | None = None, readouts: tuple = ()) -> dict:
+def _train(decs: list, zs: list, opts, data: FitData, loop: Loop, **kw):
+    """:func:`memlab.probes.group.train_decoders` of ``decs`` on embeddings ``zs`` and ``data``'s targets."""
+    return train_decoders(decs, zs, data.train_ids, opts, progress=opts.progress, desc=kw.pop("desc", loop.desc),
+                          batched=loop.batched, **kw)
+
+
+def fit_decoders(opts, data: FitData, control: ControlStore | None = None, readouts: tuple = (),
+                 desc: str = "probe decoder", batched: bool | None = None) -> DecoderFit:
     """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.group`: one batched
     pass, the same batches, each its own optimiser state and early stopping):
 
@@ -150,63 +210,67 @@ def fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, control: bool 
     * with ``select_decoder`` (and a bag head, and a held-back share) the plain decoder (no bag head, input dropout
       ``plain_input_dropout``): the one with the lower held-back CE is kept. The bag head reads content a
       positional read-out cannot learn from few chunks; it slows the positional read-out of an embedding that
-      keeps every position (measurements: docs/results/probes.md). Choosing on held-back chunks keeps the held-out reading honest; only the kept one is scored;
-    * with ``control`` the control: the same decoder on the mean training embedding for every chunk. It depends on
-      the token data and decoder options only (the decoder's standardisation turns the mean into exact zeros), so
-      probes of the same chunks share one through ``cache`` (keyed by ``key``); when cached it is not trained.
-      With a control and held-back chunks the fit has two phases (:func:`_fit_contained`): the control first, then
-      the probe started as the trained control (:func:`contain`), its start counted as epoch 0, beside the probe
-      trained from a random start; ``scores["start"]`` says which was kept (``control``: epoch 0, ``contained``,
-      ``scratch``). Without held-back chunks all are trained together from their random starts.
+      keeps every position (measurements: docs/results/probes.md). Choosing on held-back chunks keeps the held-out
+      reading honest; only the kept one is scored;
+    * with ``control`` (a :class:`ControlStore`) the control: the same decoder on the mean training embedding for
+      every chunk. It depends on the token data and decoder options only (the decoder's standardisation turns the
+      mean into exact zeros), so probes of the same chunks share one through the store; when stored it is not
+      trained. With a control and held-back chunks the fit has two phases (:func:`_fit_contained`): the control
+      first, then the probe started as the trained control (:func:`contain`), its start counted as epoch 0, beside
+      the probe trained from a random start; ``scores["start"]`` says which was kept (``control``: epoch 0,
+      ``contained``, ``scratch``). Without held-back chunks all are trained together from their random starts.
 
     ``readouts``: read-out members (:func:`memlab.probes.fitloop.train_members`) trained in the probe's group, beside
     the probe decoders; one left untrained (``history`` empty: no probe was trained, the probe is the control of a
-    constant embedding) is the caller's to train.
-
-    Returns ``{"probe": (decoder, held-out scores, history, seconds), "control": (scores, history, seconds, name
-    of the probe that trained it or None) or None}``, each scores a :class:`~memlab.probes.result.DecoderScores`;
-    ``scores.metrics["decoder_choice"]`` says which decoder was kept and why. Seconds: the group's, split over its members by the steps each ran.
+    constant embedding) is the caller's to train. ``scores.metrics["decoder_choice"]`` says which decoder was kept
+    and why. Seconds: the group's, split over its members by the steps each ran.
     """
-    selects = opts.select_decoder and opts.bag_head and opts.val_fraction > 0  # a plain decoder to choose from
-    if control and cache is not None and key in cache and _is_constant(z_train, z_eval):
+    loop = Loop(desc, batched, tuple(readouts))
+    stored = control.get() if control is not None else None
+    if stored is not None and _is_constant(data):
         # a constant embedding standardises to the control's exact zeros: nothing to read, the probe is the control
-        metrics, hist_c, owner_, dec_c = cache[key][:4]
-        return {"probe": _as_control(dec_c, opts, tok, train_ids, z_train, metrics, hist_c, "the cached control's"),
-                "control": (metrics, hist_c, 0.0, owner_)}
-    if control and opts.val_fraction > 0:  # without held-back chunks: the three trained together from scratch
-        return _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc,
-                              batched, readouts)
-    members = {"probe": (opts, z_train, z_eval)}
-    if selects:
-        members["plain"] = (replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout), z_train, z_eval)
-    cached = control and cache is not None and key in cache
-    if control and not cached:
-        const = z_train.mean(0, keepdim=True)  # (1, D)
-        members["control"] = (opts, const.expand_as(z_train), const.expand_as(z_eval))
-    decs = {k: _new_decoder(o, tok, train_ids, zt) for k, (o, zt, _) in members.items()}
+        return DecoderFit(_as_control(stored, opts, data, "the cached control's"),
+                          ControlRun(stored.scores, stored.history, 0.0, stored.owner))
+    if control is not None and opts.val_fraction > 0:  # without held-back chunks: trained together from scratch
+        return _fit_contained(opts, data, control, loop)
+    const = data.constant()
+    members = {"probe": (opts, data)}
+    if _selects(opts):
+        members["plain"] = (_plain(opts), data)
+    if control is not None and stored is None:
+        members["control"] = (opts, const)
+    decs = {k: _new_decoder(o, d) for k, (o, d) in members.items()}
     what = " and ".join(members) + (" decoders" if len(members) > 1 else " decoder")
-    hists, secs = train_decoders(list(decs.values()), [zt for _, zt, _ in members.values()], train_ids, opts,
-                                 progress=opts.progress, desc=desc if len(members) == 1 else what, batched=batched,
-                                 readouts=readouts)
+    hists, secs = _train(list(decs.values()), [d.z_train for _, d in members.values()], opts, data, loop,
+                         desc=loop.desc if len(members) == 1 else what, readouts=loop.readouts)
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     kept = "probe"
     if "plain" in members:
         ce, ce2 = _held_back_ce(hist["probe"]), _held_back_ce(hist["plain"])
         kept = "plain" if ce2 < ce else "probe"
         choice = _choice(opts, ce, ce2)
-    m = _scored(decs[kept], members[kept][0], tok, z_eval, eval_ids)
+    m = _scored(decs[kept], members[kept][0], data)
     if "plain" in members:
         m = m.noted(decoder_choice=choice)
-    out = {"probe": (decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)), "control": None}
-    if cached:
-        metrics, hist_c, owner_ = cache[key][:3]
-        out["control"] = (metrics, hist_c, 0.0, owner_)
-    elif control:
-        mc = _scored(decs["control"], opts, tok, members["control"][2], eval_ids)
-        if cache is not None:
-            cache[key] = (mc, hist["control"], owner, decs["control"], decs["control"], mc, hist["control"])
-        out["control"] = (mc, hist["control"], secs["control"], None)
+    out = DecoderFit(Fitted(decs[kept], m, hist[kept], secs["probe"] + secs.get("plain", 0.0)))
+    if stored is not None:
+        out.control = ControlRun(stored.scores, stored.history, 0.0, stored.owner)
+    elif control is not None:
+        mc = _scored(decs["control"], opts, const)
+        control.put(ControlEntry(mc, hist["control"], control.owner, decs["control"], decs["control"], mc,
+                                 hist["control"]))
+        out.control = ControlRun(mc, hist["control"], secs["control"])
     return out
+
+
+def _selects(opts) -> bool:
+    """Whether a plain decoder is fitted beside the probe's bag-head one, to choose from on held-back chunks."""
+    return opts.select_decoder and opts.bag_head and opts.val_fraction > 0
+
+
+def _plain(opts):
+    """The options of the plain decoder: no bag head, input dropout ``plain_input_dropout``."""
+    return replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
 
 
 def _choice(opts, ce_bag: float, ce_plain: float) -> dict:
@@ -246,76 +310,75 @@ def contained_shares(dec, opts) -> dict[str, float] | None:
     return {n: float(opts.contained_lr) for n, p in dec.named_parameters() if p.requires_grad and n not in path}
 
 
-def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cache, key, owner, desc, batched,
-                   readouts=()):
+def _train_control(opts, data: FitData, control: ControlStore, loop: Loop) -> tuple[ControlEntry, float, float]:
+    """The control of :func:`_fit_contained`, trained in two runs (see there) and stored; with the seconds of each
+    run."""
+    const = data.constant()
+    start = _new_decoder(opts, const)
+    (hist_1,), (secs_1,) = _train([start], [const.z_train], opts, data, loop, desc="control decoder")
+    dec_c = contain(_new_decoder(opts, const), start)
+    (hist_2,), (secs_2,) = _train([dec_c], [const.z_train], opts, data, loop, desc="control decoder (second run)",
+                                  epoch0=True, lr_scales=[contained_shares(dec_c, opts)])
+    hist_c = hist_1 + [{**h, "run": 2} for h in hist_2]
+    entry = ControlEntry(_scored(dec_c, opts, const), hist_c, control.owner, dec_c, start, None, hist_1)
+    control.put(entry)  # the first run's scores: computed when read
+    return entry, secs_1, secs_2
+
+
+def _fit_contained(opts, data: FitData, control: ControlStore, loop: Loop) -> DecoderFit:
     """:func:`fit_decoders` with a control and held-back chunks, in two phases.
 
     1. The control: trained from its random start (the *start* decoder), then trained again from there as the probe
        will be (epoch 0 counted, its weights at ``contained_lr``: :func:`contained_shares`), so that the probe gets
-       no training the control did not get; the second run is the control the probe is read against. Cached under
-       ``key``: (metrics, history, owner, control, start, the first run's metrics, the first run's history); the
-       first run's metrics are None until a kept scratch probe reads them (its greedy reconstruction costs seconds).
-    2. The probe (and the plain decoder with ``selects``) started as the start decoder with a silent embedding
-       pathway (:func:`contain`), its pathway at the full learning rate and the rest at ``contained_lr``, trained
-       with epoch 0 beside the probe trained from its own random start (the *scratch* candidate, all at the full
-       rate), in one loop, with the read-out members ``readouts``.
+       no training the control did not get; the second run is the control the probe is read against. Stored as a
+       :class:`ControlEntry`; the first run's scores are None until a kept scratch probe reads them (its greedy
+       reconstruction costs seconds).
+    2. The probe (and the plain decoder with ``select_decoder``) started as the start decoder with a silent
+       embedding pathway (:func:`contain`), its pathway at the full learning rate and the rest at ``contained_lr``,
+       trained with epoch 0 beside the probe trained from its own random start (the *scratch* candidate, all at the
+       full rate), in one loop, with the read-out members.
 
     Each candidate is read against the control trained as much as it was: the contained probe against the second
     run, the scratch probe against the first. Kept: the candidate whose held-back CE lies furthest below its own
     control's (a tie keeps the contained probe); when neither lies below, the control itself (its function at the
     probe's width: exactly 0 bits). The kept probe's held-back CE is never above the control it is read against. On
-    a constant embedding the contained probe's run is the control's second run, weight for weight."""
-    const = z_train.mean(0, keepdim=True).expand_as(z_train)  # (N, D)
-    if cache is not None and key in cache:
-        mc, hist_c, owner_, dec_c, start, mc_1, hist_1 = cache[key]
-        control_out, first_out = (mc, hist_c, 0.0, owner_), (mc_1, hist_1, 0.0, owner_)
+    a constant embedding the contained probe's run is the control's second run, weight for weight. A decoder part
+    that does not honour ``contained_lr`` (or has no embedding pathway) is fitted from its random start alone."""
+    entry = control.get()
+    if entry is not None:
+        control_out = ControlRun(entry.scores, entry.history, 0.0, entry.owner)
+        first_out = ControlRun(entry.first_scores, entry.first_history, 0.0, entry.owner)
     else:
-        start = _new_decoder(opts, tok, train_ids, const)
-        (hist_1,), (secs_1,) = train_decoders([start], [const], train_ids, opts, progress=opts.progress,
-                                              desc="control decoder", batched=batched)
-        dec_c = contain(_new_decoder(opts, tok, train_ids, const), start)
-        (hist_2,), (secs_2,) = train_decoders([dec_c], [const], train_ids, opts, progress=opts.progress,
-                                              desc="control decoder (second run)", batched=batched, epoch0=True,
-                                              lr_scales=[contained_shares(dec_c, opts)])
-        hist_c = hist_1 + [{**h, "run": 2} for h in hist_2]
-        const_eval = z_train.mean(0, keepdim=True).expand_as(z_eval)
-        mc, mc_1 = _scored(dec_c, opts, tok, const_eval, eval_ids), None  # the first run's: scored when read
-        if cache is not None:
-            cache[key] = (mc, hist_c, owner, dec_c, start, mc_1, hist_1)
-        control_out, first_out = (mc, hist_c, secs_1 + secs_2, None), (mc_1, hist_1, secs_1, None)
-    if _is_constant(z_train, z_eval):
-        return {"probe": _as_control(dec_c, opts, tok, train_ids, z_train, mc, hist_c, "the control's"),
-                "control": control_out}
-    ce_c, ce_1 = _held_back_ce(hist_c), _held_back_ce(first_out[1])  # what each candidate is read against
+        entry, secs_1, secs_2 = _train_control(opts, data, control, loop)
+        control_out = ControlRun(entry.scores, entry.history, secs_1 + secs_2)
+        first_out = ControlRun(None, entry.first_history, secs_1)
+    if _is_constant(data):
+        return DecoderFit(_as_control(entry, opts, data, "the control's"), control_out)
     members = {"probe": opts}
-    if selects:
-        members["plain"] = replace(opts, bag_head=False, input_dropout=opts.plain_input_dropout)
-    decs = {k: _new_decoder(o, tok, train_ids, z_train) for k, o in members.items()}
-    if not all(callable(getattr(d, "embedding_weights", None)) for d in decs.values()):
+    if _selects(opts):
+        members["plain"] = _plain(opts)
+    decs = {k: _new_decoder(o, data) for k, o in members.items()}
+    honours = "contained_lr" in get_part("decoder", opts.decoder).honoured("decoder")
+    if not honours or not all(callable(getattr(d, "embedding_weights", None)) for d in decs.values()):
         members, decs = {}, {}  # a decoder kind without an embedding pathway to silence: the scratch probe alone
     for d in decs.values():
-        contain(d, start)
+        contain(d, entry.start)
     shares = contained_shares(decs["probe"], opts) if decs else None  # one set for the contained candidates
-    members["scratch"], decs["scratch"] = opts, _new_decoder(opts, tok, train_ids, z_train)
-    hists, secs = train_decoders(list(decs.values()), [z_train] * len(decs), train_ids, opts, progress=opts.progress,
-                                 desc=desc, batched=batched, epoch0=True, readouts=readouts,
-                                 lr_scales=[None if k == "scratch" else shares for k in decs],
-                                 race=[ce_1 if k == "scratch" else ce_c for k in decs])
+    members["scratch"], decs["scratch"] = opts, _new_decoder(opts, data)
+    ce_c, ce_1 = _held_back_ce(entry.history), _held_back_ce(entry.first_history)  # what each candidate is read against
+    hists, secs = _train(list(decs.values()), [data.z_train] * len(decs), opts, data, loop, epoch0=True,
+                         readouts=loop.readouts, lr_scales=[None if k == "scratch" else shares for k in decs],
+                         race=[ce_1 if k == "scratch" else ce_c for k in decs])
     hist, secs = dict(zip(members, hists)), dict(zip(members, secs))
     ce = {k: _held_back_ce(h) for k, h in hist.items()}
-    best = min((k for k in members if k != "scratch"), key=lambda k: ce[k], default=None)
-    gains = {"contained": ce_c - ce[best] if best else -math.inf, "scratch": ce_1 - ce["scratch"]}
-    kept = max(gains, key=lambda k: (gains[k], k == "contained"))  # a tie keeps the contained probe
-    if gains[kept] <= 0:
-        kept = "control"
-    best = "scratch" if kept == "scratch" else best
+    kept, best = _kept(members, ce, ce_c, ce_1)
     if kept == "control":  # the control's own function, at the probe's width
-        dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
-        m = _scored(dec, opts, tok, z_eval, eval_ids).noted(run="the control's (nothing read beat it)")
+        dec = contain(_new_decoder(opts, data), entry.control)
+        m = _scored(dec, opts, data).noted(run="the control's (nothing read beat it)")
         h_kept = list(hist.get("probe", hist["scratch"]))
     else:
-        dec, m, h_kept = decs[best], _scored(decs[best], members[best], tok, z_eval, eval_ids), hist[best]
-    if selects:
+        dec, m, h_kept = decs[best], _scored(decs[best], members[best], data), hist[best]
+    if _selects(opts):
         m = m.noted(decoder_choice=_choice(opts, min(ce["probe"], ce["scratch"]), ce["plain"]))
     m = m.noted(start={"kept": kept, "control": ce_c, "control_first_run": ce_1,
                   "contained": min((ce[k] for k in members if k != "scratch"), default=None), "scratch": ce["scratch"],
@@ -324,31 +387,41 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
                                 "included), of the control's first run and of the probe trained from a random start; "
                                 "kept: the probe furthest below its own control (the contained probe's: the second "
                                 "run, the scratch probe's: the first), else the control"})
-    if kept == "scratch" and first_out[0] is None:  # the first run's scores are read only with a kept scratch probe
-        first_out = (_scored(start, opts, tok, z_train.mean(0, keepdim=True).expand_as(z_eval), eval_ids),
-                     *first_out[1:])
-        if cache is not None:
-            cache[key] = (*cache[key][:5], first_out[0], cache[key][6])
-    return {"probe": (dec, m, h_kept, sum(secs.values())), "control": first_out if kept == "scratch" else control_out}
+    if kept == "scratch" and first_out.scores is None:  # the first run's scores: read only with a kept scratch probe
+        entry.first_scores = first_out.scores = _scored(entry.start, opts, data.constant())
+        control.put(entry)
+    return DecoderFit(Fitted(dec, m, h_kept, sum(secs.values())), first_out if kept == "scratch" else control_out)
 
 
-def _as_control(dec_c, opts, tok, train_ids, z_train, metrics, hist_c, whose: str):
-    """The control as the probe of a constant embedding ``z_train``: its very decoder at the control's width, else
-    the control's weights in a decoder of the embedding's width (:func:`contain`); its metrics and history."""
-    if dec_c.config.embed_dim == z_train.shape[1]:
-        dec = copy.deepcopy(dec_c)
-        dec.set_normalization(z_train)  # its own constant standardised away (the control's was the mean)
+def _kept(members: dict, ce: dict, ce_c: float, ce_1: float) -> tuple[str, str | None]:
+    """(which start is kept: contained, scratch or control; the kept candidate's name): the candidate furthest below
+    its own control (the contained ones' the second run ``ce_c``, the scratch one's the first ``ce_1``), a tie
+    keeping the contained probe; the control when none lies below."""
+    best = min((k for k in members if k != "scratch"), key=lambda k: ce[k], default=None)
+    gains = {"contained": ce_c - ce[best] if best else -math.inf, "scratch": ce_1 - ce["scratch"]}
+    kept = max(gains, key=lambda k: (gains[k], k == "contained"))
+    if gains[kept] <= 0:
+        return "control", best
+    return kept, "scratch" if kept == "scratch" else best
+
+
+def _as_control(entry: ControlEntry, opts, data: FitData, whose: str) -> Fitted:
+    """The control as the probe of a constant embedding: its very decoder at the control's width, else the
+    control's weights in a decoder of the embedding's width (:func:`contain`); its scores and history."""
+    if entry.control.config.embed_dim == data.z_train.shape[1]:
+        dec = copy.deepcopy(entry.control)
+        dec.set_normalization(data.z_train)  # its own constant standardised away (the control's was the mean)
     else:
-        dec = contain(_new_decoder(opts, tok, train_ids, z_train), dec_c)
-    return dec, metrics.noted(run=f"{whose} (a constant embedding)"), list(hist_c), 0.0
+        dec = contain(_new_decoder(opts, data), entry.control)
+    return Fitted(dec, entry.scores.noted(run=f"{whose} (a constant embedding)"), list(entry.history), 0.0)
 
 
-def _is_constant(z_train: torch.Tensor, z_eval: torch.Tensor) -> bool:
+def _is_constant(data: FitData) -> bool:
     """Whether every training and held-out embedding is one and the same vector."""
-    first = z_train[:1]  # (1, D)
-    return bool((z_train == first).all()) and bool((z_eval == first).all())
+    first = data.z_train[:1]  # (1, D)
+    return bool((data.z_train == first).all()) and bool((data.z_eval == first).all())
 
 
-def fit_selected(opts, tok, train_ids, eval_ids, z_train, z_eval, desc: str = "probe decoder"):
-    """:func:`fit_decoders` without a control: (decoder, metrics, history, seconds)."""
-    return fit_decoders(opts, tok, train_ids, eval_ids, z_train, z_eval, desc=desc)["probe"]
+def fit_selected(opts, data: FitData, desc: str = "probe decoder") -> Fitted:
+    """:func:`fit_decoders` without a control: the kept probe decoder."""
+    return fit_decoders(opts, data, desc=desc).probe

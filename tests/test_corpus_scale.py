@@ -3,7 +3,6 @@ the in-memory path, holds a bounded number of documents, and writes each split's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import weakref
@@ -13,30 +12,14 @@ import numpy as np
 import pytest
 
 from memlab.config import DataConfig
-from memlab.data.corpus import Document
+from memlab.data.corpus import Document, load_corpus, units
 from memlab.data.stream import CorpusStream, stream_corpus, token_file
 from memlab.data.views import ChunkDataset, prepare_corpus, token_chunks
 
-# Digests of the splits and token chunks that memlab produced before corpora were streamed
-# (memlab.data.views.prepare_corpus + token_chunks at commit 25e7106), on the corpora that
-# `_build` writes: [units, sha of unit ids, chunk shape, sha of the int64 chunk bytes] per split.
-PINNED = {
-    "austen": {"train": [242, "9837fa1c4c9aac78", [6779, 128], "09f20c7a9a2c8f31"],
-               "validation": [17, "ce082e144268ca57", [529, 128], "02e8cd30b718263d"],
-               "test": [11, "f6059df5ea05c28a", [306, 128], "8eec5bbaa8f00caf"]},
-    "small": {"train": [10, "f973f5f888178b14", [1286, 32], "76fc609a05e4f395"],
-              "validation": [1, "4e6e1540e812a953", [124, 32], "5b8eeea37e92fd07"],
-              "test": [1, "639a901e6a6bbe70", [131, 32], "99437b975466fcc1"]},
-    "plain": {"train": [74, "4feb12a0b8c30caa", [4022, 32], "a4f49c54c88010bd"],
-              "validation": [1, "142480b97f8979fd", [47, 32], "9771c108359cf6ea"],
-              "test": [5, "8c16ac8e24ff2ed9", [230, 32], "5d43481d32f6c82c"]},
-    "jsonl": {"train": [40, "4f8275cbda9846ea", [3021, 32], "6d5e450ca8d27862"],
-              "validation": [4, "b04ddfbeb88427f5", [416, 32], "2df18d1f96021e41"],
-              "test": [6, "ccdf840720233196", [584, 32], "05cad86b773a4e44"]},
-    "jsonl_max": {"train": [25, "4b0d7c225d820fa3", [4337, 16], "95858effabd55f3e"],
-                  "validation": [5, "c1b58a64f6a240b8", [649, 16], "512003b7d479b4c5"],
-                  "test": [0, "e3b0c44298fc1c14", None, None]},
-}
+CASES = ("austen", "small", "plain", "jsonl", "jsonl_max")
+"""The corpora of :func:`cases`: the bundled one, chapters of local files, one plain file, jsonl records (whole,
+and capped at a number of documents with no test split)."""
+SPLITS = ("train", "validation", "test")
 
 
 def _build(out: Path) -> dict[str, str]:
@@ -73,27 +56,41 @@ def cases(tmp_path_factory) -> dict[str, DataConfig]:
     }
 
 
-def _sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()[:16]
+def _tokens(texts: list[str], tokenizer, seq_len: int) -> np.ndarray:
+    """What the chunks of ``texts`` must be, from the tokenizer alone: each text's ids (no special tokens) then
+    EOS, joined, cut into rows of ``seq_len``, the last partial row dropped."""
+    flat = [i for t in texts for i in tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]]
+    n = len(flat) // seq_len
+    return np.asarray(flat[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
 
 
-def _row(units, chunks) -> list:
-    ids = "\n".join(d.id for d in units)
-    if chunks is None:
-        return [len(units), _sha(ids.encode()), None, None]
-    return [len(units), _sha(ids.encode()), list(chunks.shape), _sha(np.asarray(chunks, dtype=np.int64).tobytes())]
-
-
-@pytest.mark.parametrize("name", list(PINNED))
-def test_streamed_and_in_memory_splits_match_the_pinned_ones(cases, name):
+@pytest.mark.parametrize("name", CASES)
+def test_streamed_and_in_memory_splits_are_a_partition_cut_into_the_tokenizers_chunks(cases, name):
     cfg = cases[name]
     eager = prepare_corpus(cfg)
     stream = stream_corpus(cfg)
     assert stream.split_description == eager.split_description
-    for split, want in PINNED[name].items():
+    # every unit of the corpus is in exactly one split; a held-out split exists exactly when its share is > 0
+    docs = load_corpus(cfg.corpus, cfg.text_field, cfg.hf_split, cfg.streaming, cfg.max_documents)
+    every = [d.id for d in units(docs, cfg.split_by)]
+    held = {s: [d.id for d in eager.splits[s]] for s in SPLITS}
+    assert sorted(i for s in SPLITS for i in held[s]) == sorted(every) and len(set(every)) == len(every)
+    assert len(docs) <= (cfg.max_documents or len(docs))
+    for split, share in (("validation", cfg.val_fraction), ("test", cfg.test_fraction)):
+        assert bool(held[split]) == (share > 0), split
+    assert len(held["train"]) > max(len(held["validation"]), len(held["test"]))
+    for split in SPLITS:
+        assert [d.id for d in stream.units(split)] == held[split]  # the streamed split holds the same units
         texts = eager.texts(split)
-        assert _row(eager.splits[split], token_chunks(texts, eager.tokenizer, cfg.seq_len) if texts else None) == want
-        assert _row(list(stream.units(split)), stream.chunks(split, cfg.seq_len)) == want
+        if not texts:
+            assert stream.chunks(split, cfg.seq_len) is None
+            continue
+        want = _tokens(texts, eager.tokenizer, cfg.seq_len)  # (N, T)
+        assert want.shape[0] > 0 and want.max() < len(eager.tokenizer)
+        assert np.array_equal(token_chunks(texts, eager.tokenizer, cfg.seq_len).numpy(), want)
+        assert np.array_equal(np.asarray(stream.chunks(split, cfg.seq_len), dtype=np.int64),
+                              _tokens(list(stream.texts(split)), stream.tokenizer, cfg.seq_len))
+        assert np.array_equal(np.asarray(stream.chunks(split, cfg.seq_len), dtype=np.int64), want)
 
 
 def test_memory_mapped_chunks_read_as_int64_rows(cases):

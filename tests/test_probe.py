@@ -172,7 +172,7 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
            "'input_dropout' applies to inputs=teacher, not to inputs=blank")
     _fails([*model, "prefix_len=8"], capsys, "'prefix_len' applies to conditioning=prefix, not to conditioning=unrolled")
     _fails([*model, "--conditioning", "sideways"], capsys, "unknown probe conditioning 'sideways'; registered: prefix")
-    _fails([*model, "decoder=gru"], capsys, "unknown probe decoder 'gru'")
+    _fails([*model, "decoder=no_such_decoder"], capsys, "unknown probe decoder 'no_such_decoder'")
     _fails([*model, "readouts=[bow,knn]"], capsys, "unknown probe readout 'knn'")
     _fails([*model, "scorers=[rouge]"], capsys, "unknown probe scorer 'rouge'")
     _fails([*model, "chunk_by=lines"], capsys, "'chunk_by' must be one of words, tokens")

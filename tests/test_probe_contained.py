@@ -17,7 +17,7 @@ from memlab.probes.group import DecoderGroup, train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.result import DecoderScores, Fit
 from memlab.probes.run import interval_readings
-from memlab.probes.train import _new_decoder, contain, contained_shares, fit_decoders
+from memlab.probes.train import ControlStore, FitData, _new_decoder, contain, contained_shares, fit_decoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -70,9 +70,9 @@ def test_the_contained_probe_starts_as_its_trained_control(kind):
         tok = load_tokenizer(str(TOY))
     z, ids = _data()
     const = z.mean(0, keepdim=True).expand_as(z)
-    control = _new_decoder(opts, tok, ids, const)
+    control = _new_decoder(opts, FitData(tok, ids, ids, const, const))
     train_decoders([control], [const], ids, opts)  # the trained control
-    probe = contain(_new_decoder(opts, tok, ids, z), control)
+    probe = contain(_new_decoder(opts, FitData(tok, ids, ids, z, z)), control)
     path = probe.embedding_weights()
     assert any("lora_" in k for k in probe.state_dict()) == ("LoRA" in kind)
     assert ("cond.0.weight" in path) == ("map_hidden" in kind)
@@ -112,9 +112,9 @@ def test_the_kept_probe_is_never_above_its_control(tokenizer, chunks_of):
     opts = _opts(epochs=2, patience=2, select_decoder=True)
     g = torch.Generator().manual_seed(6)
     z_tr, z_ev = torch.randn(48, 5, generator=g), torch.randn(12, 5, generator=g)
-    got = fit_decoders(opts, tokenizer, tr, ev, z_tr, z_ev, control=True, cache={}, key="k")
-    _, m, hist, _ = got["probe"]
-    _, hist_c, _, _ = got["control"]
+    got = fit_decoders(opts, FitData(tokenizer, tr, ev, z_tr, z_ev), control=ControlStore({}, "k"))
+    m, hist = got.probe.scores, got.probe.history
+    hist_c = got.control.history
     best = [h["best_val_ce"] for h in hist if "best_val_ce" in h][-1]
     best_c = [h["best_val_ce"] for h in hist_c if "best_val_ce" in h][-1]
     assert best <= best_c + 1e-5
@@ -136,13 +136,14 @@ def test_a_probe_that_cannot_improve_keeps_epoch_0_and_reads_zero_bits(tokenizer
     chunks, reading exactly 0 bits; the cached control serves a second probe of another width."""
     tr, ev = chunks_of
     cache = {}
-    fit_decoders(_opts(epochs=6, patience=6), tokenizer, tr, ev, *_data(60, d=5)[0].split([48, 12]), control=True, cache=cache, key="k")
+    fit_decoders(_opts(epochs=6, patience=6), FitData(tokenizer, tr, ev, *_data(60, d=5)[0].split([48, 12])),
+                 control=ControlStore(cache, "k"))
     opts = _opts(lr=0.0, epochs=2, patience=3)
     g = torch.Generator().manual_seed(7)
     z_tr, z_ev = torch.randn(48, 9, generator=g), torch.randn(12, 9, generator=g)
-    got = fit_decoders(opts, tokenizer, tr, ev, z_tr, z_ev, control=True, cache=cache, key="k")
-    _, m, hist, _ = got["probe"]
-    mc = got["control"][0]
+    got = fit_decoders(opts, FitData(tokenizer, tr, ev, z_tr, z_ev), control=ControlStore(cache, "k"))
+    m, hist = got.probe.scores, got.probe.history
+    mc = got.control.scores
     assert m["start"]["scratch"] > m["start"]["control"]  # a random start, untrained: above the trained control
     assert m["start"]["kept"] == "control" and [h for h in hist if "best_step" in h][-1]["best_step"] == 0
     assert np.array_equal(m.chunks.nll, mc.chunks.nll)
@@ -155,16 +156,16 @@ def test_a_constant_embedding_of_another_width_reads_its_control(tokenizer, chun
     exactly 0 bits; the contained probe trained on it would run as the control's second run."""
     tr, ev = chunks_of
     cache, opts = {}, _opts(epochs=2, patience=2)
-    fit_decoders(opts, tokenizer, tr, ev, *_data(60, d=5)[0].split([48, 12]), control=True, cache=cache, key="k")
+    fit_decoders(opts, FitData(tokenizer, tr, ev, *_data(60, d=5)[0].split([48, 12])), control=ControlStore(cache, "k"))
     z = torch.full((60, 7), 0.5)
-    got = fit_decoders(opts, tokenizer, tr, ev, z[:48], z[48:], control=True, cache=cache, key="k")
-    m, mc = got["probe"][1], got["control"][0]
-    assert m["run"].startswith("the cached control's") and got["probe"][0].config.embed_dim == 7
+    got = fit_decoders(opts, FitData(tokenizer, tr, ev, z[:48], z[48:]), control=ControlStore(cache, "k"))
+    m, mc = got.probe.scores, got.control.scores
+    assert m["run"].startswith("the cached control's") and got.probe.decoder.config.embed_dim == 7
     assert np.array_equal(m.chunks.nll, mc.chunks.nll)
-    start = cache["k"][4]  # the control's first run: where the probe starts
-    probe = contain(_new_decoder(opts, tokenizer, tr, z[:48]), start)  # trained as the control's second run was
+    start = cache["k"].start  # the control's first run: where the probe starts
+    probe = contain(_new_decoder(opts, FitData(tokenizer, tr, tr, z[:48], z[:48])), start)  # trained as the control's 2nd run
     (h_p,), _ = train_decoders([probe], [z[:48]], tr, opts, epoch0=True, lr_scales=[contained_shares(probe, opts)])
-    assert [h["val_ce"] for h in h_p if "val_ce" in h] == [h["val_ce"] for h in got["control"][1] if h.get("run") == 2
+    assert [h["val_ce"] for h in h_p if "val_ce" in h] == [h["val_ce"] for h in got.control.history if h.get("run") == 2
                                                           and "val_ce" in h]
     assert interval_readings(opts, _scored(m, mc), ev, tokenizer)["bits_per_chunk"].value == 0.0
 
@@ -178,9 +179,9 @@ def test_the_control_s_weights_train_at_their_share_of_the_learning_rate(share):
                  clip_grad=0.0)
     z, ids = _data()
     const = z.mean(0, keepdim=True).expand_as(z)
-    control = _new_decoder(opts, _Tok(), ids, const)
+    control = _new_decoder(opts, FitData(_Tok(), ids, ids, const, const))
     train_decoders([control], [const], ids, opts)
-    probe = contain(_new_decoder(opts, _Tok(), ids, z), control)
+    probe = contain(_new_decoder(opts, FitData(_Tok(), ids, ids, z, z)), control)
     shares = contained_shares(probe, opts)
     path = set(probe.embedding_weights())
     assert (shares is None) == (share == 1.0)

@@ -155,7 +155,7 @@ def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
 def test_a_constant_embedding_reuses_the_cached_control_run():
     """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
     decoder and metrics, without training again; its control trained anew gives the same CE to the last bit."""
-    from memlab.probes.train import fit_decoders
+    from memlab.probes.train import ControlStore, FitData, fit_decoders
 
     class Tok(SixtyTokens):
         def batch_decode(self, rows, skip_special_tokens=True):
@@ -165,12 +165,12 @@ def test_a_constant_embedding_reuses_the_cached_control_run():
     ev = ids[:16]
     tok, opts = Tok(), _opts(select_decoder=False, n_examples=0, scorers=["token_set_f1"])
     cache: dict = {}
-    first = fit_decoders(opts, tok, ids, ev, z, z[:16], control=True, cache=cache, key="k", owner="first")
+    first = fit_decoders(opts, FitData(tok, ids, ev, z, z[:16]), control=ControlStore(cache, "k", "first"))
     const = torch.full_like(z, 0.5)  # (N, D): one vector for every chunk
-    again = fit_decoders(opts, tok, ids, ev, const, const[:16], control=True, cache=cache, key="k", owner="const")
-    dec, m, hist, secs = again["probe"]
-    assert secs == 0.0 and m["run"].startswith("the cached control's") and again["control"][3] == "first"
-    assert m["ce"] == first["control"][0]["ce"]
-    alone = fit_decoders(opts, tok, ids, ev, const, const[:16], control=True, cache={}, key="k")["probe"]  # trained
-    assert alone[1]["ce"] == m["ce"] and alone[1]["token_accuracy"] == m["token_accuracy"]
-    assert all(torch.equal(a, b) for a, b in zip(alone[0].state_dict().values(), dec.state_dict().values()))
+    again = fit_decoders(opts, FitData(tok, ids, ev, const, const[:16]), control=ControlStore(cache, "k", "const"))
+    dec, m, hist, secs = again.probe.decoder, again.probe.scores, again.probe.history, again.probe.seconds
+    assert secs == 0.0 and m["run"].startswith("the cached control's") and again.control.shared_with == "first"
+    assert m["ce"] == first.control.scores["ce"]
+    alone = fit_decoders(opts, FitData(tok, ids, ev, const, const[:16]), control=ControlStore({}, "k")).probe  # trained
+    assert alone.scores["ce"] == m["ce"] and alone.scores["token_accuracy"] == m["token_accuracy"]
+    assert all(torch.equal(a, b) for a, b in zip(alone.decoder.state_dict().values(), dec.state_dict().values()))

@@ -12,9 +12,9 @@ import yaml
 
 from memlab.app.cli import main
 from memlab.config import ConfigError
-from memlab.probes.options import ProbeOptions, ResolvedOptions, load_options, resolved, validate
+from memlab.probes.options import ProbeOptions, ResolvedOptions, docs, load_options, option_values, resolved, validate
 from memlab.probes.parts import PARTS
-from memlab.probes.sections import PART_OPTIONS, SECTIONS, docs
+from memlab.probes.sections import PART_OPTIONS, SECTIONS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "probes_reference.md"
 
@@ -67,7 +67,9 @@ def test_the_reference_shows_the_dataclasses_defaults():
 
 
 def test_help_reads_its_defaults_from_the_dataclasses(monkeypatch, capsys):
-    monkeypatch.setattr(ProbeOptions, "epochs", 7.0)
+    from memlab.probes.sections import FitSection
+
+    monkeypatch.setattr(FitSection.__dataclass_fields__["epochs"], "default", 7.0)
     assert main(["probe", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "(default 7)" in text and "(default 30)" not in text
@@ -100,7 +102,11 @@ def test_sections_in_yaml_and_flat_names_read_the_same(tmp_path):
 
 @pytest.mark.parametrize("argv,match", [
     (["--decoder", "pretrained:memlab-lm", "num_layers=3"], "'num_layers' applies to decoder=llama"),
-    (["--decoder", "pretrained:memlab-lm", "--hidden-size", "64"], "'hidden_size' applies to decoder=llama"),
+    (["--decoder", "pretrained:memlab-lm", "--hidden-size", "64"], "'hidden_size' applies to "),
+    (["contained_lr=0.5", "--no-control"], "'contained_lr' trains the probe started as its control, which "
+                                           "control=false (--no-control) does not fit"),
+    (["--contained-lr", "0.5", "val_fraction=0"], "which val_fraction=0 does not fit"),
+    (["bag_head=false", "plain_input_dropout=0.2"], "'plain_input_dropout' applies to the plain decoder"),
     (["--layers-sequence"], "'layers_sequence' applies to a layer sweep"),
     (["select_decoder=false", "plain_input_dropout=0.2"], "'plain_input_dropout' applies to the plain decoder"),
     (["--no-bow", "bow_weight_decay=0.1"], "'bow_weight_decay' applies to readouts=bow"),
@@ -115,6 +121,31 @@ def test_options_that_nothing_reads_are_one_line(argv, match, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("yaml,match", [
+    ("fit:\n  hidden_size: 64\n", "'fit.hidden_size' is not an option of the fit section; it belongs to "
+                                    "decoder=llama (in the decoder section)"),
+    ("fit:\n  prefix_len: 2\n", "belongs to conditioning=prefix (in the decoder section)"),
+    ("decoder:\n  epochs: 2\n", "'decoder.epochs' is not an option of the decoder section; it belongs to the fit "
+                                  "section"),
+    ("decoder:\n  kind: pretrained:memlab-lm\n  hidden_size: 64\n", "'hidden_size' applies to "),
+])
+def test_a_misplaced_or_ignored_yaml_key_says_where_it_belongs(yaml, match, tmp_path, capsys):
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text("model: synthetic:concat\n" + yaml)
+    assert main(["probe", "--config", str(cfg), "--out", str(tmp_path / "never")]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("memlab: error:")]
+    assert len(err) == 1 and match in err[0], err
+
+
+def test_options_nested_by_part_read_as_their_flat_names():
+    """``decoder: {kind: NAME, ...}`` names the decoder part and its options; the flags and key=value agree."""
+    nested = load_options(None, model="synthetic:concat", decoder={"kind": "llama", "hidden_size": 64},
+                          fit={"epochs": 2})
+    flat = load_options(None, ["hidden_size=64", "epochs=2"], model="synthetic:concat")
+    assert (nested.decoder, nested.hidden_size, nested.epochs) == ("llama", 64, 2.0)
+    assert option_values(nested) == option_values(flat)
+
+
 def test_a_configs_name_names_its_run_folder(tmp_path, monkeypatch, small_corpus):
     cfg = tmp_path / "mine.yaml"
     cfg.write_text(f"name: my-probe\nrecipe: probe\noptions:\n  model: synthetic:concat\n  corpus: {small_corpus}\n"
@@ -124,3 +155,29 @@ def test_a_configs_name_names_its_run_folder(tmp_path, monkeypatch, small_corpus
     assert main(["probe", "--config", str(cfg), "--no-control", "hidden_size=16", "num_layers=1"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("my-probe-") and (run / "report.json").is_file()
+
+
+LIGHT = """
+import argparse, sys
+from memlab.app.commands import probe
+parser = argparse.ArgumentParser(prog="memlab")
+probe.add_parser(parser.add_subparsers(dest="verb"))
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "the parser imported torch"
+try:
+    parser.parse_args(ARGV)
+except SystemExit as e:
+    print("exit", e.code)
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "answering imported torch"
+"""
+
+
+@pytest.mark.parametrize("argv", [["probe", "--help"], ["probe", "--epochs", "many"], ["probe", "--bag-head=3"]])
+def test_the_probe_command_line_imports_no_torch(argv):
+    """`memlab probe --help` and a malformed flag answer from the option dataclasses alone (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LIGHT.replace("ARGV", repr(argv))], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == ("exit 0" if argv[-1] == "--help" else "exit 2")

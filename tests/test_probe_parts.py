@@ -28,7 +28,7 @@ def check_part_contract(kind: str, name: str, decoder_source: str | None = None)
     """Call a registered part as its kind's contract says (memlab.probes.parts) and check what comes back
     (``decoder_source``: the argument of a decoder that takes one, a causal LM folder)."""
     part = PARTS[kind].get(name)
-    assert part.name == name and all(isinstance(o, str) for o in part.options)
+    assert part.name == name and all(isinstance(o, str) for o in part.option_names)
     g = torch.Generator().manual_seed(0)
     if kind == "encoder":
         assert isinstance(part.impl, EncoderKind) and callable(part.impl.load)

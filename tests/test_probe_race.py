@@ -11,7 +11,7 @@ import torch
 
 from memlab.probes.fitloop import RACE_Z, paired_se, race_losers
 from memlab.probes.options import ProbeOptions
-from memlab.probes.train import fit_decoders
+from memlab.probes.train import ControlStore, FitData, fit_decoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,9 +79,9 @@ def test_racing_keeps_the_same_probe_with_the_same_reading_in_fewer_steps(tokeni
     monkeypatch.setattr(fitloop, "race_losers", lambda *a: stopped.extend(out := real(*a)) or out)
     got = {}
     for race in (False, True):
-        out = fit_decoders(_opts(race=race), tokenizer, tr, ev, code(tr), code(ev), control=True, cache={}, key="k")
-        dec, m, hist, secs = out["probe"]
-        got[race] = m
+        out = fit_decoders(_opts(race=race), FitData(tokenizer, tr, ev, code(tr), code(ev)),
+                           control=ControlStore({}, "k"))
+        got[race] = out.probe.scores
     off, on = got[False], got[True]
     assert on.metrics["start"]["kept"] == off.metrics["start"]["kept"] == "scratch"
     assert on.metrics["ce"] == off.metrics["ce"]

@@ -1,14 +1,22 @@
-"""memlab probe --model NAME_OR_PATH [--layer -1 --pool last --seq-len 32 ...]: an inversion probe."""
+"""memlab probe --model NAME_OR_PATH [--layer -1 --pool last --seq-len 32 ...]: an inversion probe.
+
+The parser is built from the option dataclasses (the sections and the built-in parts' options of
+:mod:`memlab.probes.sections`), one argument group per section and per part, and imports neither torch nor
+transformers: ``memlab probe --help`` and a malformed flag answer at once.
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from memlab.app.commands import check_threads
-from memlab.probes.options import ProbeOptions
-from memlab.probes.sections import ReadoutSection
+from memlab.probes.options import docs
+from memlab.probes.sections import PART_OPTIONS, SECTIONS, ReadoutSection
 
-FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the field's default (memlab.probes.sections)
+FLAGS = {  # flag -> (option, type, help): the hand-written flags; every other option gets --its-name
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end"),
     "--pool": ("pool", str, "a registered pooling: last, second_last, mean or first (unset: the shortcut's, else last)"),
     "--seq-len": ("seq_len", str, "words per chunk (with chunk_by=tokens: tokens of the model's tokenizer); a comma "
@@ -25,14 +33,13 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
     "--val-fraction": ("val_fraction", float, "share of training chunks held back for early stopping"),
     "--decoder": ("decoder", str, "llama (a small decoder trained from scratch) or pretrained:NAME (a causal LM: "
                                   "shortcut, folder, run, GGUF file or hub name, reading the embedding through a "
-                                  "trained map; targets in its own tokenizer; lora_r=8 adapts it with LoRA, "
-                                  "finetune=true trains it whole, map_hidden=H puts a hidden layer in the map)"),
+                                  "trained map; targets in its own tokenizer), or a decoder registered by a plugin"),
     "--compare": ("compare", str, "methods read from one encoder pass, as a comparison: decoders (llama, "
                                   "pretrained:NAME) and read-outs (align, bow), comma-separated, each with its own "
                                   "options in brackets (pretrained:memlab-lm[conditioning=prefix]); every method at "
                                   "every --n-train size: curve.md/json and plots/compare.png"),
-    "--hidden-size": ("hidden_size", int, "decoder width (decoder=llama)"),
-    "--num-layers": ("num_layers", int, "decoder blocks (decoder=llama)"),
+    "--hidden-size": ("hidden_size", int, "decoder width"),
+    "--num-layers": ("num_layers", int, "decoder blocks"),
     "--corpus": ("corpus", str, "corpus of the held-out text: a bundled name, a file or folder (.txt, .jsonl, "
                                 ".parquet, .arrow, a folder saved with datasets' save_to_disk) or hf:NAME"),
     "--text-field": ("text_field", str, "the field of each record that holds the text (.jsonl, .parquet, .arrow, "
@@ -53,45 +60,110 @@ FLAGS = {  # flag -> (ProbeOptions field, type, help); each help ends with the f
                                           "temporary folder)"),
     "--threads": ("threads", int, "torch CPU threads (unset: torch's)"),
 }
+SWITCHES = {  # option -> (flag, help): on/off flags written by hand
+    "final_norm": ("--final-norm", "read the last layer after the final norm"),
+    "random_init": ("--random-init", "same architecture, random weights (floor)"),
+    "calibrate": ("--calibrate", "also fit the positive controls (synthetic concat/bag codes of the same chunks) and "
+                                 "report them"),
+    "layers_sequence": ("--layers-sequence", "with --layers: also fit the sequence probe per layer"),
+    "progress": ("--progress", "progress bars even when not on a TTY"),
+}
+PART_GROUPS = {"conditioning": "conditioning", "inputs": "inputs", "decoder": "decoder", "readout": "readouts"}
+"""Kind -> the option that chooses the part (how a part's group is titled: ``decoder=llama``)."""
+OWN = "option_"
+"""Prefix of the argparse names of the flags made from the options' fields."""
 
 
-def _help(field: str, text: str) -> str:
-    """``text`` and the field's default, read from the options dataclasses (none shown for an unset default)."""
-    default = getattr(ProbeOptions, field, None)
+def _default(cls: type, name: str):
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def _help(cls: type, name: str, text: str | None = None) -> str:
+    """``text`` (else the first sentence of the field's docstring) and its default (none shown for an unset one)."""
+    text = text or re.split(r"\.\s+(?=[A-Z])", docs(cls).get(name, "").replace("``", ""))[0].rstrip(".")
+    default = _default(cls, name)
     if default is None:
-        return text
+        return text.replace("%", "%%")
     if isinstance(default, float) and default == int(default) and default > 1:
         default = int(default)
-    return f"{text} (default {default})"
+    return f"{text} (default {default})".replace("%", "%%")
+
+
+def _add_own(group, name: str, cls: type, taken: set) -> None:
+    """``--its-name`` for option ``name`` of ``cls`` (on/off for a bool), unless a flag already sets it."""
+    if name in taken:
+        return
+    taken.add(name)
+    flag = "--" + name.replace("_", "-")
+    if isinstance(_default(cls, name), bool):
+        group.add_argument(flag, dest=OWN + name, action=argparse.BooleanOptionalAction, default=None,
+                           help=_help(cls, name))
+    else:
+        group.add_argument(flag, dest=OWN + name, default=None, metavar="VALUE", help=_help(cls, name))
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("probe", help="inversion probe: how much of its input a frozen model keeps",
                        description="Freeze a model, embed held-out chunks once, train a decoder to rebuild the tokens "
                                    "from each embedding (and a control decoder on a constant embedding); write "
-                                   "report.json, plots/*.png and the decoder into the run directory.")
-    p.add_argument("--model", help="shortcut (minilm, smollm2, memlab-lm), space:NAME[:PATH], local folder/run, "
-                                    "FILE.gguf, or hub name")
+                                   "report.json, plots/*.png and the decoder into the run directory.",
+                       epilog="Every option is also key=value (prefix_len=8) and a YAML key, flat or under its "
+                              "section (decoder: {kind: llama, hidden_size: 64}). Options of parts from plugins are "
+                              "key=value or YAML keys of their section; `memlab list probe_decoders` (and the other "
+                              "probe_* registries) lists them.")
     p.add_argument("--config", help="YAML of probe options (configs/probes/*.yaml)")
-    for flag, (field, tp, hlp) in FLAGS.items():
-        p.add_argument(flag, type=tp, default=None, help=_help(field, hlp))
-    p.add_argument("--final-norm", action="store_true", default=None, help="read the last layer after the final norm")
-    p.add_argument("--random-init", action="store_true", default=None, help="same architecture, random weights (floor)")
-    p.add_argument("--no-control", action="store_true", help="skip the control decoder")
-    p.add_argument("--no-bow", action="store_true",
-                   help=f"skip the read-outs (readouts=[]; default: {', '.join(ReadoutSection().readouts)})")
-    p.add_argument("--calibrate", action="store_true", default=None,
-                   help="also fit the positive controls (synthetic concat/bag codes of the same chunks) and report them")
-    p.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit a bag-of-words "
-                                    "read-out per layer (retention by depth)")
-    p.add_argument("--layers-sequence", action="store_true", help="with --layers: also fit the sequence probe per layer "
-                                                                   "(both also as options: layers=all, layers_sequence=true)")
-    p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.add_argument("--out", help="run directory (default runs/NAME-TIMESTAMP, NAME the config's name or probe-MODEL); "
                                  "must be new or empty")
     p.add_argument("--log-with", help="also log the report to trackers: tensorboard, wandb, mlflow (comma-separated)")
     p.add_argument("overrides", nargs="*", help="option overrides key=value (e.g. prefix_len=8)")
+    by_field = {field: (flag, tp, hlp) for flag, (field, tp, hlp) in FLAGS.items()}
+    taken = {"name"}  # the run's name: --out names the folder, name= the config's
+    for sec, cls in SECTIONS.items():
+        group = p.add_argument_group(f"{sec} options", (cls.__doc__ or "").strip().split("\n")[0])
+        for f in fields(cls):
+            if f.name == "model":
+                group.add_argument("--model", help="shortcut (minilm, smollm2, memlab-lm), space:NAME[:PATH], local "
+                                                   "folder/run, FILE.gguf, or hub name")
+            elif f.name in by_field:
+                flag, tp, hlp = by_field[f.name]
+                group.add_argument(flag, type=tp, default=None, help=_help(cls, f.name, hlp))
+            elif f.name in SWITCHES:
+                flag, hlp = SWITCHES[f.name]
+                group.add_argument(flag, action="store_true", default=None, help=hlp)
+            elif f.name == "control":
+                group.add_argument("--no-control", action="store_true", help="skip the control decoder")
+            elif f.name == "readouts":
+                group.add_argument("--no-bow", action="store_true", help="skip the read-outs (readouts=[]; default: "
+                                                                        f"{', '.join(ReadoutSection().readouts)})")
+            elif f.name == "layers":
+                group.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit "
+                                                    "a bag-of-words read-out per layer (retention by depth)")
+            else:
+                _add_own(group, f.name, cls, taken)
+            taken.add(f.name)
+    for (kind, name), cls in PART_OPTIONS.items():
+        title = (f"readouts=[{name}]" if kind == "readout" else
+                 f"{PART_GROUPS[kind]}={name}" + (":NAME" if name == "pretrained" else ""))
+        group = p.add_argument_group(f"{title} options", f"refused with any other {kind}")
+        for f in fields(cls):
+            if f.name in by_field:
+                flag, tp, hlp = by_field[f.name]
+                group.add_argument(flag, type=tp, default=None, help=_help(cls, f.name, hlp))
+                taken.add(f.name)
+            else:
+                _add_own(group, f.name, cls, taken)
     p.set_defaults(func=run)
+
+
+def flag_overrides(args) -> list[str]:
+    """The options set by the flags made from the options' fields, as ``key=value`` overrides (typed as key=value
+    is; an on/off flag as true/false)."""
+    out = []
+    for k, v in vars(args).items():
+        if k.startswith(OWN) and v is not None:
+            out.append(f"{k[len(OWN):]}={str(v).lower() if isinstance(v, bool) else v}")
+    return out
 
 
 def run(args) -> int:
@@ -103,7 +175,8 @@ def run(args) -> int:
 
     from memlab.probes.lengths import run_length_sweep
     from memlab.probes.options import seq_lens
-    from memlab.probes.sweep import parse_sizes, run_layer_sweep, run_learning_curve
+    from memlab.probes.options import parse_sizes
+    from memlab.probes.sweep import run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
@@ -118,7 +191,7 @@ def run(args) -> int:
         kw["readouts"] = []
     if not args.model and not args.config:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
-    opts = load_options(args.config, args.overrides, **kw)
+    opts = load_options(args.config, [*args.overrides, *flag_overrides(args)], **kw)
     sizes = parse_sizes(opts.n_train)
     from memlab.rundir import safe_name
 

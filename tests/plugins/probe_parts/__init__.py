@@ -123,19 +123,19 @@ def first_token_match(pred: torch.Tensor, true: torch.Tensor, hyps, refs,
     return float((pred[:, i] == true[:, i]).float().mean())
 
 
-register_part("pool", Part("max", max_pool, options_class=MaxOptions,
+register_part("pool", Part("max", max_pool, options=MaxOptions,
                            description="max over real tokens (a test plugin)"))
 register_part("encoder", Part("onehot", EncoderKind(lambda s: s.startswith("onehot:"), load_first_token),
-                              options_class=OneHotOptions,
+                              options=OneHotOptions,
                               description="onehot:TOKENIZER_DIR, the first token's one-hot (a test plugin)"))
 register_part("conditioning", Part("repeat", Conditioning(_repeat_vectors, _repeat_join, _repeat_vectors),
-                                   options_class=RepeatOptions,
+                                   options=RepeatOptions,
                                    description="repeat_vectors memory vectors (a test plugin)"))
-register_part("inputs", Part("every_other", InputMode(_every_other), options_class=EveryOtherOptions,
+register_part("inputs", Part("every_other", InputMode(_every_other), options=EveryOtherOptions,
                              description="teacher inputs with every blank_every-th one blanked (a test plugin)"))
-register_part("decoder", Part("narrow", narrow_decoder, options_class=NarrowOptions,
+register_part("decoder", Part("narrow", narrow_decoder, options=NarrowOptions, honours="all",
                               description="the scratch decoder at narrow_width (a test plugin)"))
-register_part("readout", Part("prior", prior_readout, options_class=PriorOptions,
+register_part("readout", Part("prior", prior_readout, options=PriorOptions,
                               description="the frequency prior alone (a test plugin)"))
-register_part("scorer", Part("first_token_match", first_token_match, options_class=FirstTokenOptions,
+register_part("scorer", Part("first_token_match", first_token_match, options=FirstTokenOptions,
                              description="first token rebuilt (a test plugin)"))
