@@ -25,10 +25,6 @@ from memlab.app import commands as cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BUILT_WITH_TORCH = {
-    "probe": "the probe's parser is built from its option dataclasses, whose module imports torch",
-}
-"""Verbs whose parser still imports torch when it is built (their --help and refusals are still one line, exit 2)."""
 
 FAST_S = 1.0
 """Most seconds a refusal may take inside the interpreter (imports and parsing, not the interpreter's start)."""
@@ -72,8 +68,6 @@ def assert_one_line(rc: int, err: str, phrase: str = "") -> str:
 
 
 def no_torch(verb: str, torch_loaded: bool, seconds: float) -> None:
-    if torch_loaded and verb in BUILT_WITH_TORCH:
-        pytest.xfail(BUILT_WITH_TORCH[verb])
     assert not torch_loaded, f"memlab {verb} imported torch before answering"
     assert seconds < FAST_S, f"memlab {verb} took {seconds:.2f} s to answer"
 
@@ -90,12 +84,7 @@ def command(verb: str, *args: str) -> list[str]:
 
 
 def answer(argv: list[str], capsys) -> tuple[int, str, bool, float]:
-    """(exit status, stderr, torch imported, seconds) of ``memlab ARGV``: in a fresh interpreter, or in this one
-    for a verb that imports torch to build its parser anyway."""
-    if argv[0] in BUILT_WITH_TORCH:
-        capsys.readouterr()
-        rc = cli.main(argv)
-        return rc, capsys.readouterr().err, True, 0.0
+    """(exit status, stderr, torch imported, seconds) of ``memlab ARGV`` in a fresh interpreter."""
     rc, _, err, torch_loaded, seconds = fresh(argv)
     return rc, err, torch_loaded, seconds
 
