@@ -244,8 +244,6 @@ def test_an_address_space_too_small_for_torch_is_one_line_at_once(verb, tmp_path
     outs = {a.dest for a in verb_parser(verb)._actions}
     argv = command(verb, *(["--out", str(out)] if "out" in outs else []))
     limit = (BASE_MIB // 2) * 2**20  # room for Python, not for torch
-    if verb in BUILT_WITH_TORCH:
-        pytest.xfail(BUILT_WITH_TORCH[verb])
     t = time.monotonic()
     rc, _, err, torch_loaded, _ = fresh(argv, limits={resource.RLIMIT_AS: limit}, timeout=60)
     assert time.monotonic() - t < 30  # never the thread pool's endless start-up
