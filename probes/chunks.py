@@ -45,7 +45,6 @@ from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
 from memlab.probes.result import ProbeText, TextAccounting
-from memlab.probes.sections import train_sizes
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
@@ -143,6 +142,12 @@ def rendering(texts: list[str], ids: torch.Tensor, tokenizer) -> str:
         return "lowercased (the tokenizer drops case: the bits do not count it)"
     same = sum(a == b for a, b in zip(back, orig)) / max(len(orig), 1)
     return f"normalised by the tokenizer ({same:.0%} of the chunks decode to their text exactly)"
+
+
+def _most_chunks(opts) -> int:
+    """The training chunks read: ``n_train``, or a learning curve's largest size."""
+    n = opts.n_train
+    return max(n) if isinstance(n, (list, tuple)) else n
 
 
 def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
@@ -252,7 +257,7 @@ def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None)
     option's); ``cap_to_fit``: chunks the encoder cannot read whole keep the words that fit, with a note (else they
     are refused)."""
     cap = opts.max_chunk_tokens if cap is None else cap
-    args = (opts.seq_len, max(train_sizes(opts)), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
+    args = (opts.seq_len, _most_chunks(opts), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
     if cap is None or opts.chunk_tokenizer:
         texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer, opts.text_field))
     else:  # capped in the encoder's own tokenizer
@@ -284,7 +289,7 @@ def probe_data(opts, encoder, cap_to_fit: bool = False) -> tuple[torch.Tensor, t
         if encoder.max_length is not None and opts.seq_len > encoder.max_length:
             raise MemlabError(f"seq_len={opts.seq_len} is longer than {encoder.name} allows ({encoder.max_length} "
                               "tokens besides its special tokens)")
-        train_ids = probe_chunks(tok, opts.seq_len, max(train_sizes(opts)), "train", opts.corpus, opts.seed,
+        train_ids = probe_chunks(tok, opts.seq_len, _most_chunks(opts), "train", opts.corpus, opts.seed,
                                  text_field=opts.text_field)
         eval_ids = probe_chunks(tok, opts.seq_len, opts.n_eval, opts.eval_split, opts.corpus, opts.seed,
                                   at_most=True, text_field=opts.text_field)

@@ -23,7 +23,7 @@ from memlab.errors import ConfigError
 from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
 from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
-                                    TeacherOptions, TextSection, train_sizes)
+                                    TeacherOptions, TextSection)
 
 CHUNK_BY = ("words", "tokens")
 CACHE_DTYPES = ("float32", "float16", "bfloat16")  # memlab.data.mmapcache.STORAGE, named here without numpy or torch
@@ -103,6 +103,12 @@ def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple
         except ConfigError as e:
             raise ConfigError(f"'compare': method {m.spec!r}: {e}") from None
     return out
+
+
+def train_sizes(opts) -> list[int]:
+    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
+    n = opts.n_train
+    return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
 def parse_sizes(text) -> list[int]:

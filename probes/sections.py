@@ -298,9 +298,3 @@ PART_OPTIONS: dict[tuple[str, str], type] = {
     ("decoder", "llama"): LlamaOptions, ("decoder", "pretrained"): PretrainedOptions,
     ("readout", "bow"): BowOptions, ("readout", "align"): AlignOptions}
 """(kind, part) -> the options class of each built-in part that has options."""
-
-
-def train_sizes(opts) -> list[int]:
-    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
-    n = opts.n_train
-    return list(n) if isinstance(n, (list, tuple)) else [n]
