@@ -21,7 +21,7 @@ from memlab.app import launched
 from memlab.app.quiet import quiet_libraries
 from memlab.errors import MemlabError
 
-VERBS = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench", "launch")
+VERBS = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench", "launch", "invert")
 
 
 def build_parser() -> argparse.ArgumentParser:
