@@ -40,7 +40,7 @@ from memlab.probes.invert.states import LayerReader, Prefix
 class SearchOptions:
     """How each position is searched (``memlab invert`` flags of the same names)."""
 
-    batch_size: int = 128
+    batch_size: int = 64
     """Ranked candidates verified per batch (one batched pass through the first ``layer`` blocks)."""
     budget: int = 2048
     """Ranked candidates tried at a position before the exhaustive search."""

@@ -17,6 +17,7 @@ length.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,8 @@ class LayerReader:
         self.layer = layer % (n + 1)
         self.num_layers = n
         self.bb = backbone(model)
+        params = inspect.signature(self.bb.forward).parameters  # transformers 5 names it `cache`, earlier ones not
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         emb = self.bb.get_input_embeddings() if hasattr(self.bb, "get_input_embeddings") else None
         if emb is None:
             raise ModelError(f"{type(model).__name__} has no input embedding table to search over")
@@ -78,7 +81,7 @@ class LayerReader:
                 lambda m, a, kw: keep(a[0] if a else kw["hidden_states"]), with_kwargs=True)
         else:
             handle = self.blocks[self.layer - 1].register_forward_hook(lambda m, a, o: keep(o))
-        kw = {"past_key_values": cache, "use_cache": True} if cache is not None else {"use_cache": False}
+        kw = {self._cache_kw: cache, "use_cache": True} if cache is not None else {"use_cache": False}
         try:
             self.bb(inputs_embeds=embeds, **kw)
         except _Stop:

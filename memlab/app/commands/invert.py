@@ -20,7 +20,7 @@ NUMBERS = {
     "--n-eval": (int, 1, 256, "held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first "
                               "of them, so both instruments read the same chunks"),
     "--seed": (int, None, 0, "seed of the chunk draw (memlab probe's seed)"),
-    "--batch-size": (int, 1, 128, "ranked candidates verified per batch"),
+    "--batch-size": (int, 1, 64, "ranked candidates verified per batch"),
     "--budget": (int, 1, 2048, "ranked candidates tried at a position before the exhaustive search"),
     "--exhaustive-batch": (int, 1, 512, "candidates per batch of the exhaustive search"),
     "--tol": (float, 0.0, 1e-3, "relative distance |h - h*| / |h*| within which a candidate matches"),
