@@ -58,7 +58,8 @@ def main(argv=None) -> int:
         r = recovery(Searcher(reader, opts), prefix, chunks, states) | {"noise": level}
         rows["noise"].append(r)
         print(f"noise {level:g}: exact {r['exact_match']:.2f} tokens {r['token_accuracy']:.3f} match {r['match']} "
-              f"nearest {r['nearest']} none {r['none']} median d {r['median_distance']:.3g}", flush=True)
+              f"separated {r['separated']} nearest {r['nearest']} none {r['none']} "
+              f"median d {r['median_distance']:.3g}", flush=True)
     clean = [observed_states(reader, prefix, c, 0.0, gen) for c in chunks]
     for qt in [q for q in args.qtypes.split(",") if q]:
         qmodel = quantized_copy(enc.model, qt)
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
                                                                             "weight_error": err}
             rows["weights"].append(r)
             print(f"{qt} ({direction}, weight error {err:.3g}): exact {r['exact_match']:.2f} tokens "
-                  f"{r['token_accuracy']:.3f} match {r['match']} nearest {r['nearest']} none {r['none']} "
+                  f"{r['token_accuracy']:.3f} match {r['match']} separated {r['separated']} nearest {r['nearest']} "
+                  f"none {r['none']} "
                   f"median d {r['median_distance']:.3g}", flush=True)
     rows["seconds"] = time.perf_counter() - t0
     (out / "robustness.json").write_text(json.dumps(rows, indent=2))

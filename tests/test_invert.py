@@ -31,7 +31,7 @@ FAMILIES = {  # model_type -> tiny config (3 blocks, width 32)
     "bloom": dict(hidden_size=32, n_layer=3, n_head=4),
     "gpt_neo": dict(hidden_size=32, num_layers=3, num_heads=4, attention_types=[[["global", "local", "global"], 1]]),
 }
-FAST = SearchOptions(batch_size=32, budget=96, exhaustive_batch=V)
+FAST = SearchOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=float("inf"))
 
 
 def tiny(model_type: str, seed: int = 0):
@@ -153,13 +153,19 @@ def test_cli_bad_input_one_line(argv, says, capsys, tmp_path):
 def test_cli_inverts_memlab_lm(capsys, tmp_path):
     out = tmp_path / "run"
     code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--seq-len", "4", "--n", "2", "--threads", "1",
-                     "--out", str(out), capsys=capsys)
+                     "--cache-dir", str(tmp_path / "cache"), "--out", str(out), capsys=capsys)
     assert code == 0, cap.err
     rep = json.loads((out / "report.json").read_text())
     assert rep["totals"]["exact_match"]["value"] == 1.0
     assert rep["certificates"]["none"] == 0 and rep["worst_gap"] >= 2
     assert len(rep["chunks"]) == 2 and rep["chunks"][0]["recovered_ids"] == rep["chunks"][0]["true_ids"]
     assert "exact match: 1.000" in cap.out
+    again = tmp_path / "again"  # the kept first-position table is read back, with the same result
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--seq-len", "4", "--n", "2", "--threads", "1",
+                     "--cache-dir", str(tmp_path / "cache"), "--out", str(again), capsys=capsys)
+    rep2 = json.loads((again / "report.json").read_text())
+    assert code == 0 and "kept table" in rep2["search"]["first_position"]
+    assert [c["recovered_ids"] for c in rep2["chunks"]] == [c["recovered_ids"] for c in rep["chunks"]]
     code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--out", str(out), capsys=capsys)
     assert code == 2 and (out / "report.json").is_file()  # a used folder is refused and kept
 
@@ -169,3 +175,16 @@ def test_command_module_imports_nothing_heavy():
             "print(sorted(x for x in ('torch', 'numpy', 'transformers') if x in sys.modules))")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "[]"
+
+
+def test_noisy_states_separated_without_exhaustive_search():
+    """Noise above the tolerance: the best ranked candidate is accepted early when every other verified one is far
+    (certificate ``separated``), and the exhaustive search is skipped."""
+    reader = LayerReader(tiny("llama"), 2)
+    seqs = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(6))
+    states = reader.full_states(seqs)
+    noisy = states + 0.01 * states.norm(dim=-1, keepdim=True) * torch.randn(states.shape) / states.shape[-1] ** 0.5
+    s = Searcher(reader, SearchOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=5.0))
+    got = s.chunk(noisy[0], [], first=s.first_positions([], noisy[:, 0])[0])
+    assert [p.token for p in got] == seqs[0].tolist()
+    assert all(p.certificate == "separated" and not p.exhaustive for p in got[1:])

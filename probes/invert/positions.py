@@ -20,8 +20,11 @@ candidates verified, and their ratio ``gap = d2 / d1``:
 
 * ``match``: ``d1 <= tol`` and ``gap >= min_gap``; accepted as soon as it is seen (a float32 recomputation of
   the true token lies near 1e-6, a wrong token typically 0.1 or more away);
-* ``nearest``: no candidate within ``tol`` (noisy states, other weights), but after the exhaustive search the
-  best token of the whole vocabulary is ``min_gap`` times nearer than any other;
+* ``separated``: no candidate within ``tol`` (noisy states, other weights), but the best verified one is
+  ``accept_gap`` times nearer than every other verified one; accepted as soon as it is seen, without the
+  exhaustive search (a wrong token that near, with the true one untried, would be a collision);
+* ``nearest``: after the exhaustive search, the best token of the whole vocabulary is ``min_gap`` times nearer
+  than any other;
 * ``none``: neither; the position keeps its best token, and the report says it had no certificate.
 """
 
@@ -52,6 +55,9 @@ class SearchOptions:
     """Relative distance ``|h - h*| / |h*|`` within which a candidate matches."""
     min_gap: float = 2.0
     """Least ratio of the runner-up's distance to the best one's for a certificate."""
+    accept_gap: float = 10.0
+    """Accept a best candidate outside ``tol`` without the exhaustive search when every other verified candidate
+    is this many times farther (certificate ``separated``; ``inf``: never)."""
     relinearize: bool = True
     """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
 
@@ -98,6 +104,9 @@ class _Best:
     def matched(self, opts: SearchOptions) -> bool:
         return self.d1 <= opts.tol and self.d2 >= opts.min_gap * self.d1
 
+    def separated(self, opts: SearchOptions) -> bool:
+        return self.d1 > opts.tol and self.d2 >= opts.accept_gap * self.d1
+
 
 @dataclass
 class Searcher:
@@ -137,23 +146,40 @@ class Searcher:
             cand = torch.topk(score, k, largest=False).indices  # (k,)
             best.add(cand, self.distances(prefix, cand, target))
             tried[cand] = True
-            if best.matched(o):
+            if best.matched(o) or best.separated(o):
                 break
             if o.relinearize:
                 e0 = self.table[best.token]
-        exhaustive = not best.matched(o) and o.exhaustive and int(tried.sum()) < v
+        exhaustive = not (best.matched(o) or best.separated(o)) and o.exhaustive and int(tried.sum()) < v
         if exhaustive:
             rest = (~tried).nonzero().view(-1)  # (R,)
             for i in range(0, rest.numel(), o.exhaustive_batch):
                 chunk = rest[i : i + o.exhaustive_batch]
                 best.add(chunk, self.distances(prefix, chunk, target))
             tried[:] = True
-        cert = "match" if best.matched(o) else ("nearest" if exhaustive and best.d2 >= o.min_gap * best.d1
-                                                else "none")
+        cert = ("match" if best.matched(o) else "nearest" if exhaustive and best.d2 >= o.min_gap * best.d1
+                else "separated" if best.separated(o) else "none")
         return Position(best.token, best.d1, best.d2, cert, int(tried.sum()), exhaustive,
                         time.perf_counter() - start, true_rank)
 
-    def first_positions(self, prefix_ids: list[int], targets: torch.Tensor, on_batch=None) -> list[Position]:
+    def first_table(self, prefix_ids: list[int], on_batch=None) -> torch.Tensor:
+        """The state ``(V, D)`` of every token of the vocabulary at the first position after ``prefix_ids``: what
+        :meth:`first_positions` compares each chunk's first state with (kept, it serves later runs too)."""
+        return torch.cat([h for _, h in self._first_batches(prefix_ids, None, on_batch)])  # (V, D)
+
+    def _first_batches(self, prefix_ids: list[int], table: torch.Tensor | None, on_batch):
+        """(candidate ids (B,), their first-position states (B, D)) over the vocabulary: from ``table`` or
+        computed."""
+        prefix = None if table is not None else self.reader.start(prefix_ids)
+        for i in range(0, self.reader.vocab_size, self.opts.exhaustive_batch):
+            cand = torch.arange(i, min(i + self.opts.exhaustive_batch, self.reader.vocab_size))  # (B,)
+            h = table[cand] if table is not None else self.reader.candidate_states(prefix, cand).cpu()  # (B, D)
+            if on_batch is not None:
+                on_batch(cand.numel())
+            yield cand, h.float()
+
+    def first_positions(self, prefix_ids: list[int], targets: torch.Tensor, on_batch=None,
+                        table: torch.Tensor | None = None) -> list[Position]:
         """The first position of many chunks at once, by one exhaustive pass over the vocabulary: ``targets``
         ``(n, D)``, each chunk's state at its first position after the shared ``prefix_ids``.
 
@@ -161,26 +187,21 @@ class Searcher:
         states: one pass serves all chunks, and each gets the full certificate. (Ranking by the gradient is
         weakest there: without a BOS token the first position is the model's attention sink, whose state is
         large and barely depends on the token.) Each chunk is charged its share of the pass's time; no true rank
-        is recorded there (nothing was ranked)."""
+        is recorded there (nothing was ranked). ``table``: the states of :meth:`first_table`, when kept."""
         o, start = self.opts, time.perf_counter()
         v, n = self.reader.vocab_size, targets.shape[0]
-        prefix = self.reader.start(prefix_ids)
         tg = targets.float()  # (n, D)
         norms = tg.norm(dim=-1).clamp_min(1e-30)  # (n,)
         d1 = torch.full((n,), math.inf)
         d2 = torch.full((n,), math.inf)
         tok = torch.zeros(n, dtype=torch.long)
-        for i in range(0, v, o.exhaustive_batch):
-            cand = torch.arange(i, min(i + o.exhaustive_batch, v))  # (B,)
-            h = self.reader.candidate_states(prefix, cand).cpu()  # (B, D)
+        for cand, h in self._first_batches(prefix_ids, table, on_batch):
             d = torch.cdist(h, tg) / norms  # (B, n)
             both = torch.cat([torch.stack([d1, d2]), d], 0)  # (B + 2, n) the best two so far, then the batch
             ids = torch.cat([torch.stack([tok, tok]), cand[:, None].expand(-1, n)], 0)  # (B + 2, n)
             vals, idx = torch.topk(both, 2, dim=0, largest=False)  # (2, n)
             new_tok = ids.gather(0, idx[:1])[0]  # (n,)
             d1, d2, tok = vals[0], vals[1], new_tok  # rows 0 and 1 are two other tokens: vals[1] is the runner-up
-            if on_batch is not None:
-                on_batch(cand.numel())
         share = (time.perf_counter() - start) / n
         out = []
         for j in range(n):

@@ -6,7 +6,7 @@ over chunks, by :func:`memlab.probes.readings.bootstrap`):
 * ``exact_match``: share of chunks recovered token for token;
 * ``token_accuracy``: share of the chunks' tokens recovered at their position (the probe's definition: positional,
   over the real tokens);
-* ``certified``: share of the positions with a certificate (``match`` or ``nearest``);
+* ``certified``: share of the positions with a certificate (``match``, ``separated`` or ``nearest``);
 * ``candidates_per_token``: candidates verified per token (ranked and exhaustive);
 * ``seconds_per_token``: wall time per token (search and verification, not model loading).
 
@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from memlab.probes.readings import bootstrap
+
+CERTIFICATES = ("match", "separated", "nearest", "none")
+"""The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""
 from memlab.probes.result import Reading
 
 
@@ -132,7 +135,7 @@ def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
             if x != "none"]
     return InvertReport(**meta, totals=totals(chunks), tried=Spread.of([t for c in chunks for t in c.tried]),
                         true_rank=Spread.of([r for c in chunks for r in c.true_ranks]),
-                        certificates={k: certs.count(k) for k in ("match", "nearest", "none")},
+                        certificates={k: certs.count(k) for k in CERTIFICATES},
                         worst_gap=min(gaps) if gaps else math.nan,
                         exhaustive_positions=sum(x for c in chunks for x in c.exhaustive), chunks=chunks)
 
@@ -155,8 +158,8 @@ def summary_lines(rep: InvertReport) -> list[str]:
         f"{rep.text['split']}), {n_pos} positions",
         f"exact match: {_cell(t['exact_match'])} (95% bootstrap interval over chunks)",
         f"token accuracy: {_cell(t['token_accuracy'])}",
-        f"certified positions: {_cell(t['certified'])}; match {rep.certificates['match']}, nearest "
-        f"{rep.certificates['nearest']}, none {rep.certificates['none']}; least gap {rep.worst_gap:.3g}",
+        f"certified positions: {_cell(t['certified'])}; "
+        + ", ".join(f"{k} {v}" for k, v in rep.certificates.items()) + f"; least gap {rep.worst_gap:.3g}",
         f"candidates per position: mean {t['candidates_per_token'].value:.0f}, median {rep.tried.median:.0f}, "
         f"p90 {rep.tried.p90:.0f}, max {rep.tried.max:.0f}; exhaustive searches {rep.exhaustive_positions}",
         f"true token's rank in the first ranking: median {rep.true_rank.median:.0f}, p90 {rep.true_rank.p90:.0f}, "

@@ -9,6 +9,7 @@ before it, e.g. a BOS token, are the fixed prefix the search starts from).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -91,6 +92,44 @@ def observed_states(reader: LayerReader, prefix: list[int], ids: list[int], nois
     return h
 
 
+def fingerprint(model: torch.nn.Module) -> str:
+    """A short digest of a model's weights (each tensor's name, shape, sum and first values): what a kept
+    first-position table depends on besides the layer and the prefix."""
+    h = hashlib.sha1()
+    for name, p in model.state_dict().items():
+        flat = p.detach().flatten().float()
+        h.update(f"{name}{tuple(p.shape)}{float(flat.double().sum()):.9g}".encode())
+        h.update(flat[:16].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def first_table(searcher: Searcher, prefix: list[int], cache_dir: str | None, show) -> torch.Tensor | None:
+    """The first-position states of every token ``(V, D)``, kept in ``cache_dir`` (a safetensors file keyed by the
+    weights, the layer and the prefix) and read back by later runs; None without a ``cache_dir`` (then each run
+    computes what it needs on the fly)."""
+    if not cache_dir:
+        return None
+    from safetensors.torch import load_file, save
+
+    from memlab.progress import progress_bar
+    from memlab.rundir import write_atomic
+
+    r = searcher.reader
+    key = hashlib.sha1(f"{fingerprint(r.model)}|{r.layer}|{prefix}|{r.vocab_size}|{r.dtype}".encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"invert-first-{key}.safetensors"
+    if path.is_file():
+        try:
+            return load_file(str(path))["states"]
+        except Exception:  # noqa: BLE001  (a damaged file is computed again)
+            pass
+    bar = progress_bar(r.vocab_size, "invert: first-position table", show=show)
+    table = searcher.first_table(prefix, on_batch=bar.update)  # (V, D)
+    bar.close()
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(path, save({"states": table.contiguous()}))
+    return table
+
+
 def load(spec: str, layer: int, device: str):
     from memlab.probes.loading import load_transformers
 
@@ -105,6 +144,10 @@ def run_invert(vals: dict, out: Path):
     from memlab.outdir import OutputFolder
     from memlab.progress import progress_bar
 
+    if vals["cache_dir"]:
+        from memlab.data.chunkcache import check_cache_dir
+
+        check_cache_dir(vals["cache_dir"])
     if vals["threads"]:
         torch.set_num_threads(vals["threads"])
     device = str(resolve_device(vals["device"]))
@@ -123,6 +166,7 @@ def run_invert(vals: dict, out: Path):
                              f"({other.dim}) differs from {name}'s ({len(enc.tokenizer)}, {enc.dim})")
     opts = SearchOptions(batch_size=vals["batch_size"], budget=vals["budget"], exhaustive=vals["exhaustive"],
                          exhaustive_batch=vals["exhaustive_batch"], tol=vals["tol"], min_gap=vals["min_gap"],
+                         accept_gap=vals["accept_gap"],
                          relinearize=vals["relinearize"])
     searcher = Searcher(reader, opts)
     gen = torch.Generator().manual_seed(vals["seed"])
@@ -130,8 +174,10 @@ def run_invert(vals: dict, out: Path):
     with OutputFolder.new(out, "inversion") as folder:
         with torch.no_grad():
             targets = [observed_states(src_reader, enc.prefix, ids, vals["noise"], gen) for ids in chunks]
+        table = first_table(searcher, enc.prefix, vals["cache_dir"], vals["progress"])
         bar = progress_bar(reader.vocab_size, "invert: first positions", show=vals["progress"])
-        firsts = searcher.first_positions(enc.prefix, torch.stack([t[0] for t in targets]), on_batch=bar.update)
+        firsts = searcher.first_positions(enc.prefix, torch.stack([t[0] for t in targets]), on_batch=bar.update,
+                                          table=table)
         bar.close()
         bar = progress_bar(sum(len(c) for c in chunks), "invert: positions", show=vals["progress"])
         results = []
@@ -146,7 +192,8 @@ def run_invert(vals: dict, out: Path):
             states=vals["states"], hooks=dict(reader.hooks),
             text={k: vals[k] for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
             | {"split": vals["eval_split"], "prefix": list(enc.prefix)},
-            search=vars(opts) | {"first_position": "one exhaustive pass shared by all chunks"},
+            search=vars(opts) | {"first_position": "one exhaustive pass shared by all chunks"
+                                 + (", from the kept table" if table is not None else "")},
             noise=vals["noise"], machine=machine)
         lines = summary_lines(report)
         folder.write_json("report.json", report.to_dict())

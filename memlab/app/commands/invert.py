@@ -25,6 +25,8 @@ NUMBERS = {
     "--exhaustive-batch": (int, 1, 512, "candidates per batch of the exhaustive search"),
     "--tol": (float, 0.0, 1e-3, "relative distance |h - h*| / |h*| within which a candidate matches"),
     "--min-gap": (float, 1.0, 2.0, "least ratio of the runner-up's distance to the best one's for a certificate"),
+    "--accept-gap": (float, 1.0, 10.0, "accept a best candidate outside --tol without the exhaustive search when "
+                                       "every other verified one is this many times farther (inf: never)"),
     "--noise": (float, 0.0, 0.0, "Gaussian noise added to each observed state, its norm this share of the state's"),
     "--threads": (int, 1, None, "torch CPU threads (unset: torch's)"),
 }
@@ -54,6 +56,9 @@ def add_parser(sub) -> None:
                    help="never search the whole vocabulary: keep the best ranked candidate (uncertified)")
     p.add_argument("--no-relinearize", action="store_true",
                    help="rank once at the mean embedding instead of re-ranking from the best verified token")
+    p.add_argument("--cache-dir", default=None,
+                   help="keep the first-position states of every token here (keyed by the weights, layer and prefix) "
+                        "and reuse them: later runs skip the first position's pass over the vocabulary")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     p.add_argument("--progress", action="store_true", help="progress bar even when not on a TTY")
     p.add_argument("--out", help="run directory (default runs/invert-MODEL-TIMESTAMP); must be new or empty")
@@ -101,7 +106,8 @@ def options(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
     vals.update(model=args.model, states=args.states, states_from=args.states_from, chunk_by=args.chunk_by,
                 corpus=args.corpus, eval_split=args.eval_split, exhaustive=not args.no_exhaustive,
-                relinearize=not args.no_relinearize, device=args.device, progress=args.progress or None)
+                relinearize=not args.no_relinearize, device=args.device, cache_dir=args.cache_dir,
+                progress=args.progress or None)
     return vals
 
 
