@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", default="0,0.001,0.003,0.01,0.03,0.1,0.3")
     ap.add_argument("--qtypes", default="Q8_0,Q5_0,Q4_0")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache-dir", default=None, help="keep the model's first-position table here (memlab invert's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
 
     from memlab.probes.invert.positions import SearchOptions, Searcher
     from memlab.probes.invert.robust import quantized_copy, recovery, relative_error
-    from memlab.probes.invert.run import chunk_ids, load, machine_facts, observed_states
+    from memlab.probes.invert.run import chunk_ids, first_table, load, machine_facts, observed_states
     from memlab.probes.invert.states import LayerReader
 
     torch.set_num_threads(args.threads)
@@ -53,9 +54,10 @@ def main(argv=None) -> int:
             "model": args.model, "layer": reader.layer, "chunks": len(chunks),
             "positions": sum(len(c) for c in chunks), "noise": [], "weights": []}
     t0 = time.perf_counter()
+    table = first_table(Searcher(reader, opts), prefix, args.cache_dir, None)
     for level in [float(x) for x in args.noise.split(",")]:
         states = [observed_states(reader, prefix, c, level, gen) for c in chunks]
-        r = recovery(Searcher(reader, opts), prefix, chunks, states) | {"noise": level}
+        r = recovery(Searcher(reader, opts), prefix, chunks, states, table) | {"noise": level}
         rows["noise"].append(r)
         print(f"noise {level:g}: exact {r['exact_match']:.2f} tokens {r['token_accuracy']:.3f} match {r['match']} "
               f"separated {r['separated']} nearest {r['nearest']} none {r['none']} "

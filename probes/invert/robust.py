@@ -50,10 +50,11 @@ def relative_error(a: nn.Module, b: nn.Module) -> float:
     return sum(errs) / max(len(errs), 1)
 
 
-def recovery(searcher: Searcher, prefix: list[int], chunks: list[list[int]], states: list[torch.Tensor]) -> dict:
+def recovery(searcher: Searcher, prefix: list[int], chunks: list[list[int]], states: list[torch.Tensor],
+             table: torch.Tensor | None = None) -> dict:
     """Invert each chunk from its ``states`` ``(T, D)``: exact match, token accuracy, the certificates and the
-    median best relative distance."""
-    firsts = searcher.first_positions(prefix, torch.stack([s[0] for s in states]))
+    median best relative distance (``table``: the searcher's first-position states, when kept)."""
+    firsts = searcher.first_positions(prefix, torch.stack([s[0] for s in states]), table=table)
     got = [searcher.chunk(s, prefix, ids, first=f) for ids, s, f in zip(chunks, states, firsts)]
     flat = [(p, t) for g, ids in zip(got, chunks) for p, t in zip(g, ids)]
     certs = [p.certificate for p, _ in flat]
