@@ -188,3 +188,15 @@ def test_noisy_states_separated_without_exhaustive_search():
     got = s.chunk(noisy[0], [], first=s.first_positions([], noisy[:, 0])[0])
     assert [p.token for p in got] == seqs[0].tolist()
     assert all(p.certificate == "separated" and not p.exhaustive for p in got[1:])
+
+
+def test_cli_refuses_a_bidirectional_encoder(capsys, tmp_path):
+    from memlab import assets
+
+    if not assets.is_installed("minilm"):
+        pytest.skip("the minilm asset is not installed")
+    code, cap = _cli("--model", "minilm", "--layer", "3", "--n", "1", "--seq-len", "4", "--out", str(tmp_path / "r"),
+                     capsys=capsys)
+    lines = cap.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "causal" in lines[0] and "memlab probe" in lines[0]
+    assert not (tmp_path / "r").exists()
