@@ -200,3 +200,14 @@ def test_cli_refuses_a_bidirectional_encoder(capsys, tmp_path):
     lines = cap.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "causal" in lines[0] and "memlab probe" in lines[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_exhaustive_fallback_stops_at_a_match():
+    """A ranked budget of one candidate: the fallback goes on down the ranking and stops at the match."""
+    reader = LayerReader(tiny("gpt_neox"), 2)
+    seqs = torch.randint(0, V, (1, 6), generator=torch.Generator().manual_seed(8))
+    s = Searcher(reader, SearchOptions(batch_size=1, budget=1, exhaustive_batch=8))
+    got = s.chunk(reader.full_states(seqs)[0], [], seqs[0].tolist())
+    assert [p.token for p in got] == seqs[0].tolist() and all(p.certificate == "match" for p in got)
+    fell_back = [p for p in got if p.exhaustive]
+    assert fell_back and all(p.tried < V for p in fell_back)

@@ -13,7 +13,8 @@ the recovered prefix the token at ``t`` is the one whose state matches the obser
 3. **Re-rank** from the best token verified so far (``e0 = E_best``: the first-order score is most accurate
    near the answer) and verify the next batch, until a certificate is found or ``budget`` ranked candidates
    were tried.
-4. **Exhaustive fallback**: every untried token of the vocabulary, in batches of ``exhaustive_batch``.
+4. **Exhaustive fallback**: every untried token of the vocabulary, in batches of ``exhaustive_batch``, in the
+   order of the last ranking, until a ``match`` or ``separated`` certificate stops it (else to the end).
 
 The certificate of a position is its best relative distance ``d1``, the runner-up's ``d2`` among all the
 candidates verified, and their ratio ``gap = d2 / d1``:
@@ -23,7 +24,7 @@ candidates verified, and their ratio ``gap = d2 / d1``:
 * ``separated``: no candidate within ``tol`` (noisy states, other weights), but the best verified one is
   ``accept_gap`` times nearer than every other verified one; accepted as soon as it is seen, without the
   exhaustive search (a wrong token that near, with the true one untried, would be a collision);
-* ``nearest``: after the exhaustive search, the best token of the whole vocabulary is ``min_gap`` times nearer
+* ``nearest``: after the exhaustive search of the whole vocabulary, the best token is ``min_gap`` times nearer
   than any other;
 * ``none``: neither; the position keeps its best token, and the report says it had no certificate.
 """
@@ -58,6 +59,8 @@ class SearchOptions:
     accept_gap: float = 10.0
     """Accept a best candidate outside ``tol`` without the exhaustive search when every other verified candidate
     is this many times farther (certificate ``separated``; ``inf``: never)."""
+    separation_min: int = 32
+    """Candidates verified before a ``separated`` certificate is considered (a gap over a few is no evidence)."""
     relinearize: bool = True
     """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
 
@@ -72,7 +75,7 @@ class Position:
     runner_up: float
     """Least relative distance of any other verified token (inf when only one was tried)."""
     certificate: str
-    """``match``, ``nearest`` or ``none`` (see the module doc)."""
+    """``match``, ``separated``, ``nearest`` or ``none`` (see the module doc)."""
     tried: int
     """Candidates verified (ranked and exhaustive)."""
     exhaustive: bool
@@ -91,9 +94,11 @@ class _Best:
     d1: float = math.inf
     d2: float = math.inf
     token: int = -1
+    seen: int = 0
 
     def add(self, tokens: torch.Tensor, dist: torch.Tensor) -> None:
         """Fold verified ``tokens`` (B,) with distances ``dist`` (B,) into the best two."""
+        self.seen += int(dist.numel())
         vals, idx = torch.sort(dist)
         for v, t in zip(vals[:2].tolist(), tokens[idx[:2]].tolist()):
             if v < self.d1:
@@ -105,7 +110,7 @@ class _Best:
         return self.d1 <= opts.tol and self.d2 >= opts.min_gap * self.d1
 
     def separated(self, opts: SearchOptions) -> bool:
-        return self.d1 > opts.tol and self.d2 >= opts.accept_gap * self.d1
+        return self.d1 > opts.tol and self.d2 >= opts.accept_gap * self.d1 and self.seen >= opts.separation_min
 
 
 @dataclass
@@ -151,13 +156,18 @@ class Searcher:
             if o.relinearize:
                 e0 = self.table[best.token]
         exhaustive = not (best.matched(o) or best.separated(o)) and o.exhaustive and int(tried.sum()) < v
-        if exhaustive:
-            rest = (~tried).nonzero().view(-1)  # (R,)
+        if exhaustive:  # the last ranking continued to the end of the vocabulary, stopped by a certificate
+            score = self.rank(prefix, e0, target)  # (V,)
+            score[tried] = math.inf
+            rest = torch.argsort(score)[: v - int(tried.sum())]  # (R,)
             for i in range(0, rest.numel(), o.exhaustive_batch):
                 chunk = rest[i : i + o.exhaustive_batch]
                 best.add(chunk, self.distances(prefix, chunk, target))
-            tried[:] = True
-        cert = ("match" if best.matched(o) else "nearest" if exhaustive and best.d2 >= o.min_gap * best.d1
+                tried[chunk] = True
+                if best.matched(o) or best.separated(o):
+                    break
+        whole = bool(tried.all())
+        cert = ("match" if best.matched(o) else "nearest" if whole and best.d2 >= o.min_gap * best.d1
                 else "separated" if best.separated(o) else "none")
         return Position(best.token, best.d1, best.d2, cert, int(tried.sum()), exhaustive,
                         time.perf_counter() - start, true_rank)
