@@ -41,6 +41,40 @@ def probe_rows(spec: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def write(res: dict, probe: dict, out: Path, model: str) -> None:
+    """lengths.json and lengths.png from the lengths measured so far (rewritten after each length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res["probe"] = {str(k): v for k, v in probe.items()}
+    (out / "lengths.json").write_text(json.dumps(res, indent=2))
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    xs = [r["seq_len"] for r in res["lengths"]]
+    ax.plot(xs, [r["totals"]["token_accuracy"]["value"] for r in res["lengths"]], marker="o",
+            label=f"per-position states, inversion (layer {res['layer']}): token accuracy")
+    ax.plot(xs, [r["totals"]["exact_match"]["value"] for r in res["lengths"]], marker="s", ls="--",
+            label="per-position states, inversion: exact match")
+    if probe:
+        px = sorted(probe)
+        for col, style in (("token accuracy", "-"), ("free-running accuracy", ":")):
+            ax.plot(px, [probe[k].get(col, float("nan")) for k in px], marker="^", ls=style,
+                    label=f"last token, trained probe: {col}")
+        ax.plot(px, [probe[k].get("control", float("nan")) for k in px], marker="x", ls="-", color="grey",
+                label="trained probe's control: token accuracy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunk length (tokens)")
+    ax.set_ylabel("share of tokens / chunks")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title(f"{model}: what the states keep against length")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "lengths.png", dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -53,10 +87,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import torch
 
     from memlab.probes.invert.positions import SearchOptions, Searcher
@@ -74,6 +104,7 @@ def main(argv=None) -> int:
     res = {"command": " ".join(["python", "benchmarks/invert_lengths.py", *sys.argv[1:]]), "model": args.model,
            "layer": reader.layer, "machine": machine_facts(), "table_seconds": time.perf_counter() - t0,
            "lengths": []}
+    probe = probe_rows(args.probe_table) if args.probe_table else {}
     for length in [int(x) for x in args.lengths.split(",")]:
         vals = {"n": args.n, "n_eval": 200, "eval_split": "test", "corpus": "austen", "seed": 0,
                 "chunk_by": "tokens", "seq_len": length}
@@ -90,31 +121,7 @@ def main(argv=None) -> int:
                                "certificates": [x for c in results for x in c.certificates]})
         print(f"{length} tokens: exact {t['exact_match']['value']:.2f} token accuracy "
               f"{t['token_accuracy']['value']:.3f} s/token {t['seconds_per_token']['value']:.2f}", flush=True)
-    probe = probe_rows(args.probe_table) if args.probe_table else {}
-    res["probe"] = {str(k): v for k, v in probe.items()}
-    (out / "lengths.json").write_text(json.dumps(res, indent=2))
-
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    xs = [r["seq_len"] for r in res["lengths"]]
-    ax.plot(xs, [r["totals"]["token_accuracy"]["value"] for r in res["lengths"]], marker="o",
-            label=f"per-position states, inversion (layer {reader.layer}): token accuracy")
-    ax.plot(xs, [r["totals"]["exact_match"]["value"] for r in res["lengths"]], marker="s", ls="--",
-            label="per-position states, inversion: exact match")
-    if probe:
-        px = sorted(probe)
-        for col, style in (("token accuracy", "-"), ("free-running accuracy", ":")):
-            ax.plot(px, [probe[k].get(col, float("nan")) for k in px], marker="^", ls=style,
-                    label=f"last token, trained probe: {col}")
-        ax.plot(px, [probe[k].get("control", float("nan")) for k in px], marker="x", ls="-", color="grey",
-                label="trained probe's control: token accuracy")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("chunk length (tokens)")
-    ax.set_ylabel("share of tokens / chunks")
-    ax.set_ylim(-0.02, 1.05)
-    ax.set_title(f"{args.model}: what the states keep against length")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "lengths.png", dpi=120)
+        write(res, probe, out, args.model)
     print(f"wrote {out / 'lengths.json'} and {out / 'lengths.png'} in {time.perf_counter() - t0:.0f} s")
     return 0
 
