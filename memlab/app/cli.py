@@ -34,7 +34,7 @@ from memlab.errors import MemlabError
 PATH_ERRORS = (errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR)
 """OSErrors of a path (too long, not permitted, not a folder) that end a command with one line naming it."""
 
-ORDER = ("quickstart", "train", "probe", "generate", "plot", "list", "eval", "bench", "launch")
+ORDER = ("quickstart", "train", "probe", "invert", "generate", "plot", "list", "eval", "bench", "launch")
 """The order of the verbs in ``memlab --help``; any other module of :mod:`memlab.app.commands` follows."""
 
 

@@ -1,0 +1,128 @@
+"""memlab invert --model NAME --layer L --states positions: recover the input exactly from a model's states.
+
+argparse only at import time: the flags are read as text and checked (types, ranges) before anything heavy is
+imported; :func:`memlab.probes.invert.run.run_invert` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+STATES = ("positions",)
+"""What the states are: one per position (the causal model's hidden state at every position of the chunk)."""
+
+# flag -> (type, least value or None, default, help)
+NUMBERS = {
+    "--layer": (int, None, None, "hidden state: 0 = embeddings, k = output of block k-1, negative from the end "
+                                 "(the probe's numbering); required"),
+    "--seq-len": (int, 2, 16, "words per chunk (chunk_by=words, as memlab probe cuts them) or tokens (chunk_by=tokens)"),
+    "--n": (int, 1, 16, "chunks inverted: the first N of the probe's held-out chunks"),
+    "--n-eval": (int, 1, 256, "held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first "
+                              "of them, so both instruments read the same chunks"),
+    "--seed": (int, None, 0, "seed of the chunk draw (memlab probe's seed)"),
+    "--batch-size": (int, 1, 64, "ranked candidates verified per batch"),
+    "--budget": (int, 1, 2048, "ranked candidates tried at a position before the exhaustive search"),
+    "--exhaustive-batch": (int, 1, 512, "candidates per batch of the exhaustive search"),
+    "--tol": (float, 0.0, 1e-3, "relative distance |h - h*| / |h*| within which a candidate matches"),
+    "--min-gap": (float, 1.0, 2.0, "least ratio of the runner-up's distance to the best one's for a certificate"),
+    "--accept-gap": (float, 1.0, 10.0, "accept a best candidate outside --tol without the exhaustive search when "
+                                       "every other verified one is this many times farther (inf: never)"),
+    "--noise": (float, 0.0, 0.0, "Gaussian noise added to each observed state, its norm this share of the state's"),
+    "--threads": (int, 1, None, "torch CPU threads (unset: torch's)"),
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "invert", help="white-box inversion: recover the input exactly from a causal model's per-position states",
+        description="Recover held-out chunks token by token from a causal model's states at one layer, with the "
+                    "model's own weights and no training: rank candidates by the gradient of the distance, verify "
+                    "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
+                    "vocabulary when no ranked candidate matches. Writes report.json into --out and prints a summary.")
+    p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
+                                   "name")
+    p.add_argument("--states", default="positions",
+                   help="which states are inverted: positions (every position's state at the layer; the only kind "
+                        "this command inverts)")
+    p.add_argument("--states-from", default=None,
+                   help="take the states from this model instead (same tokenizer and width): other weights, e.g. a "
+                        "float copy of a quantised model; the certificate then shows the mismatch")
+    for flag, (_, _, default, hlp) in NUMBERS.items():
+        p.add_argument(flag, default=None, help=hlp + (f" (default {default})" if default is not None else ""))
+    p.add_argument("--chunk-by", default="words", help="words (default, the probe's) or tokens")
+    p.add_argument("--corpus", default="austen", help="corpus of the held-out text (default austen)")
+    p.add_argument("--eval-split", default="test", help="test (default) or validation")
+    p.add_argument("--no-exhaustive", action="store_true",
+                   help="never search the whole vocabulary: keep the best ranked candidate (uncertified)")
+    p.add_argument("--no-relinearize", action="store_true",
+                   help="rank once at the mean embedding instead of re-ranking from the best verified token")
+    p.add_argument("--cache-dir", default=None,
+                   help="keep the first-position states of every token here (keyed by the weights, layer and prefix) "
+                        "and reuse them: later runs skip the first position's pass over the vocabulary")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    p.add_argument("--progress", action="store_true", help="progress bar even when not on a TTY")
+    p.add_argument("--out", help="run directory (default runs/invert-MODEL-TIMESTAMP); must be new or empty")
+    p.set_defaults(func=run)
+
+
+def _number(flag: str, text: str | None):
+    """A flag's value, typed and range-checked, or its default; a bad one is one ConfigError line."""
+    from memlab.errors import ConfigError
+
+    tp, least, default, _ = NUMBERS[flag]
+    if text is None:
+        return default
+    try:
+        value = tp(text)
+    except ValueError:
+        kind = "an integer" if tp is int else "a number"
+        raise ConfigError(f"{flag} takes {kind}, got {text!r}") from None
+    if tp is float and value != value:
+        raise ConfigError(f"{flag} takes a number, got {text!r}")
+    if least is not None and value < least:
+        raise ConfigError(f"{flag} must be >= {least}, got {text}")
+    return value
+
+
+def options(args: argparse.Namespace) -> dict:
+    """The flags as checked values (no heavy import): one ConfigError line for the first bad one."""
+    from memlab.errors import ConfigError
+
+    vals = {flag[2:].replace("-", "_"): _number(flag, getattr(args, flag[2:].replace("-", "_")))
+            for flag in NUMBERS}
+    if not args.model:
+        raise ConfigError("give --model NAME_OR_PATH (a causal model)")
+    if vals["layer"] is None:
+        raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
+    if args.states not in STATES:
+        raise ConfigError(f"--states {args.states!r} is not inverted by this command; use --states positions (a "
+                          "causal model's per-position states); for a pooled state use the trained probe: "
+                          "memlab probe --model M --pool last|mean")
+    if args.chunk_by not in ("words", "tokens"):
+        raise ConfigError(f"--chunk-by takes words or tokens, got {args.chunk_by!r}")
+    if args.eval_split not in ("test", "validation"):
+        raise ConfigError(f"--eval-split takes test or validation, got {args.eval_split!r}")
+    if vals["n"] > vals["n_eval"]:
+        raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
+    vals.update(model=args.model, states=args.states, states_from=args.states_from, chunk_by=args.chunk_by,
+                corpus=args.corpus, eval_split=args.eval_split, exhaustive=not args.no_exhaustive,
+                relinearize=not args.no_relinearize, device=args.device, cache_dir=args.cache_dir,
+                progress=args.progress or None)
+    return vals
+
+
+def run(args) -> int:
+    import time
+    from pathlib import Path
+
+    vals = options(args)  # every flag checked before torch is imported
+    from memlab.probes.invert.run import run_invert
+    from memlab.rundir import safe_name
+
+    out = Path(args.out) if args.out else Path("runs") / (
+        f"invert-{safe_name(Path(vals['model']).name or vals['model'])}-{time.strftime('%Y%m%d-%H%M%S')}")
+    report, lines = run_invert(vals, out)
+    for line in lines:
+        print(line)
+    print(f"run: {out}")
+    return 0

@@ -1,0 +1,1 @@
+"""White-box inversion: recover a model's input from its states, with the model's own weights."""

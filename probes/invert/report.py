@@ -1,0 +1,174 @@
+"""The report of ``memlab invert``: per chunk and in total, with bootstrap intervals over chunks.
+
+Figures (each total a :class:`~memlab.probes.result.Reading`: the value and the percentile interval of a bootstrap
+over chunks, by :func:`memlab.probes.readings.bootstrap`):
+
+* ``exact_match``: share of chunks recovered token for token;
+* ``token_accuracy``: share of the chunks' tokens recovered at their position (the probe's definition: positional,
+  over the real tokens);
+* ``certified``: share of the positions with a certificate (``match``, ``separated`` or ``nearest``);
+* ``candidates_per_token``: candidates verified per token (ranked and exhaustive);
+* ``seconds_per_token``: wall time per token (search and verification, not model loading).
+
+Beside them the distribution of candidates tried per position (median, 90th percentile, max), of the true token's
+rank in the first ranking, and the certificates (best relative distance, runner-up, gap).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from memlab.probes.readings import bootstrap
+
+CERTIFICATES = ("match", "separated", "nearest", "none")
+"""The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""
+from memlab.probes.result import Reading
+
+
+@dataclass
+class ChunkResult:
+    """One chunk: the true and recovered tokens and each position's search."""
+
+    index: int
+    text: str
+    true_ids: list[int]
+    recovered_ids: list[int]
+    recovered_text: str
+    exact: bool
+    token_accuracy: float
+    tried: list[int]
+    certificates: list[str]
+    distances: list[float]
+    runner_up: list[float]
+    exhaustive: list[bool]
+    true_ranks: list[int | None]
+    seconds: float
+
+
+@dataclass
+class Spread:
+    """A distribution over positions."""
+
+    median: float
+    p90: float
+    max: float
+
+    @classmethod
+    def of(cls, values) -> "Spread":
+        a = np.asarray([v for v in values if v is not None], dtype=np.float64)
+        if a.size == 0:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(float(np.median(a)), float(np.quantile(a, 0.9)), float(a.max()))
+
+
+@dataclass
+class InvertReport:
+    """report.json of ``memlab invert``."""
+
+    model: str
+    states_from: str
+    """The model whose states were inverted (the same as ``model`` unless ``--states-from`` names another)."""
+    layer: int
+    num_layers: int
+    states: str
+    hooks: dict
+    text: dict
+    """How the chunks were cut: corpus, split, chunk_by, seq_len, seed, the probe's n_eval they are the first of."""
+    search: dict
+    noise: float
+    machine: dict
+    totals: dict[str, Reading]
+    tried: Spread
+    true_rank: Spread
+    certificates: dict[str, int]
+    worst_gap: float
+    """Least gap (runner-up over best distance) over the certified positions."""
+    exhaustive_positions: int
+    chunks: list[ChunkResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["totals"] = {k: v.to_dict() for k, v in self.totals.items()}
+        return out
+
+
+def chunk_result(index: int, text: str, true: list[int], positions, decode, seconds: float) -> ChunkResult:
+    """A chunk's :class:`ChunkResult` from its searched positions (:class:`~memlab.probes.invert.positions.Position`)."""
+    got = [p.token for p in positions]
+    hits = sum(a == b for a, b in zip(got, true))
+    return ChunkResult(index, text, list(true), got, decode(got), got == list(true), hits / max(len(true), 1),
+                       [p.tried for p in positions], [p.certificate for p in positions],
+                       [p.distance for p in positions], [p.runner_up for p in positions],
+                       [p.exhaustive for p in positions], [p.true_rank for p in positions], seconds)
+
+
+def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Reading]:
+    """Each total with its bootstrap interval over chunks."""
+    cols = {
+        "exact": np.array([c.exact for c in chunks], dtype=np.float64),
+        "hits": np.array([c.token_accuracy * len(c.true_ids) for c in chunks]),
+        "tokens": np.array([len(c.true_ids) for c in chunks], dtype=np.float64),
+        "certified": np.array([sum(x != "none" for x in c.certificates) for c in chunks], dtype=np.float64),
+        "tried": np.array([sum(c.tried) for c in chunks], dtype=np.float64),
+        "seconds": np.array([c.seconds for c in chunks]),
+    }
+    ratio = lambda a, b: (lambda c: c[a].sum(-1) / np.maximum(c[b].sum(-1), 1e-12))  # noqa: E731
+    specs = {"exact_match": lambda c: c["exact"].mean(-1), "token_accuracy": ratio("hits", "tokens"),
+             "certified": ratio("certified", "tokens"), "candidates_per_token": ratio("tried", "tokens"),
+             "seconds_per_token": ratio("seconds", "tokens")}
+    out = {}
+    for name, stat in specs.items():
+        value = float(stat({k: v[None] for k, v in cols.items()})[0])
+        lo, hi = bootstrap(stat, cols, n_resamples, level, seed)
+        out[name] = Reading(value, lo, hi)
+    return out
+
+
+def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
+    """The whole report from the chunk results and the run's description (``meta``: the fields of
+    :class:`InvertReport` other than the figures)."""
+    certs = [x for c in chunks for x in c.certificates]
+    gaps = [r / d if d > 0 else math.inf for c in chunks for d, r, x in zip(c.distances, c.runner_up, c.certificates)
+            if x != "none"]
+    return InvertReport(**meta, totals=totals(chunks), tried=Spread.of([t for c in chunks for t in c.tried]),
+                        true_rank=Spread.of([r for c in chunks for r in c.true_ranks]),
+                        certificates={k: certs.count(k) for k in CERTIFICATES},
+                        worst_gap=min(gaps) if gaps else math.nan,
+                        exhaustive_positions=sum(x for c in chunks for x in c.exhaustive), chunks=chunks)
+
+
+def _cell(r: Reading, digits: int = 3) -> str:
+    return f"{r.value:.{digits}f} [{r.low:.{digits}f}, {r.high:.{digits}f}]"
+
+
+def summary_lines(rep: InvertReport) -> list[str]:
+    """The lines ``memlab invert`` prints."""
+    t = rep.totals
+    n_pos = sum(len(c.true_ids) for c in rep.chunks)
+    m = rep.machine
+    gflop = t["seconds_per_token"].value * m.get("matmul_gflops", math.nan)
+    src = "" if rep.states_from == rep.model else f" (states of {rep.states_from})"
+    noise = f", noise {rep.noise:g} of the state norm" if rep.noise else ""
+    lines = [
+        f"model: {rep.model}{src}, layer {rep.layer} of {rep.num_layers}, states {rep.states}{noise}",
+        f"chunks: {len(rep.chunks)} ({rep.text['seq_len']} {rep.text['chunk_by']} of {rep.text['corpus']} "
+        f"{rep.text['split']}), {n_pos} positions",
+        f"exact match: {_cell(t['exact_match'])} (95% bootstrap interval over chunks)",
+        f"token accuracy: {_cell(t['token_accuracy'])}",
+        f"certified positions: {_cell(t['certified'])}; "
+        + ", ".join(f"{k} {v}" for k, v in rep.certificates.items()) + f"; least gap {rep.worst_gap:.3g}",
+        f"candidates per position: mean {t['candidates_per_token'].value:.0f}, median {rep.tried.median:.0f}, "
+        f"p90 {rep.tried.p90:.0f}, max {rep.tried.max:.0f}; exhaustive searches {rep.exhaustive_positions}",
+        f"true token's rank in the first ranking: median {rep.true_rank.median:.0f}, p90 {rep.true_rank.p90:.0f}, "
+        f"max {rep.true_rank.max:.0f}",
+        f"seconds per token: {_cell(t['seconds_per_token'], 2)} ({gflop:.0f} GFLOP-equivalents at the "
+        f"{m.get('matmul_gflops', math.nan):.0f} GFLOP/s fp32 matmul rate measured in this run)",
+    ]
+    none = [(c.index, i) for c in rep.chunks for i, x in enumerate(c.certificates) if x == "none"]
+    if none:
+        shown = ", ".join(f"chunk {c} position {i}" for c, i in none[:5])
+        lines.append(f"no certificate: {len(none)} positions ({shown}{', ...' if len(none) > 5 else ''})")
+    return lines

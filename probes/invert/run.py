@@ -1,0 +1,201 @@
+"""``memlab invert``, top-down: load the model -> cut the probe's chunks -> check the model applies -> take the
+states -> search each chunk -> report.
+
+The chunks are the probe's held-out chunks (:mod:`memlab.probes.chunks`): with the same ``seq_len``, ``chunk_by``,
+``corpus``, split, ``seed`` and ``n_eval``, ``memlab probe`` scores the same chunk texts, and ``memlab invert``
+inverts the first ``n`` of them. Each chunk is read as the probe's encoder reads it (the tokenizer's special tokens
+before it, e.g. a BOS token, are the fixed prefix the search starts from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+
+from memlab.errors import DataError, ModelError
+from memlab.probes.chunks import probe_chunks, probe_texts, rows, tokenize_chunks
+from memlab.probes.invert.positions import SearchOptions, Searcher
+from memlab.probes.invert.report import build_report, chunk_result, summary_lines
+from memlab.probes.invert.states import LayerReader
+
+
+def matmul_rate(size: int = 2048, reps: int = 5) -> float:
+    """This machine's fp32 matmul rate in GFLOP/s (``size`` x ``size``, best of ``reps`` after a warm-up)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
+def machine_facts() -> dict:
+    """What the timings are relative to: the CPU's bf16 flags, torch's threads and the measured matmul rate."""
+    from memlab.devices import cpu_flags
+
+    flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    return {"cpu_bf16_flags": flags, "threads": torch.get_num_threads(), "matmul_gflops": matmul_rate(),
+            "note": "GFLOP-equivalents = seconds x matmul_gflops; the cores may be shared"}
+
+
+def chunk_ids(vals: dict, tokenizer) -> tuple[list[str], list[list[int]]]:
+    """The first ``n`` of the probe's held-out chunks: their texts and token ids (no special tokens)."""
+    n, args = vals["n"], (vals["n_eval"], vals["eval_split"], vals["corpus"], vals["seed"])
+    if vals["chunk_by"] == "tokens":
+        ids = probe_chunks(tokenizer, vals["seq_len"], *args, at_most=True)[:n]
+        return tokenizer.batch_decode(rows(ids), skip_special_tokens=True), rows(ids)
+    texts = probe_texts(vals["seq_len"], *args, at_most=True)[:n]
+    ids, _ = tokenize_chunks(texts, tokenizer)
+    return texts, rows(ids)
+
+
+def check_applies(reader: LayerReader, ids: list[int], name: str) -> None:
+    """One ModelError line when per-position inversion does not apply: a state that changes with later tokens
+    (a bidirectional encoder), or a cached pass that does not reproduce the model's own states."""
+    seq = torch.tensor([ids])  # (1, T)
+    other = seq.clone()
+    other[0, -1] = (other[0, -1] + 1) % reader.vocab_size
+    try:
+        a, b = reader.full_states(seq)[0, :-1], reader.full_states(other)[0, :-1]  # (T-1, D)
+    except Exception as e:  # noqa: BLE001  (a model whose forward does not take inputs_embeds)
+        raise ModelError(f"{name}: its forward pass cannot be read from input embeddings ({str(e)[:120]})") from None
+    if float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)).max()) > 1e-4:
+        raise ModelError(f"--states positions needs a causal model, but {name} reads its input both ways (a state "
+                         f"changes with later tokens); for it only the trained probe applies: memlab probe --model "
+                         f"{name} --pool mean")
+    try:
+        prefix = reader.start([])
+        cached = torch.stack([reader.extend(prefix, t) for t in ids])  # (T, D)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"{name}: its blocks cannot be run with a key-value cache ({str(e)[:120]}); per-position "
+                         "inversion needs one") from None
+    full = reader.full_states(seq)[0]  # (T, D)
+    err = float(((cached - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-30)).max())
+    if err > 1e-4:
+        raise ModelError(f"{name}: the cached pass through the first {reader.layer} blocks does not reproduce the "
+                         f"model's states (relative difference {err:.2g}); per-position inversion needs it")
+
+
+def observed_states(reader: LayerReader, prefix: list[int], ids: list[int], noise: float,
+                    gen: torch.Generator) -> torch.Tensor:
+    """The states ``(T, D)`` of a chunk's positions at the layer (after the fixed ``prefix``), with Gaussian noise
+    whose expected norm is ``noise`` times each state's norm."""
+    h = reader.full_states(torch.tensor([prefix + ids]))[0, len(prefix):].cpu()  # (T, D)
+    if noise:
+        eps = torch.randn(h.shape, generator=gen)  # (T, D)
+        h = h + eps * (noise * h.norm(dim=-1, keepdim=True) / h.shape[-1] ** 0.5)
+    return h
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """A short digest of a model's weights (each tensor's name, shape, sum and first values): what a kept
+    first-position table depends on besides the layer and the prefix."""
+    h = hashlib.sha1()
+    for name, p in model.state_dict().items():
+        flat = p.detach().flatten().float()
+        h.update(f"{name}{tuple(p.shape)}{float(flat.double().sum()):.9g}".encode())
+        h.update(flat[:16].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def first_table(searcher: Searcher, prefix: list[int], cache_dir: str | None, show) -> torch.Tensor | None:
+    """The first-position states of every token ``(V, D)``, kept in ``cache_dir`` (a safetensors file keyed by the
+    weights, the layer and the prefix) and read back by later runs; None without a ``cache_dir`` (then each run
+    computes what it needs on the fly)."""
+    if not cache_dir:
+        return None
+    from safetensors.torch import load_file, save
+
+    from memlab.progress import progress_bar
+    from memlab.rundir import write_atomic
+
+    r = searcher.reader
+    key = hashlib.sha1(f"{fingerprint(r.model)}|{r.layer}|{prefix}|{r.vocab_size}|{r.dtype}".encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"invert-first-{key}.safetensors"
+    if path.is_file():
+        try:
+            return load_file(str(path))["states"]
+        except Exception:  # noqa: BLE001  (a damaged file is computed again)
+            pass
+    bar = progress_bar(r.vocab_size, "invert: first-position table", show=show)
+    table = searcher.first_table(prefix, on_batch=bar.update)  # (V, D)
+    bar.close()
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(path, save({"states": table.contiguous()}))
+    return table
+
+
+def load(spec: str, layer: int, device: str):
+    from memlab.probes.loading import load_transformers
+
+    enc = load_transformers(spec, layer=layer, device=device)
+    return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
+
+
+def run_invert(vals: dict, out: Path):
+    """Invert the chunks ``vals`` names (the checked flags of ``memlab invert``) into ``out``; (report, summary
+    lines)."""
+    from memlab.devices import resolve_device
+    from memlab.outdir import OutputFolder
+    from memlab.progress import progress_bar
+
+    if vals["cache_dir"]:
+        from memlab.data.chunkcache import check_cache_dir
+
+        check_cache_dir(vals["cache_dir"])
+    if vals["threads"]:
+        torch.set_num_threads(vals["threads"])
+    device = str(resolve_device(vals["device"]))
+    enc, reader = load(vals["model"], vals["layer"], device)
+    texts, chunks = chunk_ids(vals, enc.tokenizer)
+    if not chunks:
+        raise DataError("no chunk to invert")
+    name = vals["model"]
+    check_applies(reader, enc.prefix + chunks[0], name)
+    src, src_reader = name, reader
+    if vals["states_from"]:
+        src = vals["states_from"]
+        other, src_reader = load(src, vals["layer"], device)
+        if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
+            raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
+                             f"({other.dim}) differs from {name}'s ({len(enc.tokenizer)}, {enc.dim})")
+    opts = SearchOptions(batch_size=vals["batch_size"], budget=vals["budget"], exhaustive=vals["exhaustive"],
+                         exhaustive_batch=vals["exhaustive_batch"], tol=vals["tol"], min_gap=vals["min_gap"],
+                         accept_gap=vals["accept_gap"],
+                         relinearize=vals["relinearize"])
+    searcher = Searcher(reader, opts)
+    gen = torch.Generator().manual_seed(vals["seed"])
+    machine = machine_facts()
+    with OutputFolder.new(out, "inversion") as folder:
+        with torch.no_grad():
+            targets = [observed_states(src_reader, enc.prefix, ids, vals["noise"], gen) for ids in chunks]
+        table = first_table(searcher, enc.prefix, vals["cache_dir"], vals["progress"])
+        bar = progress_bar(reader.vocab_size, "invert: first positions", show=vals["progress"])
+        firsts = searcher.first_positions(enc.prefix, torch.stack([t[0] for t in targets]), on_batch=bar.update,
+                                          table=table)
+        bar.close()
+        bar = progress_bar(sum(len(c) for c in chunks), "invert: positions", show=vals["progress"])
+        results = []
+        for i, (text, ids, tg, first) in enumerate(zip(texts, chunks, targets, firsts)):
+            start = time.perf_counter()
+            got = searcher.chunk(tg, enc.prefix, ids, on_position=lambda p: bar.update(), first=first)
+            secs = time.perf_counter() - start + first.seconds
+            results.append(chunk_result(i, text, ids, got, enc.tokenizer.decode, secs))
+        bar.close()
+        report = build_report(
+            results, model=name, states_from=src, layer=reader.layer, num_layers=reader.num_layers,
+            states=vals["states"], hooks=dict(reader.hooks),
+            text={k: vals[k] for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
+            | {"split": vals["eval_split"], "prefix": list(enc.prefix)},
+            search=vars(opts) | {"first_position": "one exhaustive pass shared by all chunks"
+                                 + (", from the kept table" if table is not None else "")},
+            noise=vals["noise"], machine=machine)
+        lines = summary_lines(report)
+        folder.write_json("report.json", report.to_dict())
+        folder.write("summary.txt", "\n".join(lines) + "\n")
+    return report, lines
