@@ -238,4 +238,4 @@ def _is_path(spec: str) -> bool:
 HUB = EncoderKind(lambda s: True, load_transformers, source=hub_source)
 FOLDER = EncoderKind(_is_path, load_transformers, source=path_source)
 SHORTCUT = EncoderKind(lambda s: s in assets.ASSETS, load_transformers, source=shortcut_source)
-SPACE = EncoderKind(lambda s: s.startswith("space:"), load_space)
+SPACE = EncoderKind("space:", load_space)

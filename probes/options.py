@@ -268,12 +268,12 @@ def home(name: str) -> str | None:
     for sec, cls in SECTIONS.items():
         if name in {f.name for f in fields(cls)}:
             return f"the {sec} section"
-    for kind in PARTS:
-        for n in PARTS[kind].names():
-            if name in PARTS[kind].get(n).option_names:
-                sec = next(s for s, kinds in SECTION_PARTS.items() if kind in kinds)
-                return f"{'the model' if kind == 'encoder' else SELECTED_BY[kind]}={n} (in the {sec} section)"
-    return None
+    owners = [(kind, n) for kind in PARTS for n in PARTS[kind].names() if name in PARTS[kind].get(n).option_names]
+    if not owners:
+        return None
+    sec = next(s for s, kinds in SECTION_PARTS.items() if owners[0][0] in kinds)
+    them = " or ".join(f"{'the model' if kind == 'encoder' else SELECTED_BY[kind]}={n}" for kind, n in owners)
+    return f"{them} (in the {sec} section)"
 
 
 def _flatten(data: dict, where: str) -> dict:

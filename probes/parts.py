@@ -262,7 +262,8 @@ def check_readouts(opts, context: ReadoutContext) -> None:
 class EncoderKind:
     """How one kind of ``model`` spec becomes a frozen encoder."""
 
-    matches: Callable[[str], bool]
+    matches: Callable[[str], bool] | str
+    """Whether a ``model`` spec is of this kind: a function of the spec, or the prefix its specs start with."""
     load: Callable[..., Any]
     """``load(spec, layer=, pool=, final_norm=, random_init=, special_tokens=, device=, dtype=, max_len=)``."""
     source: Callable[[str], tuple] | None = None
@@ -270,9 +271,12 @@ class EncoderKind:
     accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
     known_content: Callable[[str, Any], dict] | str | None = None
     """A calibration encoder of known content (a function, or its ``"module:attr"``): ``known_content(spec, fit) ->
-    the report's calibration`` checks its
-    own probe against what it must give (``fit``: a :class:`memlab.probes.result.Fit`; its report then describes no
-    corpus split)."""
+    the report's calibration`` checks its own probe against what it must give (``fit``: a
+    :class:`memlab.probes.result.Fit`; its report then describes no corpus split)."""
+
+    def takes(self, spec: str) -> bool:
+        """Whether ``spec`` is of this kind (:attr:`matches`)."""
+        return spec.startswith(self.matches) if isinstance(self.matches, str) else bool(self.matches(spec))
 
 
 @dataclass(frozen=True)
@@ -410,6 +414,6 @@ def encoder_kind(spec: str) -> Part | None:
     PARTS["encoder"].names()  # the plugins' registrations run first
     for name in reversed(_ENCODER_ORDER):
         part = PARTS["encoder"].get(name)
-        if part.impl.matches(spec):
+        if part.impl.takes(spec):
             return part
     return None

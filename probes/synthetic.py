@@ -108,6 +108,6 @@ def load_synthetic(spec: str, max_len: int = 64) -> SyntheticEncoder:
     return SyntheticEncoder(kind, tok, max_len=max_len)
 
 
-KIND = EncoderKind(lambda s: s.startswith("synthetic:"), load_synthetic_kind,
+KIND = EncoderKind("synthetic:", load_synthetic_kind,
                    known_content="memlab.probes.report:check_synthetic_spec")
 """The ``synthetic:`` encoder kind (registered in :mod:`memlab.probes.catalog`)."""

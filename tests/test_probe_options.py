@@ -122,8 +122,8 @@ def test_options_that_nothing_reads_are_one_line(argv, match, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("yaml,match", [
-    ("fit:\n  hidden_size: 64\n", "'fit.hidden_size' is not an option of the fit section; it belongs to "
-                                    "decoder=llama (in the decoder section)"),
+    ("fit:\n  hidden_size: 64\n", "'fit.hidden_size' is not an option of the fit section; it belongs to "),
+    ("fit:\n  num_heads: 2\n", "it belongs to decoder=llama (in the decoder section)"),
     ("fit:\n  prefix_len: 2\n", "belongs to conditioning=prefix (in the decoder section)"),
     ("decoder:\n  epochs: 2\n", "'decoder.epochs' is not an option of the decoder section; it belongs to the fit "
                                   "section"),

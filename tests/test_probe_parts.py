@@ -32,7 +32,7 @@ def check_part_contract(kind: str, name: str, decoder_source: str | None = None)
     g = torch.Generator().manual_seed(0)
     if kind == "encoder":
         assert isinstance(part.impl, EncoderKind) and callable(part.impl.load)
-        assert isinstance(part.impl.matches("synthetic:concat"), bool)
+        assert isinstance(part.impl.takes("synthetic:concat"), bool)
     elif kind == "pool":
         h, mask = torch.randn(3, 5, 4, generator=g), torch.tensor([[1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
         out = part.impl(h, mask)
