@@ -140,6 +140,8 @@ def _cli(*argv, capsys):
     (["--model", "memlab-lm", "--layer", "2", "--chunk-by", "lines"], "--chunk-by"),
     (["--model", "memlab-lm", "--layer", "99"], "out of range"),
     (["--model", "/nonexistent/model/dir", "--layer", "1"], "does not exist"),
+    (["--model", "memlab-lm", "--layer", "1", "--device", "gpu0"], "not a device"),
+    (["--model", "memlab-lm", "--layer", "1", "--cache-dir", __file__], "is a file"),
 ])
 def test_cli_bad_input_one_line(argv, says, capsys, tmp_path):
     out = tmp_path / "run"
