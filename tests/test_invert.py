@@ -55,10 +55,10 @@ def test_exact_inversion_and_cached_states(family):
     model = tiny(family)
     layer = 2  # below the last block: hidden_states[2] is the raw output of block 1
     reader = LayerReader(model, layer)
-    seqs = torch.randint(0, V, (1, 6), generator=torch.Generator().manual_seed(1))  # (1, 6)
+    seqs = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(1))  # (1, 5)
     with torch.no_grad():
-        ref = model(input_ids=seqs, output_hidden_states=True).hidden_states[layer]  # (1, 6, D)
-    states = reader.full_states(seqs)  # (1, 6, D)
+        ref = model(input_ids=seqs, output_hidden_states=True).hidden_states[layer]  # (1, 5, D)
+    states = reader.full_states(seqs)  # (1, 5, D)
     torch.testing.assert_close(states, ref, rtol=1e-5, atol=1e-5)
     prefix = reader.start(seqs[0, :3].tolist())  # the cached pass through the first `layer` blocks only
     cached = torch.stack([reader.extend(prefix, int(t)) for t in seqs[0, 3:]])  # (3, D)
@@ -95,7 +95,7 @@ def test_ranking_alone_without_exhaustive_fallback():
 
 def test_wrong_weights_give_no_certificate():
     """States made by one model, searched with another of the same shape: nothing matches, and the gap says so."""
-    seqs = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(4))
+    seqs = torch.randint(0, V, (1, 6), generator=torch.Generator().manual_seed(4))
     states = LayerReader(tiny("llama", seed=0), 2).full_states(seqs)
     wrong = LayerReader(tiny("llama", seed=7), 2)
     got = [p for chunk in invert(wrong, seqs, states) for p in chunk]
@@ -140,6 +140,8 @@ def _cli(*argv, capsys):
     (["--model", "memlab-lm", "--layer", "2", "--chunk-by", "lines"], "--chunk-by"),
     (["--model", "memlab-lm", "--layer", "99"], "out of range"),
     (["--model", "/nonexistent/model/dir", "--layer", "1"], "does not exist"),
+    (["--model", "memlab-lm", "--layer", "1", "--device", "gpu0"], "not a device"),
+    (["--model", "memlab-lm", "--layer", "1", "--cache-dir", __file__], "is a file"),
 ])
 def test_cli_bad_input_one_line(argv, says, capsys, tmp_path):
     out = tmp_path / "run"
@@ -211,3 +213,14 @@ def test_exhaustive_fallback_stops_at_a_match():
     assert [p.token for p in got] == seqs[0].tolist() and all(p.certificate == "match" for p in got)
     fell_back = [p for p in got if p.exhaustive]
     assert fell_back and all(p.tried < V for p in fell_back)
+
+
+def test_cli_names_the_positions_without_a_certificate(capsys, tmp_path):
+    """Noise as large as the states: the summary names every position that had no certificate."""
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--seq-len", "3", "--n", "1", "--noise", "1",
+                     "--threads", "1", "--out", str(tmp_path / "r"), capsys=capsys)
+    assert code == 0, cap.err
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    none = rep["certificates"]["none"]
+    assert none > 0 and f"no certificate: {none} positions" in cap.out and "chunk 0 position" in cap.out
+    assert rep["noise"] == 1.0

@@ -22,7 +22,7 @@ from memlab.probes.invert.report import build_report, chunk_result, summary_line
 from memlab.probes.invert.states import LayerReader
 
 
-def matmul_rate(size: int = 2048, reps: int = 5) -> float:
+def matmul_rate(size: int = 2048, reps: int = 3) -> float:
     """This machine's fp32 matmul rate in GFLOP/s (``size`` x ``size``, best of ``reps`` after a warm-up)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b
