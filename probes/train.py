@@ -324,6 +324,8 @@ def _fit_contained(opts, tok, train_ids, eval_ids, z_train, z_eval, selects, cac
                                 "included), of the control's first run and of the probe trained from a random start; "
                                 "kept: the probe furthest below its own control (the contained probe's: the second "
                                 "run, the scratch probe's: the first), else the control"})
+    if raced := {k: h["step"] for k, rows in hist.items() for h in rows if "raced" in h}:  # stopped by the race
+        m = m.noted(start={**m.metrics["start"], "raced": raced})
     if kept == "scratch" and first_out[0] is None:  # the first run's scores are read only with a kept scratch probe
         first_out = (_scored(start, opts, tok, z_train.mean(0, keepdim=True).expand_as(z_eval), eval_ids),
                      *first_out[1:])
