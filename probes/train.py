@@ -387,6 +387,8 @@ def _fit_contained(opts, data: FitData, control: ControlStore, loop: Loop) -> De
                                 "included), of the control's first run and of the probe trained from a random start; "
                                 "kept: the probe furthest below its own control (the contained probe's: the second "
                                 "run, the scratch probe's: the first), else the control"})
+    if raced := {k: h["step"] for k, rows in hist.items() for h in rows if "raced" in h}:  # stopped by the race
+        m = m.noted(start={**m.metrics["start"], "raced": raced})
     if kept == "scratch" and first_out.scores is None:  # the first run's scores: read only with a kept scratch probe
         entry.first_scores = first_out.scores = _scored(entry.start, opts, data.constant())
         control.put(entry)

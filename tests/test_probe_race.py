@@ -86,4 +86,5 @@ def test_racing_keeps_the_same_probe_with_the_same_reading_in_fewer_steps(tokeni
     assert on.metrics["start"]["kept"] == off.metrics["start"]["kept"] == "scratch"
     assert on.metrics["ce"] == off.metrics["ce"]
     assert len(stopped) == 2  # both contained candidates stopped, raced by the random start
+    assert set(on.metrics["start"]["raced"]) == {"probe", "plain"} and "raced" not in off.metrics["start"]
     assert on.metrics["start"]["contained"] > off.metrics["start"]["contained"]  # stopped before their own best
