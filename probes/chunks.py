@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from memlab.config import DataConfig
+from memlab.data.stream import CorpusStream, picked_texts, split_lengths
 from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.loading import load_tokenizer
@@ -167,17 +169,12 @@ def _stream(corpus: str, text_field: str = "text"):
     """The probe's units of a corpus (chapters, or paragraph blocks of a chapterless text), split 90/5/5 with
     seed 0: memlab's default data settings, decided once per process while the corpus streams past
     (:class:`memlab.data.stream.CorpusStream`: the splits of the in-memory path; no list of documents is held)."""
-    from memlab.config import DataConfig
-    from memlab.data.stream import CorpusStream
-
     return CorpusStream(DataConfig(corpus=corpus, text_field=text_field, split_by="chapter", val_fraction=0.05,
                                    test_fraction=0.05, split_seed=0))
 
 
 @lru_cache(maxsize=6)
 def _lengths(corpus: str, split: str, text_field: str = "text") -> np.ndarray:
-    from memlab.data.stream import split_lengths
-
     return split_lengths(_stream(corpus, text_field), split)  # (n,)
 
 
@@ -189,8 +186,6 @@ def split_description(corpus: str, text_field: str = "text") -> str:
 def _picked(corpus: str, split: str, need_chars: int, seed: int, text_field: str = "text") -> list[str]:
     """:func:`pick_texts` of one split's cleaned texts, read from the corpus as it streams past: only the chosen
     units' texts are held."""
-    from memlab.data.stream import picked_texts
-
     if split not in ("train", "validation", "test"):
         raise DataError(f"unknown split '{split}'; use train, validation or test")
     stream = _stream(corpus, text_field)

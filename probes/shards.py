@@ -21,10 +21,16 @@ where the encoder's numbers do not depend on how its batches are made up; within
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
+from accelerate import PartialState
 
+from memlab.data.mmapcache import PieceCache, cached_embeddings, chunks_fingerprint
+from memlab.devices import resolve_device
 from memlab.errors import ConfigError
+from memlab.probes.options import seq_lens, train_sizes
+from memlab.train.devices import SetupEnv
 
 
 def launched() -> bool:
@@ -40,8 +46,6 @@ def check_launch(opts) -> None:
     """A launch of several processes runs one probe: a sweep is refused before any compute (one line)."""
     if not launched():
         return
-    from memlab.probes.options import seq_lens, train_sizes
-
     if opts.layers is not None or opts.compare is not None or len(train_sizes(opts)) > 1 or len(seq_lens(opts)) > 1:
         e = ConfigError("a launch of several processes runs one probe: layer sweeps, comparisons, learning curves and "
                         "length sweeps run in one process (memlab probe without memlab launch)")
@@ -53,13 +57,6 @@ def start(opts):
     """Join the launch (None outside one): ``(SetupEnv, opts on this process's device)``."""
     if not launched():
         return None, opts
-    from dataclasses import replace
-
-    from accelerate import PartialState
-
-    from memlab.devices import resolve_device
-    from memlab.train.devices import SetupEnv
-
     state = PartialState(cpu=resolve_device(opts.device).type == "cpu")
     env = SetupEnv.from_state(state)
     if opts.threads is None and env.device.type == "cpu":  # N processes share the host's cores
@@ -89,8 +86,6 @@ def cached_sharded(env, stem, ids: torch.Tensor, encode, dtype: str = "float32")
     (None: not cached; :mod:`memlab.data.mmapcache`): ``(z (N, D), whether it was read from the cache)``. A
     finished cache is read by every process; else each encodes its share, the main process writes the gathered
     rows and every process then reads that one file."""
-    from memlab.data.mmapcache import PieceCache, cached_embeddings, chunks_fingerprint
-
     if stem is None:
         return encode_sharded(env, encode, ids), False
     n = int(ids.shape[0])

@@ -113,9 +113,9 @@ def test_quickstart_encoders_run_where_their_probes_do(tmp_path, monkeypatch):
     """Each entry's encoder is loaded onto the device its probe resolved (a GPU machine's ``auto``), not the CPU."""
     from memlab.app import quickstart as qs
     from memlab.errors import MemlabError
-    from memlab.probes import options
+    from memlab import devices
 
-    monkeypatch.setattr(options, "resolve_device", lambda name="auto": torch.device("meta"))  # a GPU's "auto"
+    monkeypatch.setattr(devices, "resolve_device", lambda name="auto": torch.device("meta"))  # a GPU's "auto"
     seen = []
     monkeypatch.setattr(qs, "load_encoder", lambda spec, **kw: seen.append(kw.get("device")) or
                         (_ for _ in ()).throw(MemlabError("stop after loading")))

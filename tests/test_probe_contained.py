@@ -117,7 +117,9 @@ def test_the_kept_probe_is_never_above_its_control(tokenizer, chunks_of):
     hist_c = got.control.history
     best = [h["best_val_ce"] for h in hist if "best_val_ce" in h][-1]
     best_c = [h["best_val_ce"] for h in hist_c if "best_val_ce" in h][-1]
-    assert best <= best_c + 1e-5
+    # the contained probe's epoch 0 is the control's function summed in another order (its own width, the batched
+    # group): equal up to float32 order noise, measured at 1.0e-5 of the CE on a CPU without AMX
+    assert best <= best_c * (1 + 1e-4)
     start = m["start"]
     assert start["kept"] in ("control", "contained", "scratch")
     ce_c = start["control_first_run"] if start["kept"] == "scratch" else start["control"]  # its own control's
