@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from memlab.rundir import fsync_path, guarded, read_metrics, replace_synced
+
 
 def pyplot():
     """matplotlib's pyplot on the headless Agg backend."""
@@ -32,8 +34,6 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     """Tight layout, write the PNG, free the figure."""
     import matplotlib.pyplot as plt
 
-    from memlab.rundir import fsync_path, guarded, replace_synced
-
     path = Path(path)
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}{path.suffix}")
     fig.tight_layout()
@@ -45,13 +45,6 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     finally:
         plt.close(fig)
     return path
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a metrics.jsonl (a torn last line, from a crash mid-write, is dropped with a warning)."""
-    from memlab.train.metrics import read_metrics as read
-
-    return read(Path(path))
 
 
 def plot_metrics(metrics_path: str | Path, out_dir: str | Path, keys: tuple[str, ...] = ("loss", "token_accuracy"),

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -398,3 +400,26 @@ def _exists(path: Path) -> bool:
 def _short(path: Path, keep: int = 60) -> str:
     text = str(path)
     return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
+
+
+def read_metrics(path: Path, warn: bool = True) -> list[dict]:
+    """The records of a metrics file; a torn last line is dropped (with one warning line)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    out = []
+    for i, ln in enumerate(lines):
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError("not a record")
+        except ValueError:
+            if i == len(lines) - 1:
+                if warn:
+                    print(f"memlab: warning: {path}: the last line is incomplete (a write was cut short); dropped",
+                          file=sys.stderr)
+                break
+            raise MemlabError(f"{path}: line {i + 1} is not a JSON record; fix or delete that line") from None
+        out.append(rec)
+    return out

@@ -46,7 +46,7 @@ import torch
 from memlab.errors import ConfigError, DataError, ModelError
 from memlab.paths import resource
 from memlab.probes.chunks import PAD, fill_pad, mask_of, tokenize_chunks, trim
-from memlab.probes.loading import load_encoder
+from memlab.probes.encoders import load_encoder
 from memlab.probes.options import train_sizes
 from memlab.probes.readings import token_set_f1_per_chunk
 from memlab.probes.run import cached_encode

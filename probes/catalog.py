@@ -15,10 +15,10 @@ P = "memlab.probes"
 # encoder kinds: the first whose ``matches`` takes the spec, newest registration first; each loads its own kind.
 # space and synthetic refuse random_init themselves, in one line that says why.
 for _name, _code, _doc, _honours in [
-    ("hub", "loading:HUB", "a Hugging Face hub name, read from the local cache", "all"),
-    ("folder", "loading:FOLDER", "a save_pretrained folder, a memlab run directory or a GGUF file", "all"),
-    ("shortcut", "loading:SHORTCUT", "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)", "all"),
-    ("space", "loading:SPACE", "space:NAME[:PATH]: any registered EmbeddingSpace", ("random_init",)),
+    ("hub", "encoders:HUB", "a Hugging Face hub name, read from the local cache", "all"),
+    ("folder", "encoders:FOLDER", "a save_pretrained folder, a memlab run directory or a GGUF file", "all"),
+    ("shortcut", "encoders:SHORTCUT", "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)", "all"),
+    ("space", "encoders:SPACE", "space:NAME[:PATH]: any registered EmbeddingSpace", ("random_init",)),
     ("synthetic", "synthetic:KIND", "synthetic:concat|bag|constant: a calibration encoder", ("random_init",)),
 ]:
     register_part("encoder", Part(_name, f"{P}.{_code}", description=_doc, honours=_honours))

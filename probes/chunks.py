@@ -44,7 +44,7 @@ from memlab.config import DataConfig
 from memlab.data.stream import CorpusStream, picked_texts, split_lengths
 from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
-from memlab.probes.loading import load_tokenizer
+from memlab.probes.encoders import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
 from memlab.probes.result import ProbeText, TextAccounting
 

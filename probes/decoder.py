@@ -122,7 +122,7 @@ class ProbeDecoderConfig(PretrainedConfig):
 @runtime_checkable
 class ProbeDecoderAPI(Protocol):
     """What training (:mod:`memlab.probes.train`), scoring (:mod:`memlab.probes.readings`) and the fitted probe
-    (:mod:`memlab.probes.space`) use of a probe decoder: an ``nn.Module`` with
+    (:mod:`memlab.probes.fitted`) use of a probe decoder: an ``nn.Module`` with
 
     * ``forward(z (B, D), decoder_input_ids (B, T)) -> logits (B, T, C)`` over its C output classes;
     * the output vocabulary of :class:`CompactVocab` (``num_kept``, ``has_other``, ``to_compact``, ``to_full``,

@@ -95,7 +95,7 @@ class Part:
     """One registered choice of one kind of probe part: its code (``impl``), its own options (``options``, a
     dataclass: each field an option, typed, with its default and a docstring), the generic settings of its kind it
     honours (``honours``: names from :data:`GENERIC`, or ``"all"``) and, for a decoder, how it saves and loads its
-    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.space.save_decoder` and a
+    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.fitted.save_decoder` and a
     rebuild from the saved config and options).
 
     Its code and hooks (:data:`LAZY`) may be given as ``"module:attr"``: imported the first time they are used, so
@@ -299,7 +299,7 @@ class DecoderKind:
     tokenizer: Callable[[str], Any]
     load: Callable[[Any], Any]
     config_type: str = ""
-    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.space.load_probe` finds it)."""
+    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.fitted.load_probe` finds it)."""
 
 
 @dataclass(frozen=True)

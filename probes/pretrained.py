@@ -1,6 +1,6 @@
 """A pretrained causal LM as the probe's decoder: ``decoder=pretrained:NAME``.
 
-``NAME`` is anything :func:`memlab.probes.loading.resolve_source` takes: a
+``NAME`` is anything :func:`memlab.probes.encoders.resolve_source` takes: a
 shortcut (``smollm2``), a ``save_pretrained`` folder, a memlab run directory,
 a GGUF file or a hub name (read from the local cache; ``trust_remote_code``
 stays off). The LM (``AutoModelForCausalLM``) reads the probed embedding
@@ -60,7 +60,7 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 from memlab.errors import ConfigError, ModelError
 from memlab.loading import strict_from_pretrained
 from memlab.probes.decoder import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
-from memlab.probes.loading import _load_tokenizer, resolve_source
+from memlab.probes.encoders import _load_tokenizer, resolve_source
 from memlab.probes.parts import DecoderKind, get_part
 from memlab.probes.sections import PretrainedOptions
 

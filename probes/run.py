@@ -66,7 +66,7 @@ from memlab.probes.readings import limit_line, readings, retention
 from memlab.probes.report import calibration, format_summary, peak_memory_mb, write_report
 from memlab.probes.result import Fit, ProbeReport, ProbeText, Reading, ReadoutResult
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
-from memlab.probes.space import FittedProbe
+from memlab.probes.fitted import FittedProbe
 from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
 from memlab.progress import progress_bar
 from memlab.rundir import claim

@@ -30,7 +30,7 @@ from memlab.data.mmapcache import PieceCache, cached_embeddings, chunks_fingerpr
 from memlab.devices import resolve_device
 from memlab.errors import ConfigError
 from memlab.probes.options import seq_lens, train_sizes
-from memlab.train.devices import SetupEnv
+from memlab.train.processes import SetupEnv
 
 
 def launched() -> bool:

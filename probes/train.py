@@ -36,7 +36,7 @@ from memlab.probes.group import train_decoders
 from memlab.probes.parts import get_part
 from memlab.probes.readings import reconstruction_scores
 from memlab.probes.result import ChunkScores, DecoderScores
-from memlab.probes.space import build_decoder
+from memlab.probes.fitted import build_decoder
 
 
 @torch.no_grad()

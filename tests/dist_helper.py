@@ -52,7 +52,7 @@ def _threads(out_dir: str, cores: int) -> None:
     """A host of ``cores`` cores; at exit, write this process's intra-op thread count."""
     import torch
 
-    from memlab.train import devices
+    from memlab.train import processes as devices
 
     devices.available_cores = lambda: cores
     path = os.path.join(out_dir, f"threads-{os.environ.get('RANK', '0')}.json")

@@ -21,9 +21,9 @@ from memlab.errors import MemlabError
 from memlab.probes.capture import HiddenStateEncoder
 from memlab.probes.group import DecoderGroup, autocast_context, train_decoders
 from memlab.probes.run import load_options, run_probe
-from memlab.probes.loading import resolve_dtype
+from memlab.probes.encoders import resolve_dtype
 from memlab.registry import FAMILIES
-from memlab.train import devices as train_devices
+from memlab.train import processes as train_devices
 from memlab.train.loop import Trainer
 from memlab.train.setup import StepOutput, TrainSetup
 from test_probe_group import _curve, _data, _members, _opts

@@ -280,7 +280,7 @@ def test_running_out_of_memory_is_recognised():
 @pytest.mark.parametrize("kw", [dict(mfu_steps=0), dict(mfu_steps=-3), dict(prefill_lengths=[0]),
                                 dict(prefill_lengths=[-64]), dict(generation_contexts=[256, 256])])
 def test_the_bench_api_refuses_what_its_flags_refuse(kw, tmp_path):
-    from memlab.app.bench.run import run_bench
+    from memlab.app.bench.runner import run_bench
     from memlab.errors import MemlabError
 
     with pytest.raises(MemlabError, match="must be a positive integer"):

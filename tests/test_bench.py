@@ -29,7 +29,7 @@ def test_cost_exponent_and_timer():
 
 
 def test_bench_quick_harness(tmp_path, small_corpus):
-    from memlab.app.bench.run import run_bench
+    from memlab.app.bench.runner import run_bench
     from tests.conftest import write_config
 
     cfg = write_config(tmp_path / "lm.yaml", small_corpus)

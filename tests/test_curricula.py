@@ -17,7 +17,7 @@ from memlab.curricula.objectives import blank_targets, shifted_targets
 from memlab.errors import MemlabError
 from memlab.models.memory import MemoryConfig, MemoryModel
 from memlab.registry import CURRICULA, OBJECTIVES
-from memlab.train.run import run_experiment
+from memlab.train.experiment import run_experiment
 
 
 def _tiny() -> MemoryModel:

@@ -66,7 +66,7 @@ def _family_step(kind: str):
 @pytest.mark.parametrize("kind", ["token_lm", "memory:blank_copy", "memory:combined", "memory:next_token",
                                   "sonar_llm", "lcm_mse", "lcm_diffusion"])
 def test_a_training_step_reads_nothing_back_from_the_device(kind, host_reads):
-    from memlab.train.metrics import MetricWindow
+    from memlab.train.metrics_log import MetricWindow
 
     model, loss_fn, batch = _family_step(kind)
     model.train()

@@ -226,7 +226,7 @@ def test_a_failure_on_one_process_ends_every_process_with_its_message(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- fast unit checks
 def test_threads_per_process_share_the_host_unless_asked():
-    from memlab.train.devices import rank_threads
+    from memlab.train.processes import rank_threads
 
     launched = {"OMP_NUM_THREADS": "1"}  # what torchrun and accelerate launch set when it is unset
     assert rank_threads(0, 2, cores=16, environ=launched) == 8
@@ -245,7 +245,7 @@ def test_negative_threads_are_refused_in_one_line(tmp_path, capsys):
 
 
 def test_auto_mixed_precision_takes_bf16_only_where_it_is_native(monkeypatch):
-    from memlab.train import devices
+    from memlab.train import processes as devices
 
     monkeypatch.delenv("MEMLAB_ACCEL", raising=False)  # the hardware's own choice
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -14,7 +14,7 @@ from memlab.errors import MemlabError
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, small_corpus):
     from memlab.config import load_config
-    from memlab.train.run import run_experiment
+    from memlab.train.experiment import run_experiment
     from tests.conftest import write_config
 
     d = tmp_path_factory.mktemp("evalrun")

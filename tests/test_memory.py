@@ -15,7 +15,7 @@ from memlab.errors import MemlabError
 from memlab.models.memory import MemoryConfig, MemoryModel
 from memlab.registry import FAMILIES, RECIPES, SPACES
 from memlab.testing import check_embedding_space
-from memlab.train.run import run_experiment
+from memlab.train.experiment import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -92,7 +92,7 @@ def test_a_constant_embedding_reads_nothing_through_the_map(tmp_path):
 def test_random_embeddings_add_no_bits():
     from memlab.probes import chunks as T
     from memlab.probes.chunks import cap_tokens
-    from memlab.probes.loading import load_tokenizer
+    from memlab.probes.encoders import load_tokenizer
     from memlab.probes.readings import readings
 
     tok = load_tokenizer(str(COUNTER))
@@ -189,7 +189,7 @@ def test_align_into_a_probe_of_concat_is_scored_in_its_decoders_tokenizer_and_ca
                  f"align_target=space:probe:{target}"]) == 0
     rep = json.loads((out / "report.json").read_text())
     a, cal = rep["readouts"]["align"], rep["calibration"]
-    from memlab.probes.loading import load_tokenizer
+    from memlab.probes.encoders import load_tokenizer
 
     assert len(load_tokenizer(str(COUNTER))) != len(tokenizer)
     assert a["n_tokens"] == own["probe"]["n_tokens"]  # the decoder's targets: the held-out texts in memlab's BPE

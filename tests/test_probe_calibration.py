@@ -112,7 +112,7 @@ def test_synthetic_on_the_command_line(small_corpus, tmp_path, capsys):
 
 
 def test_layer_sweep_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
-    from memlab.probes.loading import load_encoder
+    from memlab.probes.encoders import load_encoder
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     ids = torch.randint(5, 300, (3, 8))

@@ -65,7 +65,7 @@ def test_the_contained_probe_starts_as_its_trained_control(kind):
     opts = _opts(**KINDS[kind])
     tok = _Tok()
     if kind.startswith("pretrained"):
-        from memlab.probes.loading import load_tokenizer
+        from memlab.probes.encoders import load_tokenizer
 
         tok = load_tokenizer(str(TOY))
     z, ids = _data()

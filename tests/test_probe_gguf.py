@@ -12,7 +12,7 @@ import transformers as tf
 from memlab import assets
 from memlab.app.cli import main
 from memlab.probes.capture import HiddenStateEncoder
-from memlab.probes.loading import load_encoder
+from memlab.probes.encoders import load_encoder
 
 gguf = pytest.importorskip("gguf")
 

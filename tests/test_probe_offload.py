@@ -12,7 +12,7 @@ from memlab.app.cli import main
 from memlab.errors import ConfigError
 from memlab.probes import placement
 from memlab.probes.run import load_options, run_probe
-from memlab.probes.loading import load_encoder
+from memlab.probes.encoders import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

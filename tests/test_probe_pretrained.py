@@ -38,7 +38,7 @@ def _opts(corpus, **kw):
 
 def _trained(corpus, **kw):
     """A pretrained decoder built and trained on 24 random embeddings of real chunks, and its state before."""
-    from memlab.probes.loading import load_tokenizer
+    from memlab.probes.encoders import load_tokenizer
 
     opts = _opts(corpus, **kw)
     tok = load_tokenizer(str(TOY))
@@ -55,8 +55,8 @@ def _trained(corpus, **kw):
 
 
 def test_probe_end_to_end_targets_in_the_decoders_tokenizer(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.loading import load_tokenizer
-    from memlab.probes.space import load_probe
+    from memlab.probes.encoders import load_tokenizer
+    from memlab.probes.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--decoder", f"pretrained:{TOY}",
@@ -154,7 +154,7 @@ def test_a_probe_and_its_control_start_alike_whatever_the_embeddings_width(small
     """The map's draws do not depend on the embedding's width: a constant embedding (standardised to zeros) gives
     the same soft prompts from decoders built for widths 6 and 10, so probes of any width can share one control."""
     from memlab.probes.chunks import tokenize_chunks
-    from memlab.probes.loading import load_tokenizer
+    from memlab.probes.encoders import load_tokenizer
 
     tok = load_tokenizer(str(TOY))
     ids, _ = tokenize_chunks(chunks.probe_texts(4, 8, "train", str(small_corpus)), tok)  # (8, T)
@@ -246,7 +246,7 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
 
 
 def test_a_scratch_decoder_in_a_named_tokenizer_reloads_in_it(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.space import load_probe
+    from memlab.probes.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *RUN,

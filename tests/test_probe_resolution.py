@@ -15,7 +15,7 @@ from memlab.app.cli import main
 from memlab.errors import MemlabError
 from memlab.paths import resource
 from memlab.probes import chunks, compare
-from memlab.probes.loading import load_tokenizer
+from memlab.probes.encoders import load_tokenizer
 from memlab.probes.options import load_options, option_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -81,7 +81,7 @@ def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, 
     order, are each chunk's own (as encoded alone)."""
     import torch
 
-    from memlab.probes.loading import load_encoder
+    from memlab.probes.encoders import load_encoder
     from memlab.probes.run import encode_all
 
     enc = load_encoder(str(tiny_llama), pool="mean")

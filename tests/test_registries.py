@@ -33,7 +33,7 @@ def test_memlab_list_shows_every_registry(capsys):
 
 def test_probe_is_not_a_trainable_recipe(tmp_path):
     from memlab.config import load_config
-    from memlab.train.run import run_experiment
+    from memlab.train.experiment import run_experiment
 
     assert "probe" not in RECIPES.names() and "probe" in VERB_RECIPES.names()
     cfg = load_config(ROOT / "configs" / "probes" / "minilm.yaml")  # the options still validate

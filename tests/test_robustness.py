@@ -245,7 +245,7 @@ def test_generate_refuses_nan_weights(tmp_path, small_corpus, capsys):
 
 
 def test_uniform_loss_warning():
-    from memlab.train.metrics import UniformWatch
+    from memlab.train.metrics_log import UniformWatch
 
     ln_v = torch.log(torch.tensor(512.0)).item()
     w = UniformWatch(512, warmup_steps=10)

@@ -50,7 +50,7 @@ def test_a_kill_during_any_write_leaves_every_file_whole(toy_config, tmp_path):
     final name is whole (JSON parses, safetensors load, no empty file), and the run resumes to its end."""
     from safetensors.torch import load_file
 
-    from memlab.train.metrics import read_metrics
+    from memlab.train.metrics_log import read_metrics
 
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

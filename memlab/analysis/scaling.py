@@ -185,7 +185,7 @@ def experiment_for(sweep: SweepConfig, fam: SweepFamily, i: int):
 def run_sweep(sweep: SweepConfig, out_dir: str | Path, train: bool = True) -> dict[str, Any]:
     """Train every size of every family into ``out_dir/<label>/s<i>``, fit, plot; writes ``scaling.json``."""
     from memlab.registry import FAMILIES
-    from memlab.train.run import run_experiment
+    from memlab.train.experiment import run_experiment
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes.loading import load_encoder
+from memlab.probes.encoders import load_encoder
 from memlab.probes.readings import cell
 from memlab.probes.report import seen_line
 from memlab.probes.run import load_options, run_probe
@@ -87,7 +87,7 @@ class Context:
 
 @dataclass
 class Entry:
-    """One probed thing: ``load(ctx)`` returns a frozen encoder (``memlab.probes.loading.load_encoder`` style)."""
+    """One probed thing: ``load(ctx)`` returns a frozen encoder (``memlab.probes.encoders.load_encoder`` style)."""
 
     name: str
     embedding: str
@@ -104,7 +104,7 @@ class Entry:
 
 def _train(config: str, out: Path, overrides: list[str]) -> Path:
     from memlab.config import load_config
-    from memlab.train.run import run_experiment
+    from memlab.train.experiment import run_experiment
 
     run_experiment(load_config(shipped_config(config), overrides), out)
     return out

@@ -147,7 +147,7 @@ def build_or_load(space, spec: str, documents: list[list[str]], split: str, cach
 
     ``path`` names the cache folder explicitly (default ``cache_root/<fingerprint>``); an
     existing folder built with another space raises a DataError. ``env`` (a
-    :class:`memlab.train.devices.SetupEnv`, for a launch of several processes): the main process decides
+    :class:`memlab.train.processes.SetupEnv`, for a launch of several processes): the main process decides
     whether the cache exists; if not, every process encodes its share of the sentences (each sentence once
     in all), the main process saves the merged cache, and every process loads that same folder.
     """

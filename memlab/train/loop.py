@@ -28,8 +28,8 @@ from memlab.errors import MemlabError
 from memlab.progress import progress_bar
 from memlab.train import checkpoint as ckpt
 from memlab.flops import measure_matmul_flops, model_flops_utilization  # noqa: F401  (re-exported)
-from memlab.train.devices import check_batch_split, enable_tf32, mixed_precision, use_cpu  # noqa: F401
-from memlab.train.metrics import MetricWindow, UniformWatch, read_groups
+from memlab.train.processes import check_batch_split, enable_tf32, mixed_precision, use_cpu  # noqa: F401
+from memlab.train.metrics_log import MetricWindow, UniformWatch, read_groups
 from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
@@ -262,7 +262,7 @@ class Trainer:
             self.acc.scaler.load_state_dict(ckpt.load_torch(path / "scaler.pt"))
         if self.acc.is_main_process:
             ckpt.remove_partial_checkpoints(self.run_dir)
-            from memlab.train.metrics import truncate_metrics
+            from memlab.train.metrics_log import truncate_metrics
 
             truncate_metrics(self.metrics_path, self.step)  # records past the checkpoint go; a torn last line too
 

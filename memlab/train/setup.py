@@ -95,6 +95,6 @@ class Recipe(Protocol):
     options_class: type | None
 
     def setup(self, cfg: Any, run_dir: Path, env: Any = None) -> TrainSetup:
-        """``env``: a :class:`memlab.train.devices.SetupEnv` (the accelerator's device and the launch's processes;
+        """``env``: a :class:`memlab.train.processes.SetupEnv` (the accelerator's device and the launch's processes;
         None: one process on the CPU). Frozen-model precompute (embedding caches, frozen-encoder memories,
         measured FLOPs) runs on ``env.device``, once across processes, and every process reads the same result."""

@@ -62,9 +62,9 @@ def cache_memories(model, ids, mask, batch: int = 256, env=None) -> torch.Tensor
     """Run the (frozen) encoder once over every example: ``(N, C, T)`` -> ``(N, C, K, M)`` float32 on the CPU
     (``ids``, ``mask``: a tensor or rows read one example at a time, as :class:`CachedDataset` takes).
 
-    ``env`` (:class:`memlab.train.devices.SetupEnv`): on its device (bf16 multiplies where native), each
+    ``env`` (:class:`memlab.train.processes.SetupEnv`): on its device (bf16 multiplies where native), each
     process encoding its contiguous share of the examples; every process gets the merged result."""
-    from memlab.train.devices import SetupEnv
+    from memlab.train.processes import SetupEnv
 
     env = env or SetupEnv()
     model.to(env.device)

@@ -153,7 +153,7 @@ class SentenceRecipe:
         raise NotImplementedError
 
     def setup(self, cfg, run_dir: Path, env=None) -> TrainSetup:
-        from memlab.train.devices import SetupEnv
+        from memlab.train.processes import SetupEnv
 
         env = env or SetupEnv()
         opts: SentenceOptions = cfg.options or SentenceOptions()

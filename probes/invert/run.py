@@ -131,7 +131,7 @@ def first_table(searcher: Searcher, prefix: list[int], cache_dir: str | None, sh
 
 
 def load(spec: str, layer: int, device: str):
-    from memlab.probes.loading import load_transformers
+    from memlab.probes.encoders import load_transformers
 
     enc = load_transformers(spec, layer=layer, device=device)
     return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))

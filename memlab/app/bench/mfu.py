@@ -52,8 +52,8 @@ def run_mfu(out_dir: Path, configs: dict[str, str] | None = None, steps: int = 1
     with given ones) maps a label to the config measured when its own cannot be set up."""
     from memlab.config import load_config
     from memlab.errors import MemlabError
-    from memlab.train.metrics import read_metrics
-    from memlab.train.run import run_experiment
+    from memlab.train.metrics_log import read_metrics
+    from memlab.train.experiment import run_experiment
 
     results: dict[str, Any] = {}
     if fallbacks is None:

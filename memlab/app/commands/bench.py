@@ -41,7 +41,7 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from memlab.app.bench.run import run_bench
+    from memlab.app.bench.runner import run_bench
 
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("memlab", "memlab/app/cli.py")) else ["bench"] + [a for a in _argv(args)]

@@ -25,7 +25,8 @@ def check(args) -> None:
 def run(args) -> int:
     from memlab.errors import MemlabError
     from memlab.outdir import OutputFolder
-    from memlab.plots import plot_metrics, read_metrics
+    from memlab.plots import plot_metrics
+    from memlab.rundir import read_metrics
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

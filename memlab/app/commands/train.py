@@ -39,7 +39,7 @@ def check(args) -> None:
 def run(args) -> int:
     from memlab.config import load_config
     from memlab.errors import ConfigError
-    from memlab.train.run import run_experiment
+    from memlab.train.experiment import run_experiment
 
     overrides = list(args.overrides)
     if args.resume:
@@ -48,7 +48,7 @@ def run(args) -> int:
             overrides.insert(0, args.config)
         elif args.config:
             raise ConfigError("with --resume the config is the run's own config.yaml; pass only overrides")
-        from memlab.train.run import check_resumable, check_resume_overrides
+        from memlab.train.experiment import check_resumable, check_resume_overrides
 
         check_resume_overrides(overrides)
         check_resumable(run_dir)  # a missing folder or one still being set up by another run, named as such

@@ -28,7 +28,7 @@ from memlab.outdir import save_files
 from memlab.probes.capture import right_pad
 from memlab.probes.chunks import shift_right
 from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
-from memlab.probes.loading import load_encoder, load_tokenizer
+from memlab.probes.encoders import load_encoder, load_tokenizer
 from memlab.probes.parts import (PARTS, DecoderKind, encoder_kind, get_part, own_options, part_options, reads_tokens,
                                  split_name, takes)
 from memlab.probes.readings import reconstruct_ids
@@ -161,7 +161,7 @@ def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, com
     """The decoder's config: the encoder's facts (the embedding's width, the targets' vocabulary, the kept ids, the
     start id, the chunk length), the generic decoder settings the chosen decoder honours, the chosen conditioning's
     and inputs' options, the shape its own options set, and which part it is (``probe_part``: its name and own
-    options, what :func:`memlab.probes.space.load_decoder` rebuilds it from)."""
+    options, what :func:`memlab.probes.fitted.load_decoder` rebuilds it from)."""
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
     if kept and kept[-1] >= v:

@@ -75,7 +75,7 @@ def _run_parts(folder: OutputFolder, parts: list[str], dev, quick: bool, prefill
                             logits=prefill_logits, log=log)
             plot_prefill(r, out / "plots" / "prefill.png")
         elif part == "generation":
-            from memlab.app.bench.generation import plot_generation, run_generation
+            from memlab.app.bench.generation_speed import plot_generation, run_generation
 
             ctx = generation_contexts or q.get("generation_contexts") or [256, 1024, 2048, 4096, 8192, 16384]
             shape = {k: q[k] for k in ("width", "layers", "heads", "ff", "sentence_len", "new_tokens")} if quick else {}

@@ -23,6 +23,7 @@ import torch
 
 from memlab.config import ExperimentConfig, config_text, to_dict
 from memlab.errors import MemlabError
+from memlab.loading import check_saved_class
 from memlab.outdir import cut_back
 from memlab.registry import trainable_recipe
 from memlab.train import checkpoint as ckpt
@@ -104,7 +105,7 @@ def check_resumable(run_dir: Path) -> None:
 
 def _record(run_dir: Path) -> list[str]:
     """What a run folder holds of its record besides checkpoints (what starting it over would replace)."""
-    from memlab.train.metrics import read_metrics
+    from memlab.train.metrics_log import read_metrics
 
     held = []
     n = len(read_metrics(run_dir / "metrics.jsonl", warn=False)) if (run_dir / "metrics.jsonl").is_file() else 0
@@ -244,7 +245,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
     from accelerate import PartialState
 
     from memlab import tracking
-    from memlab.train.devices import SetupEnv, check_batch_split, check_engine, set_rank_threads, use_cpu
+    from memlab.train.processes import SetupEnv, check_batch_split, check_engine, set_rank_threads, use_cpu
     from memlab.train.loop import Trainer
 
     trackers = tracking.parse_log_with(cfg.train.log_with)
@@ -281,8 +282,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, resume: b
         if resume and state.is_main_process:
             record = ResumeRecord(run_dir, config_text(cfg), restart=start is None)
         if start is not None:
-            from memlab.loading import check_saved_class
-
             check_saved_class(start, type(trainer.acc.unwrap_model(trainer.model)),
                               asked=f"model.family: {cfg.model.family} in {run_dir / 'config.yaml'}")
             trainer.resume(start)

@@ -16,30 +16,8 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.rundir import read_metrics  # noqa: F401  (the loop's reader of its own file, kept with the run folder's)
 from memlab.train.setup import StepOutput
-
-
-def read_metrics(path: Path, warn: bool = True) -> list[dict[str, Any]]:
-    """The records of a metrics file; a torn last line is dropped (with one warning line)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    out = []
-    for i, ln in enumerate(lines):
-        try:
-            rec = json.loads(ln)
-            if not isinstance(rec, dict):
-                raise ValueError("not a record")
-        except ValueError:
-            if i == len(lines) - 1:
-                if warn:
-                    print(f"memlab: warning: {path}: the last line is incomplete (a write was cut short); dropped",
-                          file=sys.stderr)
-                break
-            raise MemlabError(f"{path}: line {i + 1} is not a JSON record; fix or delete that line") from None
-        out.append(rec)
-    return out
 
 
 def truncate_metrics(path: Path, step: int) -> None:
