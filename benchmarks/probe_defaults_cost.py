@@ -14,7 +14,6 @@ Writes ``probe_defaults_cost.json`` into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_minilm_time import one_run  # noqa: E402  (the one run with its matmul rates, shared)
+from probe_minilm_time import one_run, parser, prepared  # noqa: E402  (the run, its flags and set-up, shared)
 
 
 def cpu_flags() -> str:
@@ -36,19 +35,10 @@ def cpu_flags() -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--threads", type=int, default=None)
+    p = parser(__doc__)
     p.add_argument("--skip-first", action="store_true", help="the control is already cached in --out/cache")
-    p.add_argument("overrides", nargs="*", help="key=value probe options (default: none, the defaults)")
     a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-        a.overrides = [*a.overrides, f"threads={a.threads}"]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = out / "cache"
+    out, cache = prepared(a)
     runs = {}
     if not a.skip_first:
         runs["first"] = one_run("first", a.model, out, cache, a.overrides)

@@ -59,20 +59,30 @@ def one_run(name: str, model: str, out: Path, cache: Path, overrides: list[str])
             "timing": {k: timing.get(k) for k in TIMERS}, "readings": _readings(rep)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a probe cost benchmark: where, which model, threads, and the probe's key=value options."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="minilm")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads of the probe and of the matmul measurement (default: torch's)")
     p.add_argument("overrides", nargs="*", help="key=value probe options (default: none, the defaults)")
-    a = p.parse_args(argv)
+    return p
+
+
+def prepared(a: argparse.Namespace) -> tuple[Path, Path]:
+    """Threads set (and passed to the probe), the output folder made: ``(out, out/cache)``."""
     if a.threads:
         torch.set_num_threads(a.threads)
         a.overrides = [*a.overrides, f"threads={a.threads}"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = out / "cache"
+    return out, out / "cache"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parser(__doc__).parse_args(argv)
+    out, cache = prepared(a)
     runs = {name: one_run(name, a.model, out, cache, a.overrides) for name in ("first", "cached")}
     same = runs["first"]["readings"] == runs["cached"]["readings"]
     res = {"model": a.model, "overrides": a.overrides, "budget_s": PROBE_BUDGET_S, "runs": runs,

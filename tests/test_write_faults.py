@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from test_bad_input_sweep import assert_one_line, fresh
 
@@ -27,6 +28,19 @@ def toy_config(tmp_path_factory, small_corpus) -> Path:
 
     d = tmp_path_factory.mktemp("sweep")
     return write_config(d / "c.yaml", small_corpus, train={"max_steps": 4, "save_every": 2, "eval_every": 2})
+
+
+def assert_whole(folder: Path) -> None:
+    """Every file memlab left in ``folder`` (not its temporaries, set-aside copies or lock) is non-empty and reads
+    whole: JSON parses, safetensors load."""
+    for f in folder.rglob("*"):
+        if not f.is_file() or ".tmp" in str(f.relative_to(folder)) or ".old" in f.name or f.name == ".memlab.lock":
+            continue
+        assert f.stat().st_size > 0, f"{f} is empty after kill -9"
+        if f.suffix == ".json":
+            json.loads(f.read_text())
+        elif f.suffix == ".safetensors":
+            load_file(str(f))
 
 
 @pytest.mark.slow
@@ -48,8 +62,6 @@ def test_a_file_size_limit_names_the_file_and_keeps_nothing_half_made(toy_config
 def test_a_kill_during_any_write_leaves_every_file_whole(toy_config, tmp_path):
     """Train with a checkpoint at every step and kill -9 at spread moments; after each kill every file under its
     final name is whole (JSON parses, safetensors load, no empty file), and the run resumes to its end."""
-    from safetensors.torch import load_file
-
     from memlab.train.metrics_log import read_metrics
 
     run = tmp_path / "run"
@@ -64,14 +76,7 @@ def test_a_kill_during_any_write_leaves_every_file_whole(toy_config, tmp_path):
         p.wait()
         if not run.exists():
             continue
-        for f in run.rglob("*"):
-            if not f.is_file() or ".tmp" in str(f.relative_to(run)) or ".old" in f.name or f.name == ".memlab.lock":
-                continue
-            assert f.stat().st_size > 0, f"{f} is empty after kill -9"
-            if f.suffix == ".json":
-                json.loads(f.read_text())
-            elif f.suffix == ".safetensors":
-                load_file(str(f))
+        assert_whole(run)
         read_metrics(run / "metrics.jsonl", warn=False)  # a torn last line at most
     if (run / "config.yaml").is_file():
         done = subprocess.run(argv[:3] + ["train", "--resume", str(run)], env=env, capture_output=True, text=True,
@@ -148,8 +153,6 @@ def shutil_rmtree(path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_kill_during_a_probe_leaves_no_empty_or_half_file(tmp_path):
-    from safetensors.torch import load_file
-
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for delay in (6.0, 12.0, 18.0, 24.0, 30.0):
         out = tmp_path / f"probe-{delay:.0f}"
@@ -159,11 +162,5 @@ def test_a_kill_during_a_probe_leaves_no_empty_or_half_file(tmp_path):
         time.sleep(delay)
         p.kill()
         p.wait()
-        for f in out.rglob("*") if out.exists() else []:
-            if not f.is_file() or ".tmp" in str(f.relative_to(out)) or f.name == ".memlab.lock":
-                continue
-            assert f.stat().st_size > 0, f"{f} is empty after kill -9"
-            if f.suffix == ".json":
-                json.loads(f.read_text())
-            elif f.suffix == ".safetensors":
-                load_file(str(f))
+        if out.exists():
+            assert_whole(out)
