@@ -23,12 +23,14 @@ COMMANDS = [
     ["bench", "--help"],
     ["generate", "--help"],
     ["probe", "--help"],
+    ["invert", "--help"],
     ["bench", "--mfu-steps", "0"],
     ["bench", "--prefill-lengths=-64"],
     ["eval", "--run", "r", "--task", "needle", "--needle-lengths", "0"],
     ["generate", "--run", "r", "--prompt", "x", "--top-p", "2"],
     ["quickstart", "--threads", "0"],
     ["probe", "--model", "m", "--seq-len", "8,8"],
+    ["invert", "--model", "m", "--seq-len", "0"],
 ]
 
 _CHILD = ("import sys\nfrom memlab.app.cli import main\nrc = main(sys.argv[1:])\n"

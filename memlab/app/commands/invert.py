@@ -111,6 +111,11 @@ def options(args: argparse.Namespace) -> dict:
     return vals
 
 
+def check(args: argparse.Namespace) -> None:
+    """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli)."""
+    options(args)
+
+
 def run(args) -> int:
     import time
     from pathlib import Path
