@@ -74,8 +74,8 @@ def no_torch(verb: str, torch_loaded: bool, seconds: float) -> None:
 
 TOY = str(ROOT / "configs" / "token_lm" / "toy.yaml")
 
-NEEDS = {"train": [TOY], "eval": ["--run", "r"], "probe": ["--model", "m"], "generate": ["--run", "r", "--prompt", "x"],
-         "plot": ["r"]}
+NEEDS = {"train": [TOY], "eval": ["--run", "r"], "probe": ["--model", "m"], "invert": ["--model", "m", "--layer", "1"],
+         "generate": ["--run", "r", "--prompt", "x"], "plot": ["r"]}
 """What a verb needs besides the flag under test (its required arguments); a verb not named needs nothing."""
 
 
