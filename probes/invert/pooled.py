@@ -184,11 +184,13 @@ class PooledSearcher:
         forwards, steps, best, best_obj, best_d, start_d = 0, 0, None, math.inf, math.inf, math.nan
         for k in range(o.restarts):
             share = (o.forwards * (k + 1)) // o.restarts  # this restart may use the budget up to here
+            if forwards >= share:  # more restarts than the budget allows
+                continue
             cur = self._start(k, length, gen)  # (T,)
             obj, d = self._objective(cur[None], target)
             forwards += 1
             cur_obj, cur_d = float(obj[0]), float(d[0])
-            if k == 0:
+            if math.isnan(start_d):
                 start_d = cur_d
             while forwards + 1 <= share and time.perf_counter() - began < o.seconds and cur_d > o.tol:
                 b = min(o.batch_size, share - forwards)
