@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from memlab.probes.readings import bootstrap
+from memlab.probes.invert.report import _cell, readings
 from memlab.probes.result import Reading
 
 
@@ -90,12 +90,7 @@ def pooled_totals(chunks: list[PooledChunk], n_resamples: int = 2000, level: flo
     specs = {name: (lambda col: lambda c: c[col].mean(-1))(col) for name, col in means.items()}
     specs["token_accuracy"] = lambda c: c["hits"].sum(-1) / np.maximum(c["tokens"].sum(-1), 1e-12)
     specs["control_token_accuracy"] = lambda c: c["control_hits"].sum(-1) / np.maximum(c["tokens"].sum(-1), 1e-12)
-    out = {}
-    for name, stat in specs.items():
-        value = float(stat({k: v[None] for k, v in cols.items()})[0])
-        lo, hi = bootstrap(stat, cols, n_resamples, level, seed)
-        out[name] = Reading(value, lo, hi)
-    return out
+    return readings(specs, cols, n_resamples, level, seed)
 
 
 @dataclass
@@ -121,10 +116,6 @@ class PooledReport:
         out = asdict(self)
         out["totals"] = {k: v.to_dict() for k, v in self.totals.items()}
         return out
-
-
-def _cell(r: Reading, digits: int = 3) -> str:
-    return f"{r.value:.{digits}f} [{r.low:.{digits}f}, {r.high:.{digits}f}]"
 
 
 def pooled_summary(rep: PooledReport) -> list[str]:

@@ -146,10 +146,36 @@ def load(spec: str, layer: int, device: str):
     return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
 
 
+def states_source(vals: dict, enc, reader: LayerReader, device: str) -> tuple[str, LayerReader]:
+    """The model whose states are inverted and its reader: ``--states-from`` (same tokenizer and width) or the
+    model itself."""
+    if not vals["states_from"]:
+        return vals["model"], reader
+    src = vals["states_from"]
+    other, src_reader = load(src, vals["layer"], device)
+    if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
+        raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
+                         f"({other.dim}) differs from {vals['model']}'s ({len(enc.tokenizer)}, {enc.dim})")
+    return src, src_reader
+
+
+def setup(vals: dict):
+    """Threads, device, the model and its reader, the chunks: ``(device, enc, reader, texts, chunks)``."""
+    from memlab.devices import resolve_device
+
+    if vals["threads"]:
+        torch.set_num_threads(vals["threads"])
+    device = str(resolve_device(vals["device"]))
+    enc, reader = load(vals["model"], vals["layer"], device)
+    texts, chunks = chunk_ids(vals, enc.tokenizer)
+    if not chunks:
+        raise DataError("no chunk to invert")
+    return device, enc, reader, texts, chunks
+
+
 def run_invert(vals: dict, out: Path):
     """Invert the chunks ``vals`` names (the checked flags of ``memlab invert``) into ``out``; (report, summary
     lines)."""
-    from memlab.devices import resolve_device
     from memlab.outdir import OutputFolder
     from memlab.progress import progress_bar
 
@@ -159,22 +185,10 @@ def run_invert(vals: dict, out: Path):
         from memlab.data.chunkcache import check_cache_dir
 
         check_cache_dir(vals["cache_dir"])
-    if vals["threads"]:
-        torch.set_num_threads(vals["threads"])
-    device = str(resolve_device(vals["device"]))
-    enc, reader = load(vals["model"], vals["layer"], device)
-    texts, chunks = chunk_ids(vals, enc.tokenizer)
-    if not chunks:
-        raise DataError("no chunk to invert")
+    device, enc, reader, texts, chunks = setup(vals)
     name = vals["model"]
     check_applies(reader, enc.prefix + chunks[0], name)
-    src, src_reader = name, reader
-    if vals["states_from"]:
-        src = vals["states_from"]
-        other, src_reader = load(src, vals["layer"], device)
-        if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
-            raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
-                             f"({other.dim}) differs from {name}'s ({len(enc.tokenizer)}, {enc.dim})")
+    src, src_reader = states_source(vals, enc, reader, device)
     opts = SearchOptions(batch_size=vals["batch_size"], budget=vals["budget"], exhaustive=vals["exhaustive"],
                          exhaustive_batch=vals["exhaustive_batch"], tol=vals["tol"], min_gap=vals["min_gap"],
                          accept_gap=vals["accept_gap"],
@@ -215,26 +229,14 @@ def run_invert(vals: dict, out: Path):
 def run_pooled(vals: dict, out: Path):
     """``memlab invert --states last|mean``: search every chunk from its pooled state, and the same search from the
     next chunk's pooled state (the control, scored against the true chunk); (report, summary lines)."""
-    from memlab.devices import resolve_device
     from memlab.outdir import OutputFolder
     from memlab.progress import progress_bar
 
-    if vals["threads"]:
-        torch.set_num_threads(vals["threads"])
-    device = str(resolve_device(vals["device"]))
-    enc, reader = load(vals["model"], vals["layer"], device)
-    texts, chunks = chunk_ids(vals, enc.tokenizer)
-    if not chunks:
-        raise DataError("no chunk to invert")
-    name, src, src_reader = vals["model"], vals["model"], reader
+    device, enc, reader, texts, chunks = setup(vals)
+    name = vals["model"]
     prefix, suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
     causal = is_causal(reader, prefix + chunks[0] + suffix, name)
-    if vals["states_from"]:
-        src = vals["states_from"]
-        other, src_reader = load(src, vals["layer"], device)
-        if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
-            raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
-                             f"({other.dim}) differs from {name}'s ({len(enc.tokenizer)}, {enc.dim})")
+    src, src_reader = states_source(vals, enc, reader, device)
     head = LanguageHead.of(reader) if causal else None
     if vals["prior_weight"] and head is None:
         raise ModelError(f"--prior-weight needs a causal model whose next-token head can be read; {name} is "
