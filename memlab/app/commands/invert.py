@@ -1,4 +1,4 @@
-"""memlab invert --model NAME --layer L --states positions: recover the input exactly from a model's states.
+"""memlab invert --model NAME --layer L --states positions|last|mean: recover the input from a model's states.
 
 argparse only at import time: the flags are read as text and checked (types, ranges) before anything heavy is
 imported; :func:`memlab.probes.invert.run.run_invert` does the work.
@@ -50,7 +50,9 @@ def add_parser(sub) -> None:
         description="Recover held-out chunks token by token from a causal model's states at one layer, with the "
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
-                    "vocabulary when no ranked candidate matches. Writes report.json into --out and prints a summary.")
+                    "vocabulary when no ranked candidate matches. With --states last or mean, search the token sequence whose "
+                    "pooled state matches by gradient-guided token swaps within a budget, beside a control search "
+                    "from another chunk's state. Writes report.json into --out and prints a summary.")
     p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
                                    "name")
     p.add_argument("--states", default="positions",
