@@ -50,8 +50,8 @@ def add_parser(sub) -> None:
         description="Recover held-out chunks token by token from a causal model's states at one layer, with the "
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
-                    "vocabulary when no ranked candidate matches. With --states last or mean, search the token sequence whose "
-                    "pooled state matches by gradient-guided token swaps within a budget, beside a control search "
+                    "vocabulary when no ranked candidate matches. With --states last or mean, search the token "
+                    "sequence whose pooled state matches by gradient-guided token swaps within a budget, beside a control search "
                     "from another chunk's state. Writes report.json into --out and prints a summary.")
     p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
                                    "name")
@@ -133,7 +133,8 @@ def options(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
     vals.update(model=args.model, states=args.states, states_from=args.states_from, chunk_by=args.chunk_by,
                 corpus=args.corpus, eval_split=args.eval_split, exhaustive=not args.no_exhaustive,
-                relinearize=not args.no_relinearize, init=init, control=not args.no_control, device=args.device, cache_dir=args.cache_dir,
+                relinearize=not args.no_relinearize, init=init, control=not args.no_control,
+                device=args.device, cache_dir=args.cache_dir,
                 progress=args.progress or None)
     return vals
 
