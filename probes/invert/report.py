@@ -119,6 +119,13 @@ def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.
     specs = {"exact_match": lambda c: c["exact"].mean(-1), "token_accuracy": ratio("hits", "tokens"),
              "certified": ratio("certified", "tokens"), "candidates_per_token": ratio("tried", "tokens"),
              "seconds_per_token": ratio("seconds", "tokens")}
+    return readings(specs, cols, n_resamples, level, seed)
+
+
+def readings(specs: dict, cols: dict[str, np.ndarray], n_resamples: int = 2000, level: float = 0.95,
+             seed: int = 0) -> dict[str, Reading]:
+    """Each statistic of ``specs`` (name -> a function of the (R, M) columns) over the chunks' ``cols`` (M rows),
+    with its bootstrap interval over chunks."""
     out = {}
     for name, stat in specs.items():
         value = float(stat({k: v[None] for k, v in cols.items()})[0])

@@ -17,6 +17,8 @@ import torch
 
 from memlab.errors import DataError, ModelError
 from memlab.probes.chunks import probe_chunks, probe_texts, rows, tokenize_chunks
+from memlab.probes.invert.pooled import POOLS, LanguageHead, PooledOptions, PooledSearcher
+from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
 from memlab.probes.invert.positions import SearchOptions, Searcher
 from memlab.probes.invert.report import build_report, chunk_result, summary_lines
 from memlab.probes.invert.states import LayerReader
@@ -54,9 +56,9 @@ def chunk_ids(vals: dict, tokenizer) -> tuple[list[str], list[list[int]]]:
     return texts, rows(ids)
 
 
-def check_applies(reader: LayerReader, ids: list[int], name: str) -> None:
-    """One ModelError line when per-position inversion does not apply: a state that changes with later tokens
-    (a bidirectional encoder), or a cached pass that does not reproduce the model's own states."""
+def is_causal(reader: LayerReader, ids: list[int], name: str) -> bool:
+    """Whether changing the last token of ``ids`` leaves every earlier state unchanged (one ModelError line when the
+    model's forward pass cannot be read from input embeddings)."""
     seq = torch.tensor([ids])  # (1, T)
     other = seq.clone()
     other[0, -1] = (other[0, -1] + 1) % reader.vocab_size
@@ -64,10 +66,17 @@ def check_applies(reader: LayerReader, ids: list[int], name: str) -> None:
         a, b = reader.full_states(seq)[0, :-1], reader.full_states(other)[0, :-1]  # (T-1, D)
     except Exception as e:  # noqa: BLE001  (a model whose forward does not take inputs_embeds)
         raise ModelError(f"{name}: its forward pass cannot be read from input embeddings ({str(e)[:120]})") from None
-    if float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)).max()) > 1e-4:
+    return float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)).max()) <= 1e-4
+
+
+def check_applies(reader: LayerReader, ids: list[int], name: str) -> None:
+    """One ModelError line when per-position inversion does not apply: a state that changes with later tokens
+    (a bidirectional encoder), or a cached pass that does not reproduce the model's own states."""
+    seq = torch.tensor([ids])  # (1, T)
+    if not is_causal(reader, ids, name):
         raise ModelError(f"--states positions needs a causal model, but {name} reads its input both ways (a state "
-                         f"changes with later tokens); for it only the trained probe applies: memlab probe --model "
-                         f"{name} --pool mean")
+                         f"changes with later tokens); for it use --states mean or last (a search from the pooled "
+                         f"state), or the trained probe: memlab probe --model {name} --pool mean")
     try:
         prefix = reader.start([])
         cached = torch.stack([reader.extend(prefix, t) for t in ids])  # (T, D)
@@ -137,17 +146,23 @@ def load(spec: str, layer: int, device: str):
     return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
 
 
-def run_invert(vals: dict, out: Path):
-    """Invert the chunks ``vals`` names (the checked flags of ``memlab invert``) into ``out``; (report, summary
-    lines)."""
+def states_source(vals: dict, enc, reader: LayerReader, device: str) -> tuple[str, LayerReader]:
+    """The model whose states are inverted and its reader: ``--states-from`` (same tokenizer and width) or the
+    model itself."""
+    if not vals["states_from"]:
+        return vals["model"], reader
+    src = vals["states_from"]
+    other, src_reader = load(src, vals["layer"], device)
+    if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
+        raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
+                         f"({other.dim}) differs from {vals['model']}'s ({len(enc.tokenizer)}, {enc.dim})")
+    return src, src_reader
+
+
+def setup(vals: dict):
+    """Threads, device, the model and its reader, the chunks: ``(device, enc, reader, texts, chunks)``."""
     from memlab.devices import resolve_device
-    from memlab.outdir import OutputFolder
-    from memlab.progress import progress_bar
 
-    if vals["cache_dir"]:
-        from memlab.data.chunkcache import check_cache_dir
-
-        check_cache_dir(vals["cache_dir"])
     if vals["threads"]:
         torch.set_num_threads(vals["threads"])
     device = str(resolve_device(vals["device"]))
@@ -155,15 +170,25 @@ def run_invert(vals: dict, out: Path):
     texts, chunks = chunk_ids(vals, enc.tokenizer)
     if not chunks:
         raise DataError("no chunk to invert")
+    return device, enc, reader, texts, chunks
+
+
+def run_invert(vals: dict, out: Path):
+    """Invert the chunks ``vals`` names (the checked flags of ``memlab invert``) into ``out``; (report, summary
+    lines)."""
+    from memlab.outdir import OutputFolder
+    from memlab.progress import progress_bar
+
+    if vals["states"] in POOLS:
+        return run_pooled(vals, out)
+    if vals["cache_dir"]:
+        from memlab.data.chunkcache import check_cache_dir
+
+        check_cache_dir(vals["cache_dir"])
+    device, enc, reader, texts, chunks = setup(vals)
     name = vals["model"]
     check_applies(reader, enc.prefix + chunks[0], name)
-    src, src_reader = name, reader
-    if vals["states_from"]:
-        src = vals["states_from"]
-        other, src_reader = load(src, vals["layer"], device)
-        if len(other.tokenizer) != len(enc.tokenizer) or other.dim != enc.dim:
-            raise ModelError(f"--states-from {src}: its tokenizer ({len(other.tokenizer)} tokens) or width "
-                             f"({other.dim}) differs from {name}'s ({len(enc.tokenizer)}, {enc.dim})")
+    src, src_reader = states_source(vals, enc, reader, device)
     opts = SearchOptions(batch_size=vals["batch_size"], budget=vals["budget"], exhaustive=vals["exhaustive"],
                          exhaustive_batch=vals["exhaustive_batch"], tol=vals["tol"], min_gap=vals["min_gap"],
                          accept_gap=vals["accept_gap"],
@@ -196,6 +221,62 @@ def run_invert(vals: dict, out: Path):
                                  + (", from the kept table" if table is not None else "")},
             noise=vals["noise"], machine=machine)
         lines = summary_lines(report)
+        folder.write_json("report.json", report.to_dict())
+        folder.write("summary.txt", "\n".join(lines) + "\n")
+    return report, lines
+
+
+def run_pooled(vals: dict, out: Path):
+    """``memlab invert --states last|mean``: search every chunk from its pooled state, and the same search from the
+    next chunk's pooled state (the control, scored against the true chunk); (report, summary lines)."""
+    from memlab.outdir import OutputFolder
+    from memlab.progress import progress_bar
+
+    device, enc, reader, texts, chunks = setup(vals)
+    name = vals["model"]
+    prefix, suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
+    causal = is_causal(reader, prefix + chunks[0] + suffix, name)
+    src, src_reader = states_source(vals, enc, reader, device)
+    head = LanguageHead.of(reader) if causal else None
+    if vals["prior_weight"] and head is None:
+        raise ModelError(f"--prior-weight needs a causal model whose next-token head can be read; {name} is "
+                         f"{'causal without tied output embeddings' if causal else 'bidirectional'}: use "
+                         "--prior-weight 0")
+    opts = PooledOptions(forwards=vals["forwards"], seconds=vals["seconds"] or float("inf"),
+                         batch_size=vals["batch_size"], topk=vals["topk"], restarts=vals["restarts"],
+                         prior_weight=vals["prior_weight"], init=vals["init"] if head is not None else "random",
+                         )
+    searcher = PooledSearcher(reader, vals["states"], opts, head, prefix, suffix)
+    target_of = PooledSearcher(src_reader, vals["states"], opts, None, prefix, suffix)
+    gen = torch.Generator().manual_seed(vals["seed"])
+    machine = machine_facts()
+    with OutputFolder.new(out, "inversion") as folder:
+        targets = []
+        for ids in chunks:
+            z = target_of.pooled(torch.tensor([ids]))[0]  # (D,)
+            if vals["noise"]:
+                z = z + torch.randn(z.shape, generator=gen) * (vals["noise"] * z.norm() / z.shape[-1] ** 0.5)
+            targets.append(z)
+        bar = progress_bar(len(chunks) * (2 if vals["control"] else 1), "invert: pooled search",
+                           show=vals["progress"])
+        results = []
+        for i, (text, ids, z) in enumerate(zip(texts, chunks, targets)):
+            got = searcher.search(z, len(ids), seed=vals["seed"] + i)
+            bar.update()
+            ctrl, j = None, None
+            if vals["control"] and len(chunks) > 1:
+                j = (i + 1) % len(chunks)
+                ctrl = searcher.search(targets[j], len(ids), seed=vals["seed"] + i)
+                bar.update()
+            results.append(pooled_chunk(i, text, ids, got, enc.tokenizer.decode, ctrl, j))
+        bar.close()
+        report = PooledReport(
+            model=name, states_from=src, layer=reader.layer, num_layers=reader.num_layers, states=vals["states"],
+            hooks=dict(reader.hooks), text={k: vals[k] for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
+            | {"split": vals["eval_split"], "prefix": prefix, "suffix": suffix},
+            search=vars(opts) | {"causal": causal}, noise=vals["noise"], machine=machine, prior=head is not None,
+            totals=pooled_totals(results), chunks=results)
+        lines = pooled_summary(report)
         folder.write_json("report.json", report.to_dict())
         folder.write("summary.txt", "\n".join(lines) + "\n")
     return report, lines

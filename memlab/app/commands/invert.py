@@ -1,4 +1,4 @@
-"""memlab invert --model NAME --layer L --states positions: recover the input exactly from a model's states.
+"""memlab invert --model NAME --layer L --states positions|last|mean: recover the input from a model's states.
 
 argparse only at import time: the flags are read as text and checked (types, ranges) before anything heavy is
 imported; :func:`memlab.probes.invert.run.run_invert` does the work.
@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-STATES = ("positions",)
-"""What the states are: one per position (the causal model's hidden state at every position of the chunk)."""
+STATES = ("positions", "last", "mean")
+"""What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
+pooled state per chunk (the last position's state, or the mean over positions)."""
+
+POOLED_ONLY = ("--forwards", "--seconds", "--topk", "--restarts", "--prior-weight", "--init", "--no-control")
+POSITIONS_ONLY = ("--budget", "--exhaustive-batch", "--tol", "--min-gap", "--accept-gap", "--cache-dir",
+                  "--no-exhaustive", "--no-relinearize")
 
 # flag -> (type, least value or None, default, help)
 NUMBERS = {
@@ -20,7 +25,14 @@ NUMBERS = {
     "--n-eval": (int, 1, 256, "held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first "
                               "of them, so both instruments read the same chunks"),
     "--seed": (int, None, 0, "seed of the chunk draw (memlab probe's seed)"),
-    "--batch-size": (int, 1, 64, "ranked candidates verified per batch"),
+    "--batch-size": (int, 1, 64, "ranked candidates verified per batch (positions); token swaps evaluated per step "
+                                 "(last, mean)"),
+    "--forwards": (int, 1, 2048, "last/mean: candidate sequences evaluated per chunk (the compute budget)"),
+    "--seconds": (float, 0.0, None, "last/mean: wall-time budget per chunk in seconds (unset: none)"),
+    "--topk": (int, 1, 64, "last/mean: tokens per position kept from the gradient ranking"),
+    "--restarts": (int, 1, 2, "last/mean: searches from different starts sharing the budget"),
+    "--prior-weight": (float, 0.0, 0.0, "last/mean: weight of the model's mean next-token NLL (nats per token) in "
+                                        "the objective (causal models)"),
     "--budget": (int, 1, 2048, "ranked candidates tried at a position before the exhaustive search"),
     "--exhaustive-batch": (int, 1, 512, "candidates per batch of the exhaustive search"),
     "--tol": (float, 0.0, 1e-3, "relative distance |h - h*| / |h*| within which a candidate matches"),
@@ -38,12 +50,20 @@ def add_parser(sub) -> None:
         description="Recover held-out chunks token by token from a causal model's states at one layer, with the "
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
-                    "vocabulary when no ranked candidate matches. Writes report.json into --out and prints a summary.")
+                    "vocabulary when no ranked candidate matches. With --states last or mean, search the token "
+                    "sequence whose pooled state matches by gradient-guided token swaps within a budget, beside a control search "
+                    "from another chunk's state. Writes report.json into --out and prints a summary.")
     p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
                                    "name")
     p.add_argument("--states", default="positions",
-                   help="which states are inverted: positions (every position's state at the layer; the only kind "
-                        "this command inverts)")
+                   help="which states are inverted: positions (every position's state at the layer, a causal "
+                        "model), last (the last position's state) or mean (the mean over positions; for "
+                        "bidirectional encoders, last and mean are the settings that apply)")
+    p.add_argument("--init", default=None,
+                   help="last/mean: first start of the search: greedy (the model's own text; default), sample, or "
+                        "random (bidirectional models: random)")
+    p.add_argument("--no-control", action="store_true",
+                   help="last/mean: skip the control search (from the next chunk's pooled state)")
     p.add_argument("--states-from", default=None,
                    help="take the states from this model instead (same tokenizer and width): other weights, e.g. a "
                         "float copy of a quantised model; the certificate then shows the mismatch")
@@ -95,9 +115,16 @@ def options(args: argparse.Namespace) -> dict:
     if vals["layer"] is None:
         raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
     if args.states not in STATES:
-        raise ConfigError(f"--states {args.states!r} is not inverted by this command; use --states positions (a "
-                          "causal model's per-position states); for a pooled state use the trained probe: "
-                          "memlab probe --model M --pool last|mean")
+        raise ConfigError(f"--states takes positions, last or mean, got {args.states!r}")
+    pooled = args.states != "positions"
+    for flag in POSITIONS_ONLY if pooled else POOLED_ONLY:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value not in (None, False):
+            raise ConfigError(f"{flag} applies to --states {'positions' if pooled else 'last or mean'}, not to "
+                              f"--states {args.states}")
+    init = args.init or "greedy"
+    if init not in ("greedy", "sample", "random"):
+        raise ConfigError(f"--init takes greedy, sample or random, got {args.init!r}")
     if args.chunk_by not in ("words", "tokens"):
         raise ConfigError(f"--chunk-by takes words or tokens, got {args.chunk_by!r}")
     if args.eval_split not in ("test", "validation"):
@@ -106,7 +133,8 @@ def options(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
     vals.update(model=args.model, states=args.states, states_from=args.states_from, chunk_by=args.chunk_by,
                 corpus=args.corpus, eval_split=args.eval_split, exhaustive=not args.no_exhaustive,
-                relinearize=not args.no_relinearize, device=args.device, cache_dir=args.cache_dir,
+                relinearize=not args.no_relinearize, init=init, control=not args.no_control,
+                device=args.device, cache_dir=args.cache_dir,
                 progress=args.progress or None)
     return vals
 

@@ -1,0 +1,214 @@
+"""Inversion from a pooled state: search for the token sequence whose pooled state at layer ``L`` matches.
+
+With one vector per chunk (the last token's state, ``pool="last"``, or the mean over positions, ``pool="mean"``)
+the per-position search does not apply; this module searches all positions at once, with the model itself and no
+training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
+
+1. **Start** from the model's own greedy text after the fixed prefix (a causal model whose output head can be read:
+   its tied or untied output embeddings after the final norm), sampled text for later restarts, or random tokens.
+2. **Rank.** One forward and backward pass of the current sequence through the first ``L`` blocks gives the
+   gradient ``g`` ``(T, D_e)`` of the objective with respect to the input embeddings; the first-order change of
+   the objective when position ``t`` takes token ``v`` is ``(E_v - e_t) . g_t``, so ``g @ E^T`` ``(T, V)`` ranks
+   every token at every position (the gradient with respect to the one-hot inputs); the ``topk`` best are kept.
+3. **Swap.** ``batch_size`` single-token swaps are drawn (a position, one of its ``topk`` tokens), all evaluated
+   exactly in one batched forward pass up to layer ``L``; the best replaces the current sequence when it lowers
+   the objective.
+4. **Restarts**: the budget of candidate forwards (and seconds) is shared by ``restarts`` searches from different
+   starts; the best sequence over all of them is kept.
+
+The objective is the relative squared distance ``|pool(h_L) - z*|^2 / |z*|^2`` plus, with ``prior_weight > 0``
+(causal models with a readable output head), that weight times the mean negative log-probability of the sequence
+under the model (nats per token): the model's next-token distribution as a prior over texts. The distance reported
+is the relative distance ``|pool(h_L) - z*| / |z*|`` of the best sequence.
+
+The pooled state is read as the probe's encoder reads the chunk: the tokenizer's special tokens before and after
+it (``prefix``, ``suffix``) are fixed, and pooling runs over every position of ``prefix + chunk + suffix`` (the
+probe's mask), ``last`` being the last of them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from memlab.probes.invert.states import LayerReader
+
+POOLS = ("last", "mean")
+INITS = ("greedy", "sample", "random")
+
+
+@dataclass
+class PooledOptions:
+    """How a pooled state is searched (``memlab invert --states last|mean`` flags of the same names)."""
+
+    forwards: int = 2048
+    """Candidate sequences evaluated per chunk (the compute budget; each is one sequence through ``L`` blocks)."""
+    seconds: float = math.inf
+    """Wall-time budget per chunk (whichever budget runs out first stops the search)."""
+    batch_size: int = 64
+    """Single-token swaps evaluated per step (one batched forward pass)."""
+    topk: int = 64
+    """Tokens kept per position from the gradient ranking."""
+    restarts: int = 2
+    """Searches from different starts sharing the budget; the best is kept."""
+    prior_weight: float = 0.0
+    """Weight of the model's mean negative log-probability (nats per token) in the objective (causal models)."""
+    init: str = "greedy"
+    """First start: greedy text from the model, sampled text, or random tokens (later restarts: sampled/random)."""
+    tol: float = 1e-4
+    """Stop once the relative distance is within this."""
+
+
+@dataclass
+class PooledResult:
+    """The search of one pooled state."""
+
+    ids: list[int]
+    distance: float
+    start_distance: float
+    forwards: int
+    seconds: float
+    steps: int
+
+
+class LanguageHead:
+    """A causal model's next-token log-probabilities from its last block, its final norm and its output embeddings
+    (tied to the input table unless the model has its own): the prior. ``None`` from :meth:`of` when the model has
+    no readable head."""
+
+    def __init__(self, reader: LayerReader, norm, weight: torch.Tensor):
+        self.top = LayerReader(reader.model, reader.num_layers, vocab_size=reader.vocab_size)
+        self.norm, self.weight = norm, weight  # (V, D)
+
+    @classmethod
+    def of(cls, reader: LayerReader, lm_weight: torch.Tensor | None = None) -> "LanguageHead | None":
+        from memlab.probes.capture import hook_plan
+
+        _, norm, _ = hook_plan(reader.model)
+        cfg = reader.model.config
+        if lm_weight is None and getattr(cfg, "tie_word_embeddings", False):
+            lm_weight = reader.embedding
+        if lm_weight is None:
+            return None
+        return cls(reader, norm, lm_weight[: reader.vocab_size])
+
+    @torch.no_grad()
+    def logprobs(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(B, t)`` -> next-token log-probabilities ``(B, t, V)``."""
+        h = self.top.full_states(ids)  # (B, t, D)
+        if self.norm is not None:
+            h = self.norm(h.to(self.top.dtype)).float()
+        return torch.log_softmax(h @ self.weight.float().T, -1)  # (B, t, V)
+
+    def nll(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Mean negative log-probability per token ``(B,)`` of ``ids[:, start:]`` given what precedes each."""
+        lp = self.logprobs(ids[:, :-1])  # (B, t-1, V)
+        tok = lp.gather(-1, ids[:, 1:, None])[..., 0]  # (B, t-1)
+        return -tok[:, max(start - 1, 0):].mean(-1)  # (B,)
+
+    @torch.no_grad()
+    def continue_text(self, prefix: list[int], n: int, gen: torch.Generator | None) -> list[int]:
+        """``n`` tokens after ``prefix``: greedy (``gen`` None) or sampled."""
+        ids = list(prefix)
+        for _ in range(n):
+            lp = self.logprobs(torch.tensor([ids or [0]]))[0, -1]  # (V,)
+            nxt = int(lp.argmax()) if gen is None else int(torch.multinomial(lp.exp(), 1, generator=gen))
+            ids.append(nxt)
+        return ids[len(prefix):]
+
+
+class PooledSearcher:
+    """Searches token sequences of a given length whose pooled state at the reader's layer matches a target."""
+
+    def __init__(self, reader: LayerReader, pool: str, options: PooledOptions, head: LanguageHead | None = None,
+                 prefix: list[int] = (), suffix: list[int] = ()):
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        self.reader, self.pool, self.opt, self.head = reader, pool, options, head
+        self.prefix, self.suffix = list(prefix), list(suffix)
+
+    def wrap(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` chunk ids -> ``(B, p + T + s)`` with the fixed special tokens."""
+        b = ids.shape[0]
+        pre = torch.tensor([self.prefix] * b, dtype=torch.long).view(b, -1)  # (B, p)
+        suf = torch.tensor([self.suffix] * b, dtype=torch.long).view(b, -1)  # (B, s)
+        return torch.cat([pre, ids.cpu(), suf], 1)
+
+    def _pool(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, -1] if self.pool == "last" else h.mean(1)  # (B, T', D) -> (B, D)
+
+    @torch.no_grad()
+    def pooled(self, ids: torch.Tensor) -> torch.Tensor:
+        """The pooled states ``(B, D)`` of chunks ``(B, T)``."""
+        return self._pool(self.reader.full_states(self.wrap(ids))).cpu()
+
+    def _objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)``."""
+        z = self.pooled(ids)  # (B, D)
+        d2 = (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
+        obj = d2
+        if self.opt.prior_weight and self.head is not None:
+            obj = obj + self.opt.prior_weight * self.head.nll(self.wrap(ids).to(self.reader.device),
+                                                              len(self.prefix)).cpu()
+        return obj, d2.sqrt()
+
+    def _scores(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """First-order change of the distance ``(T, V)`` for every token at every position of ``ids`` ``(T,)``."""
+        r = self.reader
+        full = self.wrap(ids[None])[0]  # (T',)
+        e = r.embed(full[None]).detach().requires_grad_(True)  # (1, T', D_e)
+        with torch.enable_grad():
+            z = self._pool(r._run(e, None).float())[0]  # (D,)
+            t = target.to(z.device)
+            loss = (z - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-30)
+            (g,) = torch.autograd.grad(loss, e)
+        p = len(self.prefix)
+        g = g[0, p : p + len(ids)].float()  # (T, D_e)
+        cur = r.embedding[ids.to(r.device)].float()  # (T, D_e)
+        return (g @ r.embedding.float().T - (g * cur).sum(-1, keepdim=True)).cpu()  # (T, V)
+
+    def _start(self, k: int, length: int, gen: torch.Generator) -> torch.Tensor:
+        init = self.opt.init if k == 0 else ("sample" if self.opt.init != "random" else "random")
+        if init != "random" and self.head is not None:
+            return torch.tensor(self.head.continue_text(self.prefix, length, None if init == "greedy" else gen))
+        return torch.randint(0, self.reader.vocab_size, (length,), generator=gen)
+
+    def search(self, target: torch.Tensor, length: int, seed: int = 0) -> PooledResult:
+        """The best sequence of ``length`` tokens for the pooled ``target`` ``(D,)`` within the budget."""
+        o, gen = self.opt, torch.Generator().manual_seed(seed)
+        target = target.float().cpu()
+        began = time.perf_counter()
+        forwards, steps, best, best_obj, best_d, start_d = 0, 0, None, math.inf, math.inf, math.nan
+        for k in range(o.restarts):
+            share = (o.forwards * (k + 1)) // o.restarts  # this restart may use the budget up to here
+            if forwards >= share:  # more restarts than the budget allows
+                continue
+            cur = self._start(k, length, gen)  # (T,)
+            obj, d = self._objective(cur[None], target)
+            forwards += 1
+            cur_obj, cur_d = float(obj[0]), float(d[0])
+            if math.isnan(start_d):
+                start_d = cur_d
+            while forwards + 1 <= share and time.perf_counter() - began < o.seconds and cur_d > o.tol:
+                b = min(o.batch_size, share - forwards)
+                scores = self._scores(cur, target)  # (T, V)
+                scores[torch.arange(length), cur] = math.inf  # a swap changes the token
+                top = scores.topk(min(o.topk, scores.shape[1] - 1), dim=1, largest=False).indices  # (T, k)
+                pos = torch.randint(0, length, (b,), generator=gen)  # (B,)
+                tok = top[pos, torch.randint(0, top.shape[1], (b,), generator=gen)]  # (B,)
+                cand = cur.repeat(b, 1)  # (B, T)
+                cand[torch.arange(b), pos] = tok
+                obj, d = self._objective(cand, target)
+                forwards += b
+                steps += 1
+                i = int(obj.argmin())
+                if float(obj[i]) < cur_obj:
+                    cur, cur_obj, cur_d = cand[i], float(obj[i]), float(d[i])
+            if cur_obj < best_obj:
+                best, best_obj, best_d = cur.clone(), cur_obj, cur_d
+            if best_d <= o.tol or time.perf_counter() - began >= o.seconds:
+                break
+        return PooledResult(best.tolist(), best_d, start_d, forwards, time.perf_counter() - began, steps)

@@ -1,0 +1,144 @@
+"""The report of ``memlab invert --states last|mean``: per chunk and in total, beside the control's figures.
+
+Each total is a :class:`~memlab.probes.result.Reading` with the percentile interval of a bootstrap over chunks
+(:func:`memlab.probes.readings.bootstrap`):
+
+* ``exact_match``: share of chunks recovered token for token;
+* ``token_accuracy``: share of the chunks' tokens recovered at their position (the probe's definition; the search
+  never sees a true token, so it is also the free-running accuracy);
+* ``token_f1``: token-set F1 between the recovered and the true tokens (order-free, as vec2text's TF1);
+* ``distance``: mean relative distance ``|pool(h_L) - z*| / |z*|`` reached, ``start_distance`` at the start;
+* ``forwards_per_chunk``, ``seconds_per_chunk``: the compute spent.
+
+The **control** runs the same search against the pooled state of another chunk (the next one in the list) and
+scores what it recovers against the TRUE chunk: what the start and the prior alone recover
+(``control_exact_match``, ``control_token_accuracy``, ``control_token_f1``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from memlab.probes.invert.report import _cell, readings
+from memlab.probes.result import Reading
+
+
+def token_f1(got: list[int], true: list[int]) -> float:
+    """Token-set F1 of two token lists (sets of distinct tokens)."""
+    a, b = set(got), set(true)
+    if not a or not b:
+        return float(a == b)
+    common = len(a & b)
+    return 0.0 if not common else 2 * common / (len(a) + len(b))
+
+
+@dataclass
+class PooledChunk:
+    """One chunk: the true tokens, the search's best sequence and the control's, each scored against the truth."""
+
+    index: int
+    text: str
+    true_ids: list[int]
+    recovered_ids: list[int]
+    recovered_text: str
+    exact: bool
+    token_accuracy: float
+    token_f1: float
+    distance: float
+    start_distance: float
+    forwards: int
+    seconds: float
+    control_of: int | None = None
+    """The chunk whose pooled state the control searched (None: no control run)."""
+    control_ids: list[int] = field(default_factory=list)
+    control_exact: bool = False
+    control_token_accuracy: float = math.nan
+    control_token_f1: float = math.nan
+    control_distance: float = math.nan
+
+
+def pooled_chunk(index: int, text: str, true: list[int], res, decode, control=None,
+                 control_of: int | None = None) -> PooledChunk:
+    """A :class:`PooledChunk` from the search's :class:`~memlab.probes.invert.pooled.PooledResult` (and the
+    control's)."""
+    hits = sum(a == b for a, b in zip(res.ids, true)) / max(len(true), 1)
+    c = PooledChunk(index, text, list(true), res.ids, decode(res.ids), res.ids == list(true), hits,
+                    token_f1(res.ids, true), res.distance, res.start_distance, res.forwards, res.seconds)
+    if control is not None:
+        c.control_of, c.control_ids = control_of, control.ids
+        c.control_exact = control.ids == list(true)
+        c.control_token_accuracy = sum(a == b for a, b in zip(control.ids, true)) / max(len(true), 1)
+        c.control_token_f1, c.control_distance = token_f1(control.ids, true), control.distance
+    return c
+
+
+def pooled_totals(chunks: list[PooledChunk], n_resamples: int = 2000, level: float = 0.95,
+                  seed: int = 0) -> dict[str, Reading]:
+    """Each total with its bootstrap interval over chunks (token accuracy weighted by tokens)."""
+    n = np.array([len(c.true_ids) for c in chunks], dtype=np.float64)
+    cols = {"tokens": n, "hits": np.array([c.token_accuracy for c in chunks]) * n,
+            "control_hits": np.array([c.control_token_accuracy for c in chunks]) * n}
+    means = {"exact_match": "exact", "token_f1": "token_f1", "distance": "distance",
+             "start_distance": "start_distance", "forwards_per_chunk": "forwards", "seconds_per_chunk": "seconds",
+             "control_exact_match": "control_exact", "control_token_f1": "control_token_f1",
+             "control_distance": "control_distance"}
+    for col in set(means.values()):
+        cols[col] = np.array([float(getattr(c, col)) for c in chunks], dtype=np.float64)
+    specs = {name: (lambda col: lambda c: c[col].mean(-1))(col) for name, col in means.items()}
+    specs["token_accuracy"] = lambda c: c["hits"].sum(-1) / np.maximum(c["tokens"].sum(-1), 1e-12)
+    specs["control_token_accuracy"] = lambda c: c["control_hits"].sum(-1) / np.maximum(c["tokens"].sum(-1), 1e-12)
+    return readings(specs, cols, n_resamples, level, seed)
+
+
+@dataclass
+class PooledReport:
+    """report.json of ``memlab invert --states last|mean``."""
+
+    model: str
+    states_from: str
+    layer: int
+    num_layers: int
+    states: str
+    hooks: dict
+    text: dict
+    search: dict
+    noise: float
+    machine: dict
+    prior: bool
+    """Whether the model's next-token distribution was read (greedy/sampled starts, the prior term)."""
+    totals: dict[str, Reading]
+    chunks: list[PooledChunk] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["totals"] = {k: v.to_dict() for k, v in self.totals.items()}
+        return out
+
+
+def pooled_summary(rep: PooledReport) -> list[str]:
+    """The lines ``memlab invert --states last|mean`` prints."""
+    t, m, s = rep.totals, rep.machine, rep.search
+    rate = m.get("matmul_gflops", math.nan)
+    src = "" if rep.states_from == rep.model else f" (states of {rep.states_from})"
+    control = not math.isnan(t["control_token_accuracy"].value)
+    lines = [
+        f"model: {rep.model}{src}, layer {rep.layer} of {rep.num_layers}, states {rep.states} (pooled)",
+        f"chunks: {len(rep.chunks)} ({rep.text['seq_len']} {rep.text['chunk_by']} of {rep.text['corpus']} "
+        f"{rep.text['split']}), {sum(len(c.true_ids) for c in rep.chunks)} tokens",
+        f"search: {s['forwards']} candidate forwards per chunk, batch {s['batch_size']}, top-{s['topk']}, "
+        f"{s['restarts']} restarts, start {s['init']}{', prior weight %g' % s['prior_weight'] if rep.prior else ''}"
+        f"{'' if rep.prior else ' (no prior: no readable next-token head)'}",
+        "                 search                  control (another chunk's state, scored against the true chunk)",
+        f"exact match:     {_cell(t['exact_match'])}   " + (_cell(t['control_exact_match']) if control else "-"),
+        f"token accuracy:  {_cell(t['token_accuracy'])}   " + (_cell(t['control_token_accuracy']) if control else "-"),
+        f"token-set F1:    {_cell(t['token_f1'])}   " + (_cell(t['control_token_f1']) if control else "-"),
+        f"relative distance: {_cell(t['distance'], 4)} reached, from {t['start_distance'].value:.4f} at the start"
+        + (f"; the control reached {t['control_distance'].value:.4f} to its own target" if control else ""),
+        f"per chunk: {t['forwards_per_chunk'].value:.0f} forwards, {_cell(t['seconds_per_chunk'], 1)} s "
+        f"({t['seconds_per_chunk'].value * rate:.0f} GFLOP-equivalents at the {rate:.0f} GFLOP/s fp32 matmul rate "
+        "measured in this run; the control's search not counted)",
+    ]
+    return lines
