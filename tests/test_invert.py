@@ -136,7 +136,7 @@ def _cli(*argv, capsys):
     (["--model", "memlab-lm", "--layer", "x"], "--layer takes an integer"),
     (["--model", "memlab-lm", "--layer", "2", "--n", "0"], "--n must be >= 1"),
     (["--model", "memlab-lm", "--layer", "2", "--tol", "nan"], "--tol takes a number"),
-    (["--model", "memlab-lm", "--layer", "2", "--states", "last"], "--states positions"),
+    (["--model", "memlab-lm", "--layer", "2", "--states", "pooled"], "--states takes positions, last or mean"),
     (["--model", "memlab-lm", "--layer", "2", "--chunk-by", "lines"], "--chunk-by"),
     (["--model", "memlab-lm", "--layer", "99"], "out of range"),
     (["--model", "/nonexistent/model/dir", "--layer", "1"], "does not exist"),
