@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from memlab.probes.invert.report import _cell, readings
+from memlab.probes.invert.report import InvertRun, _cell, readings
 from memlab.probes.result import Reading
 
 
@@ -94,19 +94,9 @@ def pooled_totals(chunks: list[PooledChunk], n_resamples: int = 2000, level: flo
 
 
 @dataclass
-class PooledReport:
+class PooledReport(InvertRun):
     """report.json of ``memlab invert --states last|mean``."""
 
-    model: str
-    states_from: str
-    layer: int
-    num_layers: int
-    states: str
-    hooks: dict
-    text: dict
-    search: dict
-    noise: float
-    machine: dict
     prior: bool
     """Whether the model's next-token distribution was read (greedy/sampled starts, the prior term)."""
     totals: dict[str, Reading]

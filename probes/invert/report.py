@@ -65,8 +65,8 @@ class Spread:
 
 
 @dataclass
-class InvertReport:
-    """report.json of ``memlab invert``."""
+class InvertRun:
+    """What every ``memlab invert`` report.json begins with: which states of which model, read how, on what."""
 
     model: str
     states_from: str
@@ -80,6 +80,12 @@ class InvertReport:
     search: dict
     noise: float
     machine: dict
+
+
+@dataclass
+class InvertReport(InvertRun):
+    """report.json of ``memlab invert --states positions``."""
+
     totals: dict[str, Reading]
     tried: Spread
     true_rank: Spread
