@@ -103,14 +103,16 @@ def _cut(pred: torch.Tensor, true: torch.Tensor) -> tuple[list[list[int]], list[
     return [[x for x in p[: len(r)] if x >= 0] for p, r in zip(pred.tolist(), t)], t
 
 
+def set_f1(pred: list[int], true: list[int]) -> float:
+    """F1 between the sets of token ids of two sequences (0 when they share none)."""
+    ps, ts = set(pred), set(true)
+    hit = len(ps & ts)
+    return 0.0 if not hit else 2 * hit / (len(ps) + len(ts))
+
+
 def token_set_f1_per_chunk(pred: torch.Tensor, true: torch.Tensor) -> list[float]:
     """Each chunk's F1 between the sets of token ids of ``pred`` and ``true`` (both (N, T); PAD skipped)."""
-    scores = []
-    for p, t in zip(*_cut(pred, true)):
-        ps, ts = set(p), set(t)
-        hit = len(ps & ts)
-        scores.append(0.0 if not hit else 2 * hit / (len(ps) + len(ts)))
-    return scores
+    return [set_f1(p, t) for p, t in zip(*_cut(pred, true))]
 
 
 def token_set_f1(pred: torch.Tensor, true: torch.Tensor) -> float:

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from memlab.probes.invert.pooled import LanguageHead, PooledOptions, PooledSearcher
-from memlab.probes.invert.pooled_report import token_f1
 from memlab.probes.invert.states import LayerReader
+from memlab.probes.readings import set_f1
 
 V, T = 40, 5
 LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -78,10 +78,10 @@ def test_prior_starts_from_the_models_greedy_text_and_stops_at_an_exact_match():
     assert LanguageHead.of(LayerReader(tiny("llama", **dict(LLAMA, tie_word_embeddings=False)), 2)) is None
 
 
-def test_token_f1():
-    assert token_f1([1, 2, 3], [3, 2, 1]) == 1.0
-    assert token_f1([1, 1], [2, 2]) == 0.0
-    assert math.isclose(token_f1([1, 2], [2, 3]), 0.5)
+def test_token_set_f1():
+    assert set_f1([1, 2, 3], [3, 2, 1]) == 1.0
+    assert set_f1([1, 1], [2, 2]) == 0.0
+    assert math.isclose(set_f1([1, 2], [2, 3]), 0.5)
 
 
 def _cli(*argv, capsys):

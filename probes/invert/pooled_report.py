@@ -23,16 +23,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from memlab.probes.invert.report import InvertRun, _cell, readings
+from memlab.probes.readings import set_f1
 from memlab.probes.result import Reading
-
-
-def token_f1(got: list[int], true: list[int]) -> float:
-    """Token-set F1 of two token lists (sets of distinct tokens)."""
-    a, b = set(got), set(true)
-    if not a or not b:
-        return float(a == b)
-    common = len(a & b)
-    return 0.0 if not common else 2 * common / (len(a) + len(b))
 
 
 @dataclass
@@ -66,12 +58,12 @@ def pooled_chunk(index: int, text: str, true: list[int], res, decode, control=No
     control's)."""
     hits = sum(a == b for a, b in zip(res.ids, true)) / max(len(true), 1)
     c = PooledChunk(index, text, list(true), res.ids, decode(res.ids), res.ids == list(true), hits,
-                    token_f1(res.ids, true), res.distance, res.start_distance, res.forwards, res.seconds)
+                    set_f1(res.ids, true), res.distance, res.start_distance, res.forwards, res.seconds)
     if control is not None:
         c.control_of, c.control_ids = control_of, control.ids
         c.control_exact = control.ids == list(true)
         c.control_token_accuracy = sum(a == b for a, b in zip(control.ids, true)) / max(len(true), 1)
-        c.control_token_f1, c.control_distance = token_f1(control.ids, true), control.distance
+        c.control_token_f1, c.control_distance = set_f1(control.ids, true), control.distance
     return c
 
 

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from memlab.probes.readings import bootstrap
+from memlab.probes.result import Reading
 
 CERTIFICATES = ("match", "separated", "nearest", "none")
 """The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""
-from memlab.probes.result import Reading
 
 
 @dataclass
