@@ -22,22 +22,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from memlab.probes.invert.report import InvertRun, _cell, readings
+from memlab.probes.invert.report import ChunkRead, InvertRun, _cell, readings
 from memlab.probes.readings import set_f1
 from memlab.probes.result import Reading
 
 
 @dataclass
-class PooledChunk:
+class PooledChunk(ChunkRead):
     """One chunk: the true tokens, the search's best sequence and the control's, each scored against the truth."""
 
-    index: int
-    text: str
-    true_ids: list[int]
-    recovered_ids: list[int]
-    recovered_text: str
-    exact: bool
-    token_accuracy: float
     token_f1: float
     distance: float
     start_distance: float

@@ -29,8 +29,8 @@ CERTIFICATES = ("match", "separated", "nearest", "none")
 
 
 @dataclass
-class ChunkResult:
-    """One chunk: the true and recovered tokens and each position's search."""
+class ChunkRead:
+    """One chunk as any inversion reads it: the true tokens, the recovered ones, and how they compare."""
 
     index: int
     text: str
@@ -39,6 +39,12 @@ class ChunkResult:
     recovered_text: str
     exact: bool
     token_accuracy: float
+
+
+@dataclass
+class ChunkResult(ChunkRead):
+    """One chunk of the per-position search: beside the tokens, each position's search."""
+
     tried: list[int]
     certificates: list[str]
     distances: list[float]
