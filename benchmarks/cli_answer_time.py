@@ -38,11 +38,11 @@ _CHILD = ("import sys\nfrom memlab.app.cli import main\nrc = main(sys.argv[1:])\
 
 
 def machine() -> str:
-    import re
-
     import torch
 
-    flags = sorted(set(re.findall(r"\b(amx_bf16|avx512_bf16)\b", open("/proc/cpuinfo").read())))
+    from memlab.devices import cpu_flags
+
+    flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
     torch.set_num_threads(1)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     a @ b

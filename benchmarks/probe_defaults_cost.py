@@ -21,17 +21,15 @@ from pathlib import Path
 
 import torch
 
+from memlab.devices import cpu_flags
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_minilm_time import one_run, parser, prepared  # noqa: E402  (the run, its flags and set-up, shared)
 
 
-def cpu_flags() -> str:
-    """The CPU's native bf16 flags (``amx_bf16``, ``avx512_bf16``) as /proc/cpuinfo lists them."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return " ".join(f for f in ("amx_bf16", "avx512_bf16") if f in text.split()) or "none"
+def bf16_flags() -> str:
+    """The CPU's native bf16 flags (``amx_bf16``, ``avx512_bf16``), or ``none``."""
+    return " ".join(sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})) or "none"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     for race in ("false", "true"):
         runs[f"race={race}"] = one_run(f"race-{race}", a.model, out, cache, [*a.overrides, f"race={race}"])
     off, on = runs["race=false"], runs["race=true"]
-    res = {"model": a.model, "overrides": a.overrides, "runs": runs, "cpu_bf16": cpu_flags(),
+    res = {"model": a.model, "overrides": a.overrides, "runs": runs, "cpu_bf16": bf16_flags(),
            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
            "race_ratio": on["gflop_equivalents"] / off["gflop_equivalents"]}
     (out / "probe_defaults_cost.json").write_text(json.dumps(res, indent=2))
