@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from memlab.errors import DataError, ModelError
+from memlab.flops import measure_matmul_flops
 from memlab.probes.chunks import probe_chunks, probe_texts, rows, tokenize_chunks
 from memlab.probes.invert.pooled import POOLS, LanguageHead, PooledOptions, PooledSearcher
 from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
@@ -24,24 +25,12 @@ from memlab.probes.invert.report import build_report, chunk_result, summary_line
 from memlab.probes.invert.states import LayerReader
 
 
-def matmul_rate(size: int = 2048, reps: int = 3) -> float:
-    """This machine's fp32 matmul rate in GFLOP/s (``size`` x ``size``, best of ``reps`` after a warm-up)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best / 1e9
-
-
 def machine_facts() -> dict:
     """What the timings are relative to: the CPU's bf16 flags, torch's threads and the measured matmul rate."""
     from memlab.devices import cpu_flags
 
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-    return {"cpu_bf16_flags": flags, "threads": torch.get_num_threads(), "matmul_gflops": matmul_rate(),
+    return {"cpu_bf16_flags": flags, "threads": torch.get_num_threads(), "matmul_gflops": measure_matmul_flops(torch.device("cpu"), n=2048) / 1e9,
             "note": "GFLOP-equivalents = seconds x matmul_gflops; the cores may be shared"}
 
 
