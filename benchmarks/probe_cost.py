@@ -20,7 +20,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> dict:
     from memlab.probes.chunks import probe_chunks
-    from memlab.probes.group import train_decoder
+    from memlab.probes.fitloop import train_decoder
     from memlab.probes.encoders import load_encoder
     from memlab.probes.options import load_options
     from memlab.probes.report import peak_memory_mb

@@ -38,7 +38,7 @@ from memlab.errors import MemlabError
 from memlab.flops import measure_matmul_flops
 from memlab.probes import run as probe_run
 from memlab.probes.chunks import chunk_chars
-from memlab.probes.group import train_decoders
+from memlab.probes.fitloop import train_decoders
 from memlab.probes.options import load_options
 from memlab.probes.readings import readings
 from memlab.probes.train import FitData, _held_back_ce, _new_decoder, contain, contained_shares, evaluate

@@ -18,7 +18,8 @@ The hardware-dependent choices are all made here, and nowhere else:
 * :func:`batched_groups`: probe decoders of one group run as one vmapped pass (else member by
   member) on accelerators;
 * :func:`async_copies`: host-to-device copies from pinned memory, without waiting (CUDA only);
-* :func:`uses_tf32` and :func:`fused_adamw`: TF32 matmuls (CUDA) and AdamW's fused kernel (CUDA, CPU).
+* :func:`uses_tf32` and :func:`fused_adamw`: TF32 matmuls (CUDA) and AdamW's fused kernel (CUDA, CPU);
+* :func:`launched`: whether this process is one of a launch of several (each then takes its own device).
 
 A switch forces one side of the bf16 and batched choices on any device, so that a CPU runs the
 paths a GPU takes (bf16 runs on every CPU, emulated where not native): the environment variable
@@ -96,6 +97,11 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         return frozenset()
     return frozenset(w for line in text.splitlines() if line.startswith("flags") for w in line.split(":", 1)[-1].split())
+
+
+def launched() -> bool:
+    """Whether this process is one of a launch of several (``WORLD_SIZE`` > 1, as ``accelerate launch`` sets)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
 def best_device() -> torch.device:

@@ -40,7 +40,7 @@ and value cast to one dtype first. Under autocast the rotary embedding leaves
 query and key in float32 and value in the autocast dtype; outside
 ``torch.func.vmap`` autocast casts all three for SDPA, but vmap's batching
 rule for SDPA bypasses autocast, so a batched group
-(:mod:`memlab.probes.group`) would hand SDPA mixed dtypes. The explicit cast
+(:mod:`memlab.probes.fitloop`) would hand SDPA mixed dtypes. The explicit cast
 is what autocast does, so both paths compute alike. For the same reason the
 conditioning's bias and layer norm run in float32 (the token embeddings'
 dtype) under autocast too, and the norm by elementwise ops (:func:`layer_norm`):
@@ -234,7 +234,7 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
     base_model_prefix = "body"
     _supports_sdpa = True
     group_modes = True
-    """``forward(..., mode="prepare" | "read")``: trains in a batched group (:mod:`memlab.probes.group`)."""
+    """``forward(..., mode="prepare" | "read")``: trains in a batched group (:mod:`memlab.probes.fitloop`)."""
     incremental_decoding = True
     """``forward(..., mode="next", state=...)`` decodes one position at a time on cached keys and values."""
 
@@ -298,7 +298,7 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
         """Compact logits ``(B, T, K [+1])`` for embeddings ``z`` (B, D) and full-vocabulary input ids (B, T).
 
         With ``inputs="blank"`` only the shape of ``decoder_input_ids`` is used: every input is the start token.
-        ``mode`` splits the pass where a group of decoders trained together (:mod:`memlab.probes.group`) needs it:
+        ``mode`` splits the pass where a group of decoders trained together (:mod:`memlab.probes.fitloop`) needs it:
 
         * ``"prepare"``: ``(zn (B, D), compact ids (B, T))``: the standardised embedding and the ids the body reads,
           with the training noise (input and conditioning dropout) drawn here, from the global generator;

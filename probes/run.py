@@ -44,7 +44,7 @@ import torch
 
 from memlab.data.chunkcache import read_chunk_embeddings
 from memlab.data.mmapcache import cached_embeddings
-from memlab.devices import resolve_device
+from memlab.devices import launched, resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
 from memlab.probes import chunks, shards
 from memlab.probes.chunks import fill_pad, make_targets, mask_of, trim
@@ -363,9 +363,12 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     process fits and reports; the others return None.
     """
     t_start = time.perf_counter()
-    env, opts = shards.start(opts)  # one process of a launch of several (None: the only one)
+    env = None  # one process of a launch of several (None: the only one)
+    if launched():
+        env, opts = shards.start(opts)
     # load the encoder and cut the text
-    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir if shards.is_main() else None, encoder)
+    main = env is None or env.is_main
+    opts, encoder, train_ids, eval_ids, text, load_s, tg = setup(opts, run_dir if main else None, encoder)
     # encode once
     with Timer() as t_enc:
         z_train, z_eval, cached = encode_data(opts, encoder, train_ids, eval_ids, env)

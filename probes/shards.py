@@ -27,15 +27,10 @@ import torch
 from accelerate import PartialState
 
 from memlab.data.mmapcache import PieceCache, cached_embeddings, chunks_fingerprint
-from memlab.devices import resolve_device
+from memlab.devices import launched, resolve_device
 from memlab.errors import ConfigError
 from memlab.probes.options import seq_lens, train_sizes
 from memlab.train.processes import SetupEnv
-
-
-def launched() -> bool:
-    """Whether this process is one of a launch of several (``WORLD_SIZE`` > 1)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
 def is_main() -> bool:

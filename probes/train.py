@@ -2,7 +2,7 @@
 
 :func:`fit_decoders` is the probe run's decoder step: the probe decoder, with ``select_decoder`` the plain decoder
 beside it, and the control (the same decoder on a constant embedding) are built from the same seed and trained
-together by :func:`memlab.probes.group.train_decoders` (one loop: the same batches, optimiser, schedule and early
+together by :func:`memlab.probes.fitloop.train_decoders` (one loop: the same batches, optimiser, schedule and early
 stopping for each; read-outs trained by gradient, such as the bag-of-words head, join the probe's group as members of
 their own); the kept one is scored by :func:`evaluate` and the reconstruction scorers
 (:mod:`memlab.probes.readings`).
@@ -32,7 +32,7 @@ import torch
 from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
 from memlab.probes.decoder import ProbeDecoder
-from memlab.probes.group import train_decoders
+from memlab.probes.fitloop import train_decoders
 from memlab.probes.parts import get_part
 from memlab.probes.readings import reconstruction_scores
 from memlab.probes.result import ChunkScores, DecoderScores
@@ -196,14 +196,14 @@ def _scored(dec, opts, data: FitData) -> DecoderScores:
 
 
 def _train(decs: list, zs: list, opts, data: FitData, loop: Loop, **kw):
-    """:func:`memlab.probes.group.train_decoders` of ``decs`` on embeddings ``zs`` and ``data``'s targets."""
+    """:func:`memlab.probes.fitloop.train_decoders` of ``decs`` on embeddings ``zs`` and ``data``'s targets."""
     return train_decoders(decs, zs, data.train_ids, opts, progress=opts.progress, desc=kw.pop("desc", loop.desc),
                           batched=loop.batched, **kw)
 
 
 def fit_decoders(opts, data: FitData, control: ControlStore | None = None, readouts: tuple = (),
                  desc: str = "probe decoder", batched: bool | None = None) -> DecoderFit:
-    """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.group`: one batched
+    """The sequence decoders of one set of embeddings, trained as one group (:mod:`memlab.probes.fitloop`: one batched
     pass, the same batches, each its own optimiser state and early stopping):
 
     * the probe decoder on (z_train, train_ids);

@@ -184,7 +184,7 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
 
 
 def test_decoder_rejects_wrong_width(tokenizer):
-    from memlab.probes.group import train_decoder
+    from memlab.probes.fitloop import train_decoder
     from memlab.probes.train import build_decoder
 
     ids = torch.randint(0, len(tokenizer), (8, 16))

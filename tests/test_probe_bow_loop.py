@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from memlab.app.cli import main
-from memlab.probes import bow, fitloop, group
+from memlab.probes import bow, fitloop
 from memlab.probes.options import ProbeOptions
 from memlab.probes.sections import BowOptions
 from memlab.probes.train import build_decoder
@@ -49,10 +49,13 @@ def test_the_head_trains_in_the_decoders_optimiser_and_stops_on_its_own_loss(mon
     monkeypatch.setattr(fitloop, "optimiser", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     dec = _decoder(opts, z, ids)
     alone = _decoder(opts, z, ids)
-    (h_dec,), _ = group.train_decoders([dec], [z], ids, opts, readouts=(head,))
-    opt = built[0]  # the loop's
+    (h_dec,), _ = fitloop.train_decoders([dec], [z], ids, opts, readouts=(head,))
+    head_ids = {id(p) for p in head.head.parameters()}
+    holders = [o for o in built if head_ids & {id(p) for g in o.param_groups for p in g["params"]}]
+    assert holders, "no optimiser of the loop holds the head"
+    opt = holders[0]  # the loop's (the group builds one of its own for single steps too)
     held = {id(p): g["base_lr"] for g in opt.param_groups for p in g["params"]}
-    assert {id(p) for p in head.head.parameters()} <= set(held)  # one optimiser holds the head and the decoders
+    assert head_ids <= set(held)  # one optimiser holds the head and the decoders
     assert {held[id(p)] for p in head.head.parameters()} == {0.05}  # the head at its own peak learning rate
     assert opts.lr in held.values()
     val = [h["val_ce"] for h in head.history if "val_ce" in h]
@@ -60,7 +63,7 @@ def test_the_head_trains_in_the_decoders_optimiser_and_stops_on_its_own_loss(mon
     assert best["best_val_ce"] == min(val) and len(val) >= 2  # its own held-back loss, its own best epoch
     _, rows = fitloop.held_back_rows(ids.shape[0], opts.val_fraction, torch.Generator().manual_seed(opts.seed))
     assert float(head.held_back_ce(rows)) == best["best_val_ce"]  # it ends with its best epoch's weights
-    (h_alone,), _ = group.train_decoders([alone], [z], ids, opts)
+    (h_alone,), _ = fitloop.train_decoders([alone], [z], ids, opts)
     assert h_dec == h_alone  # the head beside it changes nothing of the decoder's run
 
 
@@ -68,7 +71,7 @@ def test_a_head_that_over_fits_stops_while_the_decoder_trains_on():
     z, ids = _data()
     opts = _opts(epochs=4, patience=1)
     head = bow.BagHeadMember(z, ids, ids[:8], BowOptions(bow_lr=5.0), opts)  # far too large: worse after epoch 1
-    (h_dec,), _ = group.train_decoders([_decoder(opts, z, ids)], [z], ids, opts, readouts=(head,), epoch0=True)
+    (h_dec,), _ = fitloop.train_decoders([_decoder(opts, z, ids)], [z], ids, opts, readouts=(head,), epoch0=True)
     steps = [h["step"] for h in head.history if "val_ce" in h]
     assert head.history[-1]["best_step"] == 0  # the start (the prior) is its best: it keeps it
     assert max(steps) < max(h["step"] for h in h_dec if "val_ce" in h)  # it left the loop first

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from memlab.probes.fitloop import held_back_rows
-from memlab.probes.group import DecoderGroup, train_decoders
+from memlab.probes.fitloop import DecoderGroup, train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.result import DecoderScores, Fit
 from memlab.probes.run import interval_readings

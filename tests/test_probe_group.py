@@ -1,4 +1,4 @@
-"""Decoders trained as one batched group (memlab.probes.group) train as they would one by one; the decoder's
+"""Decoders trained as one batched group (memlab.probes.fitloop) train as they would one by one; the decoder's
 incremental greedy decoding gives the reconstruction a full pass per token gives."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from memlab.probes.group import train_decoders
+from memlab.probes.fitloop import train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.train import build_decoder
 
@@ -84,7 +84,7 @@ def test_a_plain_member_keeps_a_zero_bag_head_and_its_own_noise():
     opts = _opts(epochs=2, patience=3)
     (probe, _), (plain, _), _ = _members(opts, z, ids)
     before = {k: v.clone() for k, v in plain.state_dict().items()}
-    from memlab.probes.group import DecoderGroup
+    from memlab.probes.fitloop import DecoderGroup
 
     g = DecoderGroup([probe, plain], [z, z], ids, opts)
     bag = g.names.index("bag.weight")
@@ -134,7 +134,7 @@ def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
 
 def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
     from memlab.probes.decoder import ProbeDecoder
-    from memlab.probes.group import DecoderGroup
+    from memlab.probes.fitloop import DecoderGroup
 
     class Whole(ProbeDecoder):  # the pretrained decoder's kind: each member's own forward, own weights only
         group_modes = False

@@ -14,7 +14,7 @@ import torch
 from memlab.app.cli import main
 from memlab.errors import ModelError
 from memlab.probes import chunks, train as T
-from memlab.probes.group import train_decoder
+from memlab.probes.fitloop import train_decoder
 from memlab.probes.options import load_options
 from memlab.probes.pretrained import LM_PREFIX, WEIGHTS, PretrainedDecoder
 from tests.conftest import one_line_error

@@ -34,24 +34,13 @@ from memlab.train.schedule import warmup_cosine
 from memlab.train.setup import StepOutput, TrainSetup
 
 
-def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None,
-                   batch_dims: int = 0, lr_scale: dict[str, float] | None = None) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters).
-
-    ``batch_dims``: leading dimensions that stack several models' copies of a parameter (a group trained at once,
-    :mod:`memlab.probes.group`); a parameter is a matrix by its other dimensions. ``lr_scale``: parameter name ->
-    its share of ``cfg.lr`` (one param group per share; each group's ``lr`` is its peak rate)."""
-    groups: dict[tuple[bool, float], list] = {(True, 1.0): [], (False, 1.0): []}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            key = (p.ndim - batch_dims >= 2, float((lr_scale or {}).get(name, 1.0)))
-            groups.setdefault(key, []).append(p)
-    # the two full-rate groups always, first (as without shares); a group per other share where it has weights
-    params = [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0, "lr": cfg.lr * share}
-              for (decay, share), ps in groups.items() if ps or share == 1.0]
-    # the fused kernel where memlab.devices.fused_adamw says (parameters move there in accelerate's prepare)
-    fused = fused_adamw(device)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+def make_optimizer(model: torch.nn.Module, cfg, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on biases, norms or 1-D parameters); the fused kernel where
+    :func:`memlab.devices.fused_adamw` says (parameters move there in accelerate's prepare)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    params = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused_adamw(device) or None)
 
 
 def lr_lambda(cfg):

@@ -41,7 +41,7 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
                 vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, members: int = 2,
                 batched: bool | None = None, log=print) -> dict[str, Any]:
     """Training MFU of the probe's decoders (the quickstart's shape by default: a probe and its control trained as
-    one group, :mod:`memlab.probes.group`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
+    one group, :mod:`memlab.probes.fitloop`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
     one training step of the group (counted by torch's FlopCounterMode, forward and backward) times the steps per
     second, over the FLOP/s of a float32 matrix multiply timed in the same run, just before."""
     import time
@@ -50,7 +50,7 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from memlab.probes.group import DecoderGroup
+    from memlab.probes.fitloop import DecoderGroup
     from memlab.probes.options import ProbeOptions
     from memlab.probes.train import build_decoder
     from memlab.train.loop import measure_matmul_flops

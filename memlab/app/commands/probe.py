@@ -208,9 +208,12 @@ def run(args) -> int:
         check_cache_dir(opts.cache_dir)
     from memlab.rundir import holds
 
-    from memlab.probes.shards import check_launch
+    from memlab.devices import launched
 
-    check_launch(opts)  # a launch of several processes runs one probe, no sweep
+    if launched():  # a launch of several processes runs one probe, no sweep
+        from memlab.probes.shards import check_launch
+
+        check_launch(opts)
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
     try:
         if opts.layers is not None:
