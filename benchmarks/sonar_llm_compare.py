@@ -58,7 +58,7 @@ def sentence_model_outputs(run: str, prompts: list[list[str]], max_new_tokens: i
 
 @torch.no_grad()
 def token_lm_outputs(run: str, prompts: list[list[str]], max_new_tokens: int, **search) -> list[str]:
-    from memlab.data.sentences import split_sentences
+    from memlab.data.views import split_sentences
     from memlab.loading import load_pretrained, load_run_tokenizer
 
     model = load_pretrained(run).eval()

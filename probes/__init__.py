@@ -11,8 +11,8 @@ from memlab.registry import SPACES, VERB_RECIPES, VerbRecipe
 
 
 def load_probe(path=None, **kw):
-    """A fitted probe from its run directory (:func:`memlab.probes.fitted.load_probe`)."""
-    from memlab.probes.fitted import load_probe as load  # start-up: torch, when a probe is loaded
+    """A fitted probe from its run directory (:func:`memlab.probes.decoder.load_probe`)."""
+    from memlab.probes.decoder import load_probe as load  # start-up: torch, when a probe is loaded
 
     return load(path, **kw)
 

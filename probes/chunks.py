@@ -46,10 +46,58 @@ from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.encoders import load_tokenizer
 from memlab.probes.parts import DecoderKind, get_part, split_name
-from memlab.probes.result import ProbeText, TextAccounting
 
 PAD = -1
 """Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
+
+
+TEXT_FIELDS = ("chunk_by", "per_chunk", "mean_chars", "mean_tokens", "max_tokens", "truncated_chunks", "rendering")
+
+
+@dataclass
+class TextAccounting:
+    """How the text was cut and rendered (report.json's ``text``): words or tokens per chunk, characters and tokens
+    per held-out chunk, the rendering the bits are counted over and the decoder's targets."""
+
+    chunk_by: str
+    per_chunk: Any
+    mean_chars: float
+    mean_tokens: float
+    max_tokens: int
+    truncated_chunks: int
+    rendering: str
+    targets: dict | None = None
+    """The decoder's targets (:meth:`memlab.probes.chunks.Targets.describe`)."""
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in TEXT_FIELDS}
+        return {**out, **({"targets": self.targets} if self.targets is not None else {})}
+
+    @property
+    def target_rendering(self) -> str:
+        """The rendering the bits are counted over: the targets' when they have one, else the text's."""
+        return (self.targets or {}).get("rendering", self.rendering)
+
+
+@dataclass
+class ProbeText:
+    """The probe's text as :func:`memlab.probes.chunks.probe_data` cut it: how (``accounting``, report.json's
+    ``text``), the training and held-out chunk texts, the characters of each held-out chunk and the token cap the
+    chunks were cut to."""
+
+    accounting: TextAccounting
+    train_texts: list
+    eval_texts: list
+    chars: list
+    """Characters of each held-out chunk's text (bits per character divide by their sum)."""
+    cap: int | None = None
+    """The ``max_chunk_tokens`` the chunks were cut to: the option's, or the encoder's limit when chunks of the
+    default length do not fit it whole (None: none)."""
+
+    @property
+    def texts(self) -> tuple[list, list]:
+        """(training texts, held-out texts)."""
+        return self.train_texts, self.eval_texts
 
 
 def mask_of(ids: torch.Tensor) -> torch.Tensor:
@@ -275,7 +323,7 @@ def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None)
 
 def probe_data(opts, encoder, cap_to_fit: bool = False) -> tuple[torch.Tensor, torch.Tensor, ProbeText]:
     """Training (N, T) and held-out (M, T) chunks in the encoder's tokenizer (PAD after each chunk's tokens) and the
-    text (:class:`~memlab.probes.result.ProbeText`: how it was cut, the chunk texts, the characters of each held-out
+    text (:class:`~memlab.probes.report.ProbeText`: how it was cut, the chunk texts, the characters of each held-out
     chunk, the token cap). ``cap_to_fit`` (a probe run whose user did not set ``seq_len``): chunks of words that the
     encoder cannot read whole keep the words that fit, with a note, and ``text.cap`` says so (False: refused, as a
     length the user chose is)."""

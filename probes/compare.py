@@ -30,7 +30,8 @@ from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import mask_of
 from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
 from memlab.probes.readings import cell
-from memlab.probes.result import Reading, jsonable
+from memlab.probes.readings import Reading
+from memlab.probes.report import jsonable
 
 SHARED = frozenset({
     "model", "layer", "pool", "final_norm", "random_init", "special_tokens", "chunk_by", "seq_len",

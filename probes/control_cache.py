@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
-from memlab.probes.result import ChunkScores, DecoderScores
+from memlab.probes.readings import ChunkScores, DecoderScores
 from memlab.probes.train import ControlEntry
 
 FORMAT = "memlab-probe-control-2"

@@ -25,7 +25,7 @@ the difference, not of two independent noises. The interval is the percentile in
 default), as ``scipy.stats.bootstrap(..., paired=True, method="percentile")`` gives; the statistics here are ratios
 of sums over chunks, vectorised over resamples.
 
-Readings (:func:`readings`, each a :class:`~memlab.probes.result.Reading`; nats summed over a chunk's target
+Readings (:func:`readings`, each a :class:`~memlab.probes.readings.Reading`; nats summed over a chunk's target
 tokens, as :func:`memlab.probes.train.evaluate` gives them per chunk):
 
 * ``bits_per_chunk``: mean over chunks of ``(NLL_control - NLL_probe) / ln 2``:
@@ -49,6 +49,8 @@ as a bare figure, and never as the embedding misleading the decoder.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +59,83 @@ from memlab.metrics import sentence_bleu
 
 from memlab.probes.chunks import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
-from memlab.probes.result import ChunkScores, Reading, Reconstructed
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading with the percentile interval of its paired bootstrap over held-out chunks
+    (:mod:`memlab.probes.readings`)."""
+
+    value: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, r) -> Reading | None:
+        """``r`` as a Reading: a Reading, report.json's ``{value, low, high}`` or None."""
+        return r if r is None or isinstance(r, Reading) else cls(r["value"], r["low"], r["high"])
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+    def __getitem__(self, key: str) -> float:
+        """``reading["value"]``: report.json's form, for scripts written against it."""
+        if key not in ("value", "low", "high"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+@dataclass
+class ChunkScores:
+    """One decoder's numbers per held-out chunk: what its paired intervals resample."""
+
+    nll: Any
+    """Summed NLL of each chunk's target tokens, nats."""
+    hits: Any
+    """Teacher-forced argmax hits per chunk."""
+    tokens: Any
+    """Real target tokens per chunk."""
+    tf1: list | None = None
+    """Token-set F1 of each chunk's greedy reconstruction (None: not scored)."""
+    free_hits: list | None = None
+    """Free-running hits per chunk: positions where the greedy reconstruction holds the true token."""
+
+
+@dataclass
+class Reconstructed:
+    """The scorers' readings of a decoder's greedy reconstructions (:func:`memlab.probes.readings.reconstruction_scores`):
+    ``metrics`` (each scorer's mean and ``free_running_accuracy``), the numbers per chunk its intervals resample and
+    the decoded reconstructions."""
+
+    metrics: dict
+    tf1: list
+    """Token-set F1 of each chunk's reconstruction."""
+    free_hits: list
+    """Positions per chunk where the reconstruction holds the true token."""
+    texts: list
+    """The reconstructions, decoded."""
+
+
+@dataclass
+class DecoderScores:
+    """A fitted sequence decoder's held-out scores: ``metrics`` (report.json's ``probe`` or ``control``), its
+    numbers per chunk and its decoded greedy reconstructions. ``scores["ce"]`` reads ``metrics``."""
+
+    metrics: dict
+    chunks: ChunkScores | None = None
+    reconstruction: list | None = None
+
+    def with_reconstruction(self, rec: Reconstructed) -> DecoderScores:
+        """These teacher-forced scores (:func:`memlab.probes.train.evaluate`) and the scorers' ``rec``."""
+        chunks = None if self.chunks is None else replace(self.chunks, tf1=rec.tf1, free_hits=rec.free_hits)
+        return DecoderScores({**self.metrics, **rec.metrics}, chunks, rec.texts)
+
+    def noted(self, **notes) -> DecoderScores:
+        """The same scores, ``notes`` added to (a copy of) the metrics."""
+        return replace(self, metrics={**self.metrics, **notes})
+
+    def __getitem__(self, key: str):
+        return self.metrics[key]
 
 
 @torch.no_grad()
@@ -203,7 +281,7 @@ def _mean(a: str, b: str | None = None, scale: float = 1.0):
 
 def readings(probe: ChunkScores | None, control: ChunkScores | None, chars, n_resamples: int = 2000,
              level: float = 0.95, seed: int = 0, readouts: dict | None = None) -> dict[str, Reading]:
-    """Each :class:`~memlab.probes.result.Reading` (see the module doc) from per-chunk numbers.
+    """Each :class:`~memlab.probes.readings.Reading` (see the module doc) from per-chunk numbers.
 
     ``probe`` / ``control``: each decoder's numbers per held-out chunk (NLL, hits and tokens, and the greedy
     reconstruction's token-set F1 and free-running hits where scored); ``chars``: characters of each held-out

@@ -1,19 +1,13 @@
 """The probe report: report.json and PNGs in the run directory, and a printed summary.
 
-report.json (:class:`memlab.probes.result.ProbeReport`'s ``to_dict``) holds the bits per chunk the
-embedding adds with their paired bootstrap interval (:mod:`memlab.probes.readings`), the probed model and layer, the data, the probe's and the
+The typed report (:class:`ProbeReport` and its records) and its files. report.json (its ``to_dict``) holds the bits
+per chunk the embedding adds with their paired bootstrap interval (:mod:`memlab.probes.readings`), the probed model and layer, the data, the probe's and the
 control's metrics (see :mod:`memlab.probes.train` for their definitions), the
 information gain ``(CE_control - CE_probe) / CE_control``, a few
 reconstructions beside their inputs, timings (encoder pass, decoder training)
 and the peak memory.
 
-Its calibration section (:func:`calibration`): does the probe read what is there? A probe of a synthetic encoder
-(:mod:`memlab.probes.synthetic`) is checked against what it must read (``concat``: token accuracy >= 0.99; ``bag``:
-token-set F1 of the bag-of-words read-out >= 0.9; ``constant``: the interval of its information gain holds 0; with
-the alignment read-out also :func:`check_align`). With ``calibrate=True`` a probe of any model also fits the same
-decoder on ``synthetic:concat`` codes and the bag-of-words read-out on ``synthetic:bag`` codes of the same chunks in
-the model's own tokenizer: when these positive controls fail, the report says that the probe could not see, not that
-the model forgot (``report["calibration"]``).
+Its calibration section comes from :func:`memlab.probes.synthetic.calibration` (positive controls).
 """
 
 from __future__ import annotations
@@ -21,18 +15,235 @@ from __future__ import annotations
 import json
 import resource
 import sys
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes.chunks import fill_pad, mask_of
-from memlab.probes.parts import encoder_kind, fit_readout, readout_lines, readout_summary, resolve
-from memlab.probes.readings import NO_EVIDENCE, cell, shows_retention
-from memlab.probes.result import Calibration, CalibrationCheck, Fit, Reading, ReadoutResult
-from memlab.probes.synthetic import SyntheticEncoder
-from memlab.probes.train import FitData, fit_selected
+from memlab.probes.chunks import ProbeText, TextAccounting
+from memlab.probes.parts import readout_lines, readout_summary
+from memlab.probes.readings import NO_EVIDENCE, ChunkScores, DecoderScores, Reading, cell, shows_retention
 from memlab.rundir import write_atomic
+
+DEFINITIONS = {
+    "seen_in_training": "text.targets.seen_in_training[k]: share of the held-out target tokens whose id occurs at "
+                        "least k times among the training chunks' targets (a decoder learns a token from its "
+                        "occurrences: a rarely seen token caps token accuracy whatever the embedding holds)",
+    "bits_per_chunk": "what the embedding adds: (NLL_control - NLL_probe) summed over a chunk's target tokens, in "
+                      "bits, mean over held-out chunks (the text rendered as report.text.rendering says)",
+    "bits_per_char": "the same bits summed over all held-out chunks, divided by their characters",
+    "bits_per_token": "the same bits summed over all held-out chunks, divided by their target tokens (bits per "
+                      "chunk over the mean target tokens per chunk)",
+    "token_accuracy": "share of held-out target tokens where the decoder's argmax equals the true token",
+    "free_running_accuracy": "share of held-out target tokens where the greedy reconstruction (the decoder reading "
+                             "its own previous outputs, never the true tokens) holds the true token at the same "
+                             "position; beside the teacher-forced token_accuracy",
+    "ce": "mean cross-entropy per target token, nats, over the full vocabulary",
+    "entropy_ratio": "H_r = 1 - CE / ln V",
+    "information_gain": "(CE_control - CE_probe) / CE_control; control = same decoder on a constant embedding",
+    "token_set_f1": "F1 between the sets of token ids of the greedy reconstruction and of the chunk, mean over chunks",
+    "sentence_bleu": "NLTK sentence BLEU (whitespace tokens, smoothing 4, 0-1) of the decoded greedy reconstruction",
+    "exact_match": "share of chunks rebuilt token for token",
+    "intervals": "readings.*: value with the percentile interval of a paired bootstrap over held-out chunks (probe "
+                 "and control resampled together); a gain whose interval holds 0 is 'no evidence of retention'",
+}
+
+LEGACY_READOUT = "bow"
+"""The read-out that report.json also holds at its top level (``bow``), as schema version 1 did."""
+SCHEMA_VERSION = 1
+"""The layout of report.json (``schema_version``): raised when a key is renamed, moved or removed; keys are only
+ever added within one version (``tests/test_probe_report_schema.py`` pins the layout)."""
+
+
+
+def jsonable(x):
+    """``x`` as report.json holds it: each typed part by its ``to_dict()``, containers element by element."""
+    if hasattr(x, "to_dict"):
+        return x.to_dict()
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+@dataclass
+class ReadoutResult:
+    """One fitted read-out: ``values`` (report.json's ``readouts[name]``: ``recovered``, ``prior``, ``gain``,
+    ``seconds`` and the read-out's own) and its numbers per held-out chunk (``chunks``, for its intervals)."""
+
+    name: str
+    values: dict
+    chunks: dict | None = None
+
+    @classmethod
+    def split(cls, name: str, result: dict) -> ReadoutResult:
+        """A read-out's result dict (:func:`memlab.probes.parts.fit_readout`), its ``_per_chunk`` moved into
+        ``chunks``."""
+        return cls(name, {k: v for k, v in result.items() if not k.startswith("_")}, result.get("_per_chunk") or None)
+
+    @property
+    def recovered(self) -> float:
+        return self.values["recovered"]
+
+    @property
+    def prior(self) -> float:
+        return self.values["prior"]
+
+    @property
+    def gain(self) -> float:
+        return self.values["gain"]
+
+    @property
+    def seconds(self) -> float:
+        return self.values.get("seconds", 0.0)
+
+    def to_dict(self) -> dict:
+        return jsonable(self.values)
+
+
+@dataclass
+class CalibrationCheck:
+    """One positive control: what it read (``metric``, ``value``), what it needs and whether it passed; ``extra``:
+    what the check adds (``interval``, ``own``, ``r2``, ``seconds``)."""
+
+    control: str
+    metric: str
+    value: Any
+    needs: str
+    passed: bool
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"control": self.control, "metric": self.metric, "value": self.value, "needs": self.needs,
+                "passed": self.passed, **self.extra}
+
+
+@dataclass
+class Calibration:
+    """The report's calibration: ``passed``, ``failed`` (a positive control failed) or ``unchecked`` (``note``
+    says why), with its checks."""
+
+    status: str
+    checks: list = field(default_factory=list)
+    """Each :class:`CalibrationCheck`."""
+    note: str | None = None
+
+    @classmethod
+    def verdict(cls, checks: list[CalibrationCheck], note: str | None = None) -> Calibration:
+        return cls("passed" if all(c.passed for c in checks) else "failed", list(checks), note)
+
+    @classmethod
+    def unchecked(cls, note: str) -> Calibration:
+        return cls("unchecked", [], note)
+
+    def to_dict(self) -> dict:
+        out = {"status": self.status, "checks": [c.to_dict() for c in self.checks]}
+        return out if self.note is None else {**out, "note": self.note}
+
+
+@dataclass
+class Fit:
+    """One fit of a set of cached embeddings (:func:`memlab.probes.run.fit_one`): what a probe's report, every row
+    of a sweep and every cell of a comparison are read from."""
+
+    probe: dict | None = None
+    """The kept sequence decoder's held-out metrics (None: no sequence decoder)."""
+    control: dict | None = None
+    """The control's held-out metrics (None: no control)."""
+    probe_chunks: ChunkScores | None = None
+    """The probe's numbers per held-out chunk (its intervals' input)."""
+    control_chunks: ChunkScores | None = None
+    """The control's numbers per held-out chunk."""
+    information_gain: float | None = None
+    control_shared_with: str | None = None
+    """The probe that trained the control this fit reuses (None: trained here, or none)."""
+    limited_by: str | None = None
+    readouts: dict = field(default_factory=dict)
+    """Each read-out's :class:`ReadoutResult` by name."""
+    readings: dict = field(default_factory=dict)
+    """Each :class:`Reading` by name."""
+    retention: str = ""
+    calibration: Calibration | None = None
+    history: dict = field(default_factory=lambda: {"probe": [], "control": []})
+    timing: dict = field(default_factory=lambda: {"train_s": 0.0, "control_s": 0.0, "bow_s": 0.0})
+    """Seconds: the decoders' (``train_s``, ``control_s``) and the read-outs' (``bow_s``, report.json's name)."""
+    decoder: Any = None
+    """The fitted sequence decoder (None: none)."""
+    reconstruction: list | None = None
+    """The greedy reconstructions of the held-out chunks, decoded."""
+
+
+@dataclass
+class ProbeReport:
+    """One probe run. ``to_dict()`` is report.json; ``fitted`` (the fitted probe, an EmbeddingSpace) is not saved.
+
+    Its parts are typed (:class:`Reading`, :class:`ReadoutResult`, :class:`Calibration`, :class:`TextAccounting`)
+    and read by attribute; ``report["key"]`` reads a field as report.json holds it (``report["_fitted"]``: the
+    fitted probe).
+    """
+
+    model: str
+    encoder: dict
+    options: dict
+    vocab_size: int
+    seq_len: int
+    n_train: int
+    n_eval: int
+    text: TextAccounting
+    """How the text was cut and rendered: chunk_by, words or tokens per chunk, characters, tokens, rendering."""
+    probe: dict | None
+    control: dict | None
+    information_gain: float | None
+    readings: dict
+    """Each :class:`Reading` by name (:mod:`memlab.probes.readings`); report.json: {name: {value, low, high}}."""
+    retention: str
+    """One line: the bits the embedding adds with their interval, or 'no evidence of retention'."""
+    readouts: dict
+    """Each read-out's :class:`ReadoutResult` by name."""
+    calibration: Calibration
+    limited_by: str | None = None
+    control_shared_with: str | None = None
+    decoder: dict | None = None
+    history: dict = field(default_factory=dict)
+    examples: list = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    definitions: dict = field(default_factory=lambda: dict(DEFINITIONS))
+    data_split: str | None = None
+    budget_note: str | None = None
+    eval_note: str | None = None
+    """Set when the held-out split holds fewer chunks than ``n_eval`` asked: all there are are scored."""
+    run_dir: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    """The layout of this report (:data:`SCHEMA_VERSION`)."""
+    fitted: Any = field(default=None, repr=False, compare=False)
+    bow: ReadoutResult | None = None
+    """report.json's ``bow``: ``readouts["bow"]`` again, kept for the scripts that read it (schema version 1)."""
+
+    def __post_init__(self):
+        if self.bow is None:
+            self.bow = (self.readouts or {}).get(LEGACY_READOUT)
+
+    def to_dict(self) -> dict:
+        """report.json's content (JSON types only; without the fitted probe)."""
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "fitted"}
+
+    def __getitem__(self, key: str):
+        """A field as report.json holds it (``report["readings"]["bits_per_chunk"]["value"]``)."""
+        if key == "_fitted":
+            return self.fitted
+        if key not in {f.name for f in fields(self)} or key == "fitted":
+            raise KeyError(key)
+        return jsonable(getattr(self, key))
+
+    def get(self, key: str, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 def peak_memory_mb() -> dict:
@@ -186,123 +397,3 @@ def format_summary(report) -> str:
     for ex in report.examples[:3]:
         lines.append(f"  in:  {ex['input']!r}\n  out: {ex['reconstruction']!r}")
     return "\n".join(lines)
-
-
-EXPECT = {"concat": ("token_accuracy", 0.99), "bag": ("bow_token_set_f1", 0.9), "constant": ("information_gain", 0.01)}
-"""What a working probe reads from each synthetic encoder: (metric, threshold). For ``bag`` the set is read by the
-bag-of-words read-out: its top-k at the chunk's own k is a token-set F1 (precision = recall there); a decoder
-that emits every position at once cannot spread an order-free set over positions (it repeats the likeliest
-token), so its TF1 is reported but not the test."""
-
-
-def _check(control: str, metric: str, value, passed: bool, needs: str, **extra) -> CalibrationCheck:
-    return CalibrationCheck(control, metric, value, needs, passed, extra)
-
-
-_verdict = Calibration.verdict
-
-
-ALIGN_SLACK = 0.05
-"""The alignment read-out's positive control: of a synthetic encoder that keeps every token (``concat``) it reads at
-least its target's own reading of the same chunks less this much (the map loses no more); of ``constant`` its gain's
-interval holds 0."""
-
-
-def check_align(kind: str, fit: Fit) -> list[CalibrationCheck]:
-    """The alignment read-out's checks on a synthetic encoder (:data:`ALIGN_SLACK`); none when it was not fitted."""
-    a = fit.readouts.get("align")
-    if not a or kind == "bag":  # a bag keeps no order: what a target that reads sequences makes of it is not known
-        return []
-    name = f"synthetic:{kind} (align read-out into {a.values.get('target', 'its target')})"
-    if kind == "constant":
-        r = fit.readings.get("align_gain")
-        if r is None:
-            return []
-        return [_check(name, "align gain", r.value, r.low <= 0.0 <= r.high, "its interval holds 0",
-                       interval=[r.low, r.high])]
-    own = (a.values.get("own") or {}).get("recovered")
-    if own is None:
-        return []
-    return [_check(name, "recovered", a.recovered, a.recovered >= own - ALIGN_SLACK,
-                   f"recovered >= its target's own {own:.3f} - {ALIGN_SLACK}", own=own,
-                   r2=a.values["own"].get("r2"))]
-
-
-def check_synthetic_spec(spec: str, fit: Fit) -> Calibration:
-    """:func:`check_synthetic` of the encoder ``synthetic:KIND[:TOKENIZER_DIR]`` (the synthetic kind's
-    ``known_content``)."""
-    return check_synthetic(spec.split(":")[1], fit)
-
-
-def check_synthetic(kind: str, fit: Fit) -> Calibration:
-    """Calibration of a synthetic encoder's own probe: its metric against its threshold (:data:`EXPECT`), and the
-    alignment read-out's checks when it was fitted (:func:`check_align`)."""
-    got = _check_synthetic(kind, fit)
-    extra = check_align(kind, fit)
-    if not extra:
-        return got
-    if got.status == "unchecked":
-        return _verdict(extra, note=got.note)
-    return _verdict(got.checks + extra)
-
-
-def _check_synthetic(kind: str, fit: Fit) -> Calibration:
-    metric, thr = EXPECT[kind]
-    name, bow = f"synthetic:{kind}", fit.readouts.get("bow")
-    if metric == "bow_token_set_f1" and bow:
-        value = bow.recovered
-        return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])
-    missing = ("the bag-of-words read-out (readouts=[bow, ...])" if metric == "bow_token_set_f1" and not bow else
-               "the control (control=true)" if metric == "information_gain" and fit.probe is not None
-               and fit.information_gain is None else None)
-    if missing or (fit.probe is None and not bow):
-        fits = missing or ("the sequence probe (sequence=true) or the bag-of-words read-out" if kind == "concat"
-                           else "the bag-of-words read-out")
-        return Calibration.unchecked(f"{name} is checked by {fits}, which this probe did not fit")
-    if fit.probe is None:  # no sequence probe (a BoW-only sweep): the read-out's share or gain
-        if kind == "constant":
-            value = bow.gain
-            return _verdict([_check(name, "bow gain", value, abs(value) <= thr, f"bow gain |x| <= {thr}")])
-        value, thr = bow.recovered, EXPECT["bag"][1]
-        return _verdict([_check(name, "bow recovered", value, value >= thr, f"bow recovered >= {thr}")])
-    if metric == "information_gain":
-        value, r = fit.information_gain, fit.readings.get("information_gain")
-        if r is not None:  # nothing is there to read: the interval must hold 0
-            return _verdict([_check(name, metric, value, r.low <= 0.0 <= r.high,
-                                    "its interval holds 0", interval=[r.low, r.high])])
-        return _verdict([_check(name, metric, value, value is not None and abs(value) <= thr,
-                                f"|information gain| <= {thr}")])
-    value = fit.probe[metric]
-    return _verdict([_check(name, metric, value, value >= thr, f"{metric} >= {thr}")])
-
-
-def _codes(kind: str, tok, ids: torch.Tensor) -> torch.Tensor:
-    """Synthetic ``kind`` embeddings (N, D) of chunks ``ids`` (N, T) in their own tokenizer."""
-    return SyntheticEncoder(kind, tok, max_len=ids.shape[1]).encode(fill_pad(ids), mask_of(ids).long())
-
-
-def calibrate_on(opts, tok, train_ids, eval_ids) -> Calibration:
-    """Positive controls in the model's tokenizer on the same chunks: concat (sequence decoder), bag (BoW)."""
-    got = fit_selected(opts, FitData(tok, train_ids, eval_ids, _codes("concat", tok, train_ids),
-                                     _codes("concat", tok, eval_ids)), desc="calibration decoder")
-    m, secs = got.scores, got.seconds
-    b = ReadoutResult.split("bow", fit_readout(train_ids, eval_ids, _codes("bag", tok, train_ids),
-                                               _codes("bag", tok, eval_ids), "bow", seed=opts.seed, device=opts.device))
-    (m_concat, t_concat), t_bag = EXPECT["concat"], EXPECT["bag"][1]
-    return _verdict([
-        _check("synthetic:concat", m_concat, m[m_concat], m[m_concat] >= t_concat, f"{m_concat} >= {t_concat}",
-               seconds=secs),
-        _check("synthetic:bag (bag-of-words read-out)", "recovered", b.recovered, b.recovered >= t_bag,
-               f"recovered >= {t_bag}", seconds=b.seconds),
-    ])
-
-
-def calibration(opts, tok, train_ids, eval_ids, fit: Fit) -> Calibration:
-    """The report's calibration section (see the module doc)."""
-    kind = encoder_kind(opts.model)
-    if kind is not None and kind.impl.known_content is not None:  # an encoder of known content checks itself
-        return resolve(kind.impl.known_content)(opts.model, fit)
-    if opts.calibrate and fit.probe:
-        return calibrate_on(opts, tok, train_ids, eval_ids)
-    return Calibration.unchecked("positive controls not run on these chunks (calibrate=true, or the quickstart's "
-                                 "calibration rows)")

@@ -10,8 +10,8 @@
 4. fit the decoders, read out, score and put intervals on the readings (:func:`fit_one`: the probe decoder and its
    control trained as one group, :mod:`memlab.probes.train`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
    the paired bootstrap intervals, :mod:`memlab.probes.readings`; the calibration,
-   :func:`memlab.probes.report.calibration`);
-5. build and write the report (:class:`memlab.probes.result.ProbeReport`, :mod:`memlab.probes.report`).
+   :func:`memlab.probes.synthetic.calibration`);
+5. build and write the report (:class:`memlab.probes.report.ProbeReport`, :mod:`memlab.probes.report`).
 
 The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`; lengths: :mod:`memlab.probes.lengths`)
 loop over the same :func:`fit_one`.
@@ -47,7 +47,7 @@ from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import launched, resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
 from memlab.probes import chunks, shards
-from memlab.probes.chunks import fill_pad, make_targets, mask_of, trim
+from memlab.probes.chunks import ProbeText, fill_pad, make_targets, mask_of, trim
 from memlab.probes.control_cache import ControlCache, compute_side
 from memlab.probes.fitloop import train_readouts
 from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
@@ -63,10 +63,12 @@ from memlab.probes.parts import (
     takes_context,
 )
 from memlab.probes.readings import limit_line, readings, retention
-from memlab.probes.report import calibration, format_summary, peak_memory_mb, write_report
-from memlab.probes.result import Fit, ProbeReport, ProbeText, Reading, ReadoutResult
+from memlab.probes.report import format_summary, peak_memory_mb, write_report
+from memlab.probes.synthetic import calibration
+from memlab.probes.readings import Reading
+from memlab.probes.report import Fit, ProbeReport, ReadoutResult
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
-from memlab.probes.fitted import FittedProbe
+from memlab.probes.decoder import FittedProbe
 from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
 from memlab.progress import progress_bar
 from memlab.rundir import claim

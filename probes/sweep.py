@@ -25,10 +25,11 @@ import torch
 from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes import compare
-from memlab.probes.chunks import fill_pad, make_targets, mask_of
+from memlab.probes.chunks import ProbeText, fill_pad, make_targets, mask_of
 from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
-from memlab.probes.result import Fit, ProbeText, Reading, jsonable
+from memlab.probes.readings import Reading
+from memlab.probes.report import Fit, jsonable
 from memlab.probes.run import control_key, encode_data, fit_one, setup
 from memlab.probes.train import ControlStore, FitData
 from memlab.probes.train import Timer

@@ -35,8 +35,8 @@ from memlab.probes.decoder import ProbeDecoder
 from memlab.probes.fitloop import train_decoders
 from memlab.probes.parts import get_part
 from memlab.probes.readings import reconstruction_scores
-from memlab.probes.result import ChunkScores, DecoderScores
-from memlab.probes.fitted import build_decoder
+from memlab.probes.readings import ChunkScores, DecoderScores
+from memlab.probes.decoder import build_decoder
 
 
 @torch.no_grad()

@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from memlab.data.corpus import Document, load_corpus, make_splits, split_chapters, units
-from memlab.data.sentences import split_sentences
 from memlab.data.tokenizer import load_tokenizer, train_bpe
-from memlab.data.views import sentence_documents, token_chunks
+from memlab.data.views import sentence_documents, split_sentences, token_chunks
 from memlab.errors import DataError
 
 

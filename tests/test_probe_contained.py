@@ -15,7 +15,8 @@ import torch
 from memlab.probes.fitloop import held_back_rows
 from memlab.probes.fitloop import DecoderGroup, train_decoders
 from memlab.probes.options import ProbeOptions
-from memlab.probes.result import DecoderScores, Fit
+from memlab.probes.readings import DecoderScores
+from memlab.probes.report import Fit
 from memlab.probes.run import interval_readings
 from memlab.probes.train import ControlStore, FitData, _new_decoder, contain, contained_shares, fit_decoders
 

@@ -11,7 +11,7 @@ from torch import nn
 from memlab.probes.chunks import PAD
 from memlab.probes.decoder import CompactVocab
 from memlab.probes.readings import free_running_accuracy, free_running_hits, readings, reconstruction_scores
-from memlab.probes.result import ChunkScores, Reading
+from memlab.probes.readings import ChunkScores, Reading
 from memlab.probes.train import evaluate
 
 V, T, START = 12, 6, 0

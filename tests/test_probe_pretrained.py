@@ -56,7 +56,7 @@ def _trained(corpus, **kw):
 
 def test_probe_end_to_end_targets_in_the_decoders_tokenizer(tiny_llama, small_corpus, tmp_path):
     from memlab.probes.encoders import load_tokenizer
-    from memlab.probes.fitted import load_probe
+    from memlab.probes.decoder import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--decoder", f"pretrained:{TOY}",
@@ -246,7 +246,7 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
 
 
 def test_a_scratch_decoder_in_a_named_tokenizer_reloads_in_it(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.fitted import load_probe
+    from memlab.probes.decoder import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *RUN,

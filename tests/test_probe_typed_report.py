@@ -7,20 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from memlab.probes.readings import cell, retention, shows_retention
-from memlab.probes.result import (
-    Calibration,
-    CalibrationCheck,
-    ChunkScores,
-    DecoderScores,
-    Fit,
-    ProbeText,
-    Reading,
-    ReadoutResult,
-    Reconstructed,
-    TextAccounting,
-    jsonable,
-)
+from memlab.probes.chunks import ProbeText, TextAccounting
+from memlab.probes.readings import ChunkScores, DecoderScores, Reading, Reconstructed, cell, retention, shows_retention
+from memlab.probes.report import Calibration, CalibrationCheck, Fit, ReadoutResult, jsonable
 from memlab.probes.sweep import _row
 
 TEXT = {"chunk_by": "words", "per_chunk": "8 words", "mean_chars": 41.5, "mean_tokens": 9.25, "max_tokens": 12,

@@ -29,8 +29,8 @@ from memlab.config import DataConfig
 from memlab.data.corpus import CORPORA, Document, bundled_corpus_dir, cut_size, iter_documents, iter_units, local_files
 from memlab.data.splits import SplitPlan, UnitCounts, split_line
 from memlab.data.tokenizer import cache_dir
-from memlab.data.sentences import split_sentences
-from memlab.data.views import clean_text, corpus_tokenizer, encode_stream, padded_sentences, record_splits
+from memlab.data.views import (clean_text, corpus_tokenizer, encode_stream, padded_sentences, record_splits,
+                               split_sentences)
 from memlab.errors import DataError
 
 

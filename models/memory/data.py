@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from memlab.data.sentences import split_sentences
-from memlab.data.views import padded_sentences, token_chunks
+from memlab.data.views import padded_sentences, split_sentences, token_chunks
 from memlab.errors import ConfigError, DataError
 
 

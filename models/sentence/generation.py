@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from memlab.data.sentences import split_sentences
+from memlab.data.views import split_sentences
 from memlab.errors import DataError
 
 

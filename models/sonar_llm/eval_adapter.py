@@ -53,7 +53,7 @@ class SonarLLMAdapter(GeneratorAdapter):
         return total, count
 
     def score(self, contexts: list[str], continuations: list[str]) -> list[tuple[float, int]]:
-        from memlab.data.sentences import split_sentences
+        from memlab.data.views import split_sentences
 
         out = []
         for ctx, cont in zip(contexts, continuations):

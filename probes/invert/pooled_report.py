@@ -1,6 +1,6 @@
 """The report of ``memlab invert --states last|mean``: per chunk and in total, beside the control's figures.
 
-Each total is a :class:`~memlab.probes.result.Reading` with the percentile interval of a bootstrap over chunks
+Each total is a :class:`~memlab.probes.readings.Reading` with the percentile interval of a bootstrap over chunks
 (:func:`memlab.probes.readings.bootstrap`):
 
 * ``exact_match``: share of chunks recovered token for token;
@@ -24,7 +24,7 @@ import numpy as np
 
 from memlab.probes.invert.report import ChunkRead, InvertRun, _cell, readings
 from memlab.probes.readings import set_f1
-from memlab.probes.result import Reading
+from memlab.probes.readings import Reading
 
 
 @dataclass

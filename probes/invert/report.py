@@ -1,6 +1,6 @@
 """The report of ``memlab invert``: per chunk and in total, with bootstrap intervals over chunks.
 
-Figures (each total a :class:`~memlab.probes.result.Reading`: the value and the percentile interval of a bootstrap
+Figures (each total a :class:`~memlab.probes.readings.Reading`: the value and the percentile interval of a bootstrap
 over chunks, by :func:`memlab.probes.readings.bootstrap`):
 
 * ``exact_match``: share of chunks recovered token for token;
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from memlab.probes.readings import bootstrap
-from memlab.probes.result import Reading
+from memlab.probes.readings import Reading
 
 CERTIFICATES = ("match", "separated", "nearest", "none")
 """The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""

@@ -102,7 +102,7 @@ def resolve_rows(data: str | None, local_file: str, fields: tuple[str, ...], hub
 def bundled_sentences(min_words: int = 4, chapters: int = 1) -> tuple[tuple[str, ...], ...]:
     """Sentences of the last ``chapters`` chapters of each bundled Austen novel, one tuple per novel."""
     from memlab.data.corpus import load_corpus, split_chapters
-    from memlab.data.sentences import split_sentences
+    from memlab.data.views import split_sentences
 
     out = []
     for doc in load_corpus("austen"):
@@ -113,7 +113,7 @@ def bundled_sentences(min_words: int = 4, chapters: int = 1) -> tuple[tuple[str,
 
 
 def first_sentence(text: str) -> str:
-    from memlab.data.sentences import split_sentences
+    from memlab.data.views import split_sentences
 
     text = text.strip()
     sents = split_sentences(text) if text else []
@@ -170,7 +170,7 @@ class NextSentence(Task):
         rows = load_hub("roneneldan/TinyStories", None, "validation", limit)
         out = []
         for r in rows:
-            from memlab.data.sentences import split_sentences
+            from memlab.data.views import split_sentences
 
             s = split_sentences(" ".join(r["text"].split()))
             if len(s) >= 3:
