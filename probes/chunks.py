@@ -273,24 +273,37 @@ def probe_chunks(tokenizer, seq_len: int, n: int, split: str, corpus: str = "aus
     return chunks[pick]  # (n, T)
 
 
-def _cut(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-         max_chunk_tokens: int | None, counter, text_field: str = "text") -> tuple[list[str], list[str]]:
-    """The training and held-out chunk texts, each capped at ``max_chunk_tokens`` of ``counter`` when given."""
-    texts_tr = probe_texts(seq_len, n_train, "train", corpus, seed, text_field=text_field)
-    texts_ev = probe_texts(seq_len, n_eval, eval_split, corpus, seed, at_most=True, text_field=text_field)
-    if max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
-        texts_tr, texts_ev = (cap_tokens(x, counter, max_chunk_tokens) for x in (texts_tr, texts_ev))
+@dataclass(frozen=True)
+class TextCut:
+    """What decides the probe's chunk texts: their length in words, how many of each split, the corpus and its text
+    field, the seed, and the cap in tokens (None: uncapped)."""
+
+    seq_len: int
+    n_train: int
+    n_eval: int
+    eval_split: str
+    corpus: str
+    seed: int
+    max_chunk_tokens: int | None
+    text_field: str = "text"
+
+
+def _cut(cut: TextCut, counter) -> tuple[list[str], list[str]]:
+    """The training and held-out chunk texts, each capped at ``cut.max_chunk_tokens`` of ``counter`` when given."""
+    source = dict(corpus=cut.corpus, seed=cut.seed, text_field=cut.text_field)
+    texts_tr = probe_texts(cut.seq_len, cut.n_train, "train", **source)
+    texts_ev = probe_texts(cut.seq_len, cut.n_eval, cut.eval_split, at_most=True, **source)
+    if cut.max_chunk_tokens is not None:  # every chunk fits max_chunk_tokens of the counting tokenizer
+        texts_tr, texts_ev = (cap_tokens(x, counter, cut.max_chunk_tokens) for x in (texts_tr, texts_ev))
     return texts_tr, texts_ev
 
 
 @lru_cache(maxsize=4)
-def _cut_by_name(seq_len: int, n_train: int, n_eval: int, eval_split: str, corpus: str, seed: int,
-                 max_chunk_tokens: int | None, chunk_tokenizer: str | None,
-                 text_field: str = "text") -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _cut_by_name(cut: TextCut, chunk_tokenizer: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """:func:`_cut` with the counting tokenizer named (``chunk_tokenizer``), once per process: the entries of a
     comparison (``memlab quickstart``) read the same chunk texts, so they are cut once."""
-    counter = load_tokenizer(chunk_tokenizer) if max_chunk_tokens is not None else None
-    tr, ev = _cut(seq_len, n_train, n_eval, eval_split, corpus, seed, max_chunk_tokens, counter, text_field)
+    counter = load_tokenizer(chunk_tokenizer) if cut.max_chunk_tokens is not None else None
+    tr, ev = _cut(cut, counter)
     return tuple(tr), tuple(ev)
 
 
@@ -300,11 +313,12 @@ def _words_data(opts, encoder, cap_to_fit: bool = False, cap: int | None = None)
     option's); ``cap_to_fit``: chunks the encoder cannot read whole keep the words that fit, with a note (else they
     are refused)."""
     cap = opts.max_chunk_tokens if cap is None else cap
-    args = (opts.seq_len, _most_chunks(opts), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap)
+    cut = TextCut(opts.seq_len, _most_chunks(opts), opts.n_eval, opts.eval_split, opts.corpus, opts.seed, cap,
+                  opts.text_field)
     if cap is None or opts.chunk_tokenizer:
-        texts_tr, texts_ev = (list(x) for x in _cut_by_name(*args, opts.chunk_tokenizer, opts.text_field))
+        texts_tr, texts_ev = (list(x) for x in _cut_by_name(cut, opts.chunk_tokenizer))
     else:  # capped in the encoder's own tokenizer
-        texts_tr, texts_ev = _cut(*args, encoder.tokenizer, opts.text_field)
+        texts_tr, texts_ev = _cut(cut, encoder.tokenizer)
     limit = None if getattr(encoder, "resizable", False) else encoder.max_length
     tr, cut_tr = tokenize_chunks(texts_tr, encoder.tokenizer, limit)
     ev, cut_ev = tokenize_chunks(texts_ev, encoder.tokenizer, limit)
