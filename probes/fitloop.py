@@ -428,6 +428,14 @@ class DecoderGroup:
         """Active member ``g``'s weights (views into the stack)."""
         return {n: p[g] for n, p in zip(self.names, self.params)}
 
+    def all_member_params(self) -> list[dict[str, torch.Tensor]]:
+        """Every active member's weights (views into the stack), in group order. Taken apart by one ``unbind`` per
+        weight: its backward stacks the members' gradients in one copy, where indexing each member alone would
+        zero-fill the whole stack once per member and add the copies up (the same values, several times the
+        memory traffic)."""
+        views = [p.unbind(0) for p in self.params]  # each G views (...)
+        return [{n: v[g] for n, v in zip(self.names, views)} for g in range(len(self.active))]
+
     def _batch(self, rows: torch.Tensor, noise: bool):
         """Rows (b,) -> prepared embeddings (G, b, D), ids (G, b, T_b), targets (b, T_b), the batch's CE terms."""
         t_b = max(int(self.lens[rows].max()), 1)  # a host tensor: no sync
@@ -454,12 +462,13 @@ class DecoderGroup:
             if self.batched and len(self.active) > 1:
                 p = dict(zip(self.names, self.params))
                 return torch.func.vmap(lambda q, a, b: member_nll(self.base, q, a, b, tc))(p, zn, ids)  # (G,)
+            params = self.all_member_params()
             if self.modes:
-                return torch.stack([member_nll(self.base, self.member_params(g), zn[g], ids[g], tc)
+                return torch.stack([member_nll(self.base, params[g], zn[g], ids[g], tc)
                                     for g in range(len(self.active))])  # (G,)
             out = []
             for g, m in enumerate(self.active):  # each member's own module, its noise from its own stream
-                own = {n: p for n, p in self.member_params(g).items() if not self.lacks[n][m]}
+                own = {n: p for n, p in params[g].items() if not self.lacks[n][m]}
                 with self.streams[m]:
                     out.append(member_nll(self.decs[m], own, zn[g], ids[g], tc, mode=None))
             return torch.stack(out)  # (G,)

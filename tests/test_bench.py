@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from memlab.devices import auto_dtype
 from memlab.errors import MemlabError
 
 
@@ -54,10 +55,18 @@ def test_bench_quick_harness(tmp_path, small_corpus):
     assert "encode_s" in pr or "skipped" in pr or "error" in pr
     if "encode_s" in pr:
         assert pr["encode_s"] > 0 and pr["decoder_train_s"] > 0 and 0 < pr["encode_share"] < 1
+    fp32 = pr["decoder_mfu"]["float32"]  # the decoders' MFU in float32, beside the run's own float32 matmul
+    assert fp32["dtype"] == "float32" and fp32["members"] == 3 and fp32["matmul_n"] == 2048
+    assert fp32["flops_per_step"] > 0 and 0 < fp32["mfu"] < 1.5 and fp32["matmul_flops_per_s"] > 1e6
+    native = auto_dtype(torch.device("cpu")) != torch.float32  # the probe's decoders train in bf16 here
+    assert ("native" in pr["decoder_mfu"]) == native
+    if native:
+        assert pr["decoder_mfu"]["native"]["dtype"] == "bfloat16" and pr["decoder_mfu"]["native"]["mfu"] > 0
     saved = json.loads((out / "bench.json").read_text())
     assert set(saved["parts"]) == {"flops", "prefill", "generation", "mfu", "probe"}
     readme = (out / "README.md").read_text()
     assert "memlab bench --quick" in readme and "(a) Prefill" in readme and "(c) Training MFU" in readme
+    assert "Target: >= 0.5 in float32" in readme and f"| float32 | {fp32['mfu']:.2f} |" in readme
     for p in ("flops", "prefill", "generation"):
         assert (out / "plots" / f"{p}.png").stat().st_size > 1000
     with pytest.raises(MemlabError, match="already holds files"):

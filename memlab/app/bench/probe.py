@@ -37,26 +37,54 @@ def run_probe_split(device, quick: bool = False, log=print, model: str = "minilm
     return res
 
 
+DEFAULT_SHAPE = {"seq_len": 48, "vocab": 8192, "embed_dim": 384, "members": 3}
+"""``memlab probe --model minilm`` at its defaults, as its decoders train: chunks of 32 words are up to 48 MiniLM
+tokens, 8,192 kept ids, MiniLM's 384-wide embedding, three candidates in one group (the contained probe with the bag
+head, the plain decoder and the random start)."""
+
+QUICK_SHAPE = {"seq_len": 16, "vocab": 512, "embed_dim": 64, "members": 3, "hidden_size": 32}
+"""A shape that checks the harness in seconds (``memlab bench --quick``)."""
+
+
+def probe_decoder_mfu(device, quick: bool = False, log=print) -> dict[str, Any]:
+    """The probe decoders' training MFU at the MiniLM default's shape (:data:`DEFAULT_SHAPE`), in float32 against
+    the float32 matmul rate (2048 x 2048) of the same run, and, where the device computes the probe's decoders in
+    bf16 (:func:`memlab.devices.auto_dtype`), as they train there, against the same float32 rate."""
+    import torch
+
+    from memlab.devices import auto_dtype, pretend
+
+    kw = dict(QUICK_SHAPE if quick else DEFAULT_SHAPE, steps=3 if quick else 10, matmul_n=2048, log=log)
+    with pretend(bf16=False):
+        res = {"float32": decoder_mfu(device, **kw)}
+    if auto_dtype(device) != torch.float32:
+        res["native"] = decoder_mfu(device, **kw)
+    return res
+
+
 def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: int = 32, embed_dim: int = 384,
                 vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, members: int = 2,
-                batched: bool | None = None, log=print) -> dict[str, Any]:
+                batched: bool | None = None, matmul_n: int = 1024, log=print) -> dict[str, Any]:
     """Training MFU of the probe's decoders (the quickstart's shape by default: a probe and its control trained as
     one group, :mod:`memlab.probes.fitloop`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
     one training step of the group (counted by torch's FlopCounterMode, forward and backward) times the steps per
-    second, over the FLOP/s of a float32 matrix multiply timed in the same run, just before."""
+    second, over the FLOP/s of a float32 ``matmul_n`` x ``matmul_n`` matrix multiply timed in the same run, just
+    before. The decoders compute as the probe's do on ``device`` (bf16 autocast where
+    :func:`memlab.devices.auto_dtype` says; ``dtype`` in the result)."""
     import time
     from dataclasses import replace
 
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from memlab.devices import auto_dtype
     from memlab.probes.fitloop import DecoderGroup
     from memlab.probes.options import ProbeOptions
     from memlab.probes.train import build_decoder
     from memlab.train.loop import measure_matmul_flops
 
     dev = torch.device(device)
-    matmul = measure_matmul_flops(dev)
+    matmul = measure_matmul_flops(dev, n=matmul_n)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (max(batch_size, vocab), seq_len), generator=g)  # (N, T)
     ids[:vocab, 0] = torch.arange(vocab)  # every one of the kept ids occurs
@@ -93,9 +121,9 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
            "seconds_per_step": secs / steps, "members": members,
            "shape": {"batch_size": batch_size, "seq_len": seq_len, "embed_dim": embed_dim, "kept_vocab": vocab,
                      "hidden_size": hidden_size, "num_layers": num_layers}}
-    res["batched"] = group.batched
-    log(f"probe decoders ({members} in a {'batched' if group.batched else 'sequential'} group): "
-        f"{res['decoder_flops_per_s'] / 1e9:.1f} GFLOP/s, matmul {matmul / 1e9:.1f} GFLOP/s, "
+    res["batched"], res["dtype"], res["matmul_n"] = group.batched, str(auto_dtype(dev)).removeprefix("torch."), matmul_n
+    log(f"probe decoders ({members} in a {'batched' if group.batched else 'sequential'} group, {res['dtype']}): "
+        f"{res['decoder_flops_per_s'] / 1e9:.1f} GFLOP/s, float32 matmul {matmul / 1e9:.1f} GFLOP/s, "
         f"MFU {res['mfu']:.2f} ({res['threads']} threads)")
     return res
 

@@ -84,4 +84,17 @@ def write_readme(res: dict[str, Any], path: str | Path) -> None:
                 lines.append(f"| {k[:-2].replace('_', ' ')} | {r[k]:.3g} | {r[k] / tot:.1%} |")
             lines += ["", f"Probe of `{r['model']}` with {r['options']}; model load {r['load_s']:.3g}s, "
                           f"total {r['total_s']:.3g}s.", ""]
+        if r.get("decoder_mfu"):
+            lines += ["| decoders' compute | MFU | decoder GFLOP/s | fp32 matmul GFLOP/s | s per step | threads |",
+                      "|---|---|---|---|---|---|"]
+            for m in r["decoder_mfu"].values():
+                lines.append(f"| {m['dtype']} | {m['mfu']:.2f} | {m['decoder_flops_per_s'] / 1e9:.1f} | "
+                             f"{m['matmul_flops_per_s'] / 1e9:.1f} | {m['seconds_per_step']:.3g} | {m['threads']} |")
+            m = next(iter(r["decoder_mfu"].values()))
+            sh = m["shape"]
+            lines += ["", f"The probe's decoders training as one group of {m['members']} (a step: forward, backward, "
+                          f"AdamW; batch {sh['batch_size']}, {sh['seq_len']} tokens, {sh['kept_vocab']} kept ids, "
+                          f"embedding width {sh['embed_dim']}, {sh['num_layers']} blocks of width "
+                          f"{sh['hidden_size']}) against a float32 {m['matmul_n']} x {m['matmul_n']} matmul timed in "
+                          "the same run. Target: >= 0.5 in float32.", ""]
     write_atomic(path, "\n".join(lines) + "\n")  # whole or not at all

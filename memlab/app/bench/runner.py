@@ -87,9 +87,10 @@ def _run_parts(folder: OutputFolder, parts: list[str], dev, quick: bool, prefill
             r = run_mfu(out, mfu_configs, steps=q.get("mfu_steps", mfu_steps), cpu=dev.type == "cpu",
                         overrides=["data.seq_len=32", "train.batch_size=4", "model.preset=toy"] if quick else None, log=log)
         else:  # probe
-            from memlab.app.bench.probe import run_probe_split
+            from memlab.app.bench.probe import probe_decoder_mfu, run_probe_split
 
             r = run_probe_split(dev, quick=quick, log=log)
+            r["decoder_mfu"] = probe_decoder_mfu(dev, quick=quick, log=log)
         r["seconds"] = round(time.perf_counter() - t0, 1)
         res["parts"][part] = r
         folder.write_json("bench.json", res)
