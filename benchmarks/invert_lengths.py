@@ -270,10 +270,12 @@ def main(argv=None) -> int:
 
     def write() -> None:
         if earlier is not None:
-            for row in earlier.get("lengths", []):  # the earlier run's lengths this run did not measure
+            rows = [{**r, "seq_len": int(k)} for k, r in earlier.get("positions", {}).items()]  # this benchmark's
+            for row in earlier.get("lengths", []) + rows:  # (or an older lengths.json's) lengths not measured here
                 key = str(row["seq_len"])
                 if key not in res["positions"] or res["positions"][key]["source"] != "this run":
-                    res["positions"][key] = {**row, "source": args.positions_from}
+                    res["positions"][key] = {**row, "source": row.get("source", args.positions_from)
+                                             if row.get("source") != "this run" else args.positions_from}
             res["layer"] = res["layer"] or earlier.get("layer")
             res["earlier_machine"] = earlier.get("machine")
         (out / "lengths.json").write_text(json.dumps(res, indent=2))
