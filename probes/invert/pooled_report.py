@@ -86,6 +86,8 @@ class PooledReport(InvertRun):
     """Whether the model's next-token distribution was read (greedy/sampled starts, the prior term)."""
     totals: dict[str, Reading]
     chunks: list[PooledChunk] = field(default_factory=list)
+    table: dict | None = None
+    """The trained probe beside the search on the same chunks (``--probe``, :mod:`memlab.probes.invert.table`)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)

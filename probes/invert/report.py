@@ -100,6 +100,8 @@ class InvertReport(InvertRun):
     """Least gap (runner-up over best distance) over the certified positions."""
     exhaustive_positions: int
     chunks: list[ChunkResult] = field(default_factory=list)
+    table: dict | None = None
+    """The trained probe beside the inversion on the same chunks (``--probe``, :mod:`memlab.probes.invert.table`)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -149,17 +149,37 @@ def states_source(vals: dict, enc, reader: LayerReader, device: str) -> tuple[st
 
 
 def setup(vals: dict):
-    """Threads, device, the model and its reader, the chunks: ``(device, enc, reader, texts, chunks)``."""
+    """Threads, device, the model and its reader, the chunks, the probe run's reading of them (``--probe``; else
+    None): ``(device, enc, reader, texts, chunks, side)``."""
     from memlab.devices import resolve_device
 
     if vals["threads"]:
         torch.set_num_threads(vals["threads"])
     device = str(resolve_device(vals["device"]))
     enc, reader = load(vals["model"], vals["layer"], device)
-    texts, chunks = chunk_ids(vals, enc.tokenizer)
+    side = None
+    if vals.get("probe"):  # the probe run's held-out chunks, as it cut them, and its decoder's reading of them
+        from memlab.probes.invert.beside import read_probe_side
+
+        side = read_probe_side(vals["probe"], vals["n"], device)
+        texts, chunks = side.texts, side.ids
+    else:
+        texts, chunks = chunk_ids(vals, enc.tokenizer)
     if not chunks:
         raise DataError("no chunk to invert")
-    return device, enc, reader, texts, chunks
+    return device, enc, reader, texts, chunks, side
+
+
+def beside_probe(report, side, lines: list[str]) -> list[str]:
+    """``report.table`` (the probe run's side by side with the inversion, :mod:`memlab.probes.invert.table`) and
+    the summary lines with the table after them; the lines unchanged without a probe run."""
+    if side is None:
+        return lines
+    from memlab.probes.invert.table import build_table, table_lines
+
+    table = build_table(side, report.chunks, report.states, report.layer, seed=report.text.get("seed") or 0)
+    report.table = table.to_dict()
+    return lines + table_lines(table)
 
 
 def run_invert(vals: dict, out: Path):
@@ -174,7 +194,7 @@ def run_invert(vals: dict, out: Path):
         from memlab.data.chunkcache import check_cache_dir
 
         check_cache_dir(vals["cache_dir"])
-    device, enc, reader, texts, chunks = setup(vals)
+    device, enc, reader, texts, chunks, side = setup(vals)
     name = vals["model"]
     check_applies(reader, enc.prefix + chunks[0], name)
     src, src_reader = states_source(vals, enc, reader, device)
@@ -209,7 +229,7 @@ def run_invert(vals: dict, out: Path):
             search=vars(opts) | {"first_position": "one exhaustive pass shared by all chunks"
                                  + (", from the kept table" if table is not None else "")},
             noise=vals["noise"], machine=machine)
-        lines = summary_lines(report)
+        lines = beside_probe(report, side, summary_lines(report))
         folder.write_json("report.json", report.to_dict())
         folder.write("summary.txt", "\n".join(lines) + "\n")
     return report, lines
@@ -221,7 +241,7 @@ def run_pooled(vals: dict, out: Path):
     from memlab.outdir import OutputFolder
     from memlab.progress import progress_bar
 
-    device, enc, reader, texts, chunks = setup(vals)
+    device, enc, reader, texts, chunks, side = setup(vals)
     name = vals["model"]
     prefix, suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
     causal = is_causal(reader, prefix + chunks[0] + suffix, name)
@@ -265,7 +285,7 @@ def run_pooled(vals: dict, out: Path):
             | {"split": vals["eval_split"], "prefix": prefix, "suffix": suffix},
             search=vars(opts) | {"causal": causal}, noise=vals["noise"], machine=machine, prior=head is not None,
             totals=pooled_totals(results), chunks=results)
-        lines = pooled_summary(report)
+        lines = beside_probe(report, side, pooled_summary(report))
         folder.write_json("report.json", report.to_dict())
         folder.write("summary.txt", "\n".join(lines) + "\n")
     return report, lines

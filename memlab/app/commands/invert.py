@@ -55,10 +55,16 @@ def add_parser(sub) -> None:
                     "from another chunk's state. Writes report.json into --out and prints a summary.")
     p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
                                    "name")
-    p.add_argument("--states", default="positions",
+    p.add_argument("--states", default=None,
                    help="which states are inverted: positions (every position's state at the layer, a causal "
-                        "model), last (the last position's state) or mean (the mean over positions; for "
-                        "bidirectional encoders, last and mean are the settings that apply)")
+                        "model; default), last (the last position's state) or mean (the mean over positions; for "
+                        "bidirectional encoders, last and mean are the settings that apply); with --probe, the "
+                        "probe's pooling unless positions is given")
+    p.add_argument("--probe", default=None, metavar="RUN",
+                   help="a trained probe's run folder (memlab probe --out RUN): invert the first --n of its held-out "
+                        "chunks with its model, layer and pooling, read the same chunks with its saved decoder (and "
+                        "its control, when the run kept one in its --cache-dir), and report both instruments in one "
+                        "table; a flag that contradicts the run is refused")
     p.add_argument("--init", default=None,
                    help="last/mean: first start of the search: greedy (the model's own text; default), sample, or "
                         "random (bidirectional models: random)")
@@ -69,9 +75,9 @@ def add_parser(sub) -> None:
                         "float copy of a quantised model; the certificate then shows the mismatch")
     for flag, (_, _, default, hlp) in NUMBERS.items():
         p.add_argument(flag, default=None, help=hlp + (f" (default {default})" if default is not None else ""))
-    p.add_argument("--chunk-by", default="words", help="words (default, the probe's) or tokens")
-    p.add_argument("--corpus", default="austen", help="corpus of the held-out text (default austen)")
-    p.add_argument("--eval-split", default="test", help="test (default) or validation")
+    p.add_argument("--chunk-by", default=None, help="words (default, the probe's) or tokens")
+    p.add_argument("--corpus", default=None, help="corpus of the held-out text (default austen)")
+    p.add_argument("--eval-split", default=None, help="test (default) or validation")
     p.add_argument("--no-exhaustive", action="store_true",
                    help="never search the whole vocabulary: keep the best ranked candidate (uncertified)")
     p.add_argument("--no-relinearize", action="store_true",
@@ -110,29 +116,40 @@ def options(args: argparse.Namespace) -> dict:
 
     vals = {flag[2:].replace("-", "_"): _number(flag, getattr(args, flag[2:].replace("-", "_")))
             for flag in NUMBERS}
-    if not args.model:
-        raise ConfigError("give --model NAME_OR_PATH (a causal model)")
+    given = {k for k in (*vals, "model", "states", "chunk_by", "corpus", "eval_split")
+             if getattr(args, k, None) is not None}
+    if args.states is not None and args.states not in STATES:
+        raise ConfigError(f"--states takes positions, last or mean, got {args.states!r}")
+    vals.update(model=args.model, states=args.states or "positions", chunk_by=args.chunk_by or "words",
+                corpus=args.corpus or "austen", eval_split=args.eval_split or "test", probe=args.probe)
+    if args.probe is not None:  # the run's model, layer, pooling and chunks (JSON only: no torch yet)
+        from memlab.probes.invert.probe_run import read_probe_run, reconcile
+
+        vals = reconcile(vals, given, read_probe_run(args.probe))
+        for flag, value in (("--states-from", args.states_from), ("--noise", vals["noise"])):
+            if value:
+                raise ConfigError(f"{flag} does not go with --probe: the table reads both instruments on the "
+                                  "states the probe read")
+    if not vals["model"]:
+        raise ConfigError("give --model NAME_OR_PATH (a causal model), or --probe RUN")
     if vals["layer"] is None:
         raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
-    if args.states not in STATES:
-        raise ConfigError(f"--states takes positions, last or mean, got {args.states!r}")
-    pooled = args.states != "positions"
+    pooled = vals["states"] != "positions"
     for flag in POSITIONS_ONLY if pooled else POOLED_ONLY:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value not in (None, False):
             raise ConfigError(f"{flag} applies to --states {'positions' if pooled else 'last or mean'}, not to "
-                              f"--states {args.states}")
+                              f"--states {vals['states']}")
     init = args.init or "greedy"
     if init not in ("greedy", "sample", "random"):
         raise ConfigError(f"--init takes greedy, sample or random, got {args.init!r}")
-    if args.chunk_by not in ("words", "tokens"):
-        raise ConfigError(f"--chunk-by takes words or tokens, got {args.chunk_by!r}")
-    if args.eval_split not in ("test", "validation"):
-        raise ConfigError(f"--eval-split takes test or validation, got {args.eval_split!r}")
+    if vals["chunk_by"] not in ("words", "tokens"):
+        raise ConfigError(f"--chunk-by takes words or tokens, got {vals['chunk_by']!r}")
+    if vals["eval_split"] not in ("test", "validation"):
+        raise ConfigError(f"--eval-split takes test or validation, got {vals['eval_split']!r}")
     if vals["n"] > vals["n_eval"]:
         raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
-    vals.update(model=args.model, states=args.states, states_from=args.states_from, chunk_by=args.chunk_by,
-                corpus=args.corpus, eval_split=args.eval_split, exhaustive=not args.no_exhaustive,
+    vals.update(states_from=args.states_from, exhaustive=not args.no_exhaustive,
                 relinearize=not args.no_relinearize, init=init, control=not args.no_control,
                 device=args.device, cache_dir=args.cache_dir,
                 progress=args.progress or None)

@@ -1,0 +1,120 @@
+"""A trained probe's run folder as ``memlab invert --probe RUN`` reads it, before anything heavy is imported.
+
+``memlab probe --out RUN`` writes ``probe.json`` (how its encoder was built: model, layer, pooling, final norm,
+special tokens, dtype) and ``report.json`` (every option, the encoder as loaded: the layer resolved, the pooling,
+the model's blocks). :func:`read_probe_run` reads the settings both instruments must share; :func:`reconcile` fills
+the inversion's unset flags from them and refuses, in one line, a flag that contradicts the run.
+
+Only JSON is read here (no torch): the command checks its flags before it imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from memlab.errors import ConfigError
+
+POOL_TO_STATES = {"last": "last", "mean": "mean"}
+"""The probe's pooling -> the inversion's ``--states`` that reads the same vector."""
+
+TEXT_FLAGS = ("seq_len", "chunk_by", "corpus", "eval_split", "seed", "n_eval")
+"""The flags that choose the chunks: read from the run, never contradicting it."""
+
+
+@dataclass(frozen=True)
+class ProbeRunSettings:
+    """What a probe run fixes for an inversion beside it."""
+
+    path: str
+    model: str
+    layer: int
+    """The layer as the probe's encoder resolved it (0 = embeddings, k = output of block k - 1)."""
+    num_layers: int
+    pool: str
+    final_norm: bool
+    random_init: bool
+    encoder_dtype: str
+    text: dict
+    """seq_len, chunk_by, corpus, eval_split, seed, n_eval: how the run cut its held-out chunks."""
+    cache_dir: str | None
+    """Where the run kept its control (None: it kept none on disk)."""
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--probe {path.parent}: not a probe run folder ({path.name} missing; give the --out "
+                          "folder of memlab probe)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--probe: {path} cannot be read ({' '.join(str(e).split())[:100]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--probe: {path} is not {what}")
+    return data
+
+
+def read_probe_run(folder: str) -> ProbeRunSettings:
+    """The settings of the probe run in ``folder`` (one ConfigError line when it is not a single probe's run)."""
+    p = Path(folder)
+    if not p.is_dir():
+        raise ConfigError(f"--probe {folder}: no such folder (give the --out folder of a memlab probe run)")
+    spec = _read_json(p / "probe.json", "a probe's encoder description")
+    rep = _read_json(p / "report.json", "a probe report")
+    opts, enc = rep.get("options"), rep.get("encoder")
+    if not isinstance(opts, dict) or not isinstance(enc, dict) or "model" not in spec:
+        raise ConfigError(f"--probe {folder}: report.json is not a single probe's report (a sweep's folder? give "
+                          "one probe's run folder)")
+    if isinstance(opts.get("seq_len"), list):
+        raise ConfigError(f"--probe {folder}: a length sweep; give the run folder of one of its lengths")
+    if not (p / "decoder").is_dir():
+        raise ConfigError(f"--probe {folder}: the run kept no decoder (run memlab probe with a sequence decoder)")
+    try:
+        return ProbeRunSettings(
+            path=str(p), model=str(spec["model"]), layer=int(enc["layer"]), num_layers=int(enc["num_layers"]),
+            pool=str(enc["pool"]), final_norm=bool(spec.get("final_norm", False)),
+            random_init=bool(spec.get("random_init", False)), encoder_dtype=str(spec.get("dtype", "float32")),
+            text={k: opts[k] for k in TEXT_FLAGS}, cache_dir=opts.get("cache_dir"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--probe {folder}: its report lacks a setting the inversion needs ({e})") from None
+
+
+def _layer(value: int, num_layers: int) -> int:
+    return value + num_layers + 1 if value < 0 else value
+
+
+def reconcile(vals: dict, given: set[str], run: ProbeRunSettings) -> dict:
+    """``vals`` (the inversion's checked flags; ``given``: the names the user set) with the run's settings filled
+    in; one ConfigError line for a flag that contradicts the run or a run the inversion cannot read beside."""
+    where = f"the probe run {run.path}"
+    if run.random_init:
+        raise ConfigError(f"{where} read a randomly initialised model; the inversion searches with the model's own "
+                          "weights, so its states are not these")
+    if run.final_norm:
+        raise ConfigError(f"{where} read its layer after the final norm; the inversion reads the raw block output "
+                          "(run the probe without --final-norm)")
+    if "model" in given and vals["model"] != run.model:
+        raise ConfigError(f"--model {vals['model']} contradicts {where} (model {run.model}); leave --model out")
+    if "layer" in given and _layer(vals["layer"], run.num_layers) != run.layer:
+        raise ConfigError(f"--layer {vals['layer']} contradicts {where} (layer {run.layer} of {run.num_layers}); "
+                          "leave --layer out")
+    states = POOL_TO_STATES.get(run.pool)
+    if "states" in given and vals["states"] != "positions" and vals["states"] != states:
+        raise ConfigError(f"--states {vals['states']} contradicts {where} (pooling {run.pool}: --states "
+                          f"{states or 'positions'} reads the same chunks)")
+    if "states" not in given and states is None:
+        raise ConfigError(f"{where} pools by '{run.pool}', which no pooled search reads; give --states positions "
+                          "to invert the same chunks from their per-position states")
+    for k in TEXT_FLAGS:
+        if k in given and vals[k] != run.text[k]:
+            flag = "--" + k.replace("_", "-")
+            raise ConfigError(f"{flag} {vals[k]} contradicts {where} ({k} {run.text[k]}); leave {flag} out")
+    out = dict(vals, model=run.model, layer=run.layer, **run.text)
+    if "states" not in given:
+        out["states"] = states
+    if "n" not in given:
+        out["n"] = min(vals["n"], run.text["n_eval"])
+    elif vals["n"] > run.text["n_eval"]:
+        raise ConfigError(f"--n {vals['n']} is more than the {run.text['n_eval']} held-out chunks of {where}")
+    return out
