@@ -1,7 +1,7 @@
 """The trained probe beside the inversion: the same held-out chunks read by a probe run's saved decoder (and its
 control, where the run kept one), per chunk, for the one table of :mod:`memlab.probes.invert.table`.
 
-:func:`read_probe_side` reloads the run (:func:`memlab.probes.fitted.load_probe`), cuts its text again with its own
+:func:`read_probe_side` reloads the run (:func:`memlab.probes.decoder.load_probe`), cuts its text again with its own
 options (:func:`memlab.probes.run.cut_text`: the very chunks it held out, checked against the examples its report
 shows), and reads the first ``n`` of them as the probe defines its readings:
 
@@ -120,7 +120,7 @@ def read_probe_side(run: str, n: int, device: str = "cpu") -> ProbeSide:
     """The first ``n`` held-out chunks of the probe run in ``run`` and the probe's (and its control's) reading of
     them; one ModelError/DataError line when the run cannot be read beside an inversion."""
     from memlab.probes.chunks import rows
-    from memlab.probes.fitted import load_probe
+    from memlab.probes.decoder import load_probe
     from memlab.probes.run import cut_text, encode_all
 
     report = json.loads((Path(run) / "report.json").read_text())

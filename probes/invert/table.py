@@ -27,7 +27,7 @@ import numpy as np
 
 from memlab.probes.invert.report import readings
 from memlab.probes.readings import set_f1
-from memlab.probes.result import Reading
+from memlab.probes.readings import Reading
 
 COLUMNS = ("token_accuracy", "free_running_accuracy", "exact_match", "token_set_f1", "bits_per_chunk")
 HEADS = ("token acc. (forced)", "free-running acc.", "exact match", "token-set F1", "bits per chunk")
