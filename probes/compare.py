@@ -29,8 +29,7 @@ from memlab.errors import ConfigError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import mask_of
 from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
-from memlab.probes.readings import cell
-from memlab.probes.readings import Reading
+from memlab.probes.readings import Reading, cell
 from memlab.probes.report import jsonable
 
 SHARED = frozenset({

@@ -49,6 +49,7 @@ from memlab.errors import ConfigError, MemlabError, ModelError
 from memlab.probes import chunks, shards
 from memlab.probes.chunks import ProbeText, fill_pad, make_targets, mask_of, trim
 from memlab.probes.control_cache import ControlCache, compute_side
+from memlab.probes.decoder import FittedProbe
 from memlab.probes.fitloop import train_readouts
 from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
 from memlab.probes.parts import (
@@ -62,13 +63,10 @@ from memlab.probes.parts import (
     takes,
     takes_context,
 )
-from memlab.probes.readings import limit_line, readings, retention
-from memlab.probes.report import format_summary, peak_memory_mb, write_report
-from memlab.probes.synthetic import calibration
-from memlab.probes.readings import Reading
-from memlab.probes.report import Fit, ProbeReport, ReadoutResult
+from memlab.probes.readings import Reading, limit_line, readings, retention
+from memlab.probes.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
-from memlab.probes.decoder import FittedProbe
+from memlab.probes.synthetic import calibration
 from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
 from memlab.progress import progress_bar
 from memlab.rundir import claim
@@ -354,6 +352,13 @@ def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
     write_report(report, out)
 
 
+def disk_controls(opts: ProbeOptions, tg, memory: dict | None = None) -> ControlCache:
+    """The control runs kept in ``opts.cache_dir`` for the decoder targets ``tg`` (``memory``: the dict shared by
+    the probes of this process, in front of the disk), each rebuilt with these options' decoder."""
+    return ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids), memory,
+                        side=compute_side(resolve_device(opts.device)))
+
+
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
               control_cache: dict | None = None) -> ProbeReport | None:
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
@@ -379,8 +384,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
         if not env.is_main:
             return None
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
-        control_cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
-                                     control_cache, side=compute_side(resolve_device(opts.device)))
+        control_cache = disk_controls(opts, tg, control_cache)
     # fit the decoders, read out, score, put intervals on the readings
     fit = fit_one(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval),
                   ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), opts.model),

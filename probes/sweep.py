@@ -31,8 +31,7 @@ from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.readings import Reading
 from memlab.probes.report import Fit, jsonable
 from memlab.probes.run import control_key, encode_data, fit_one, setup
-from memlab.probes.train import ControlStore, FitData
-from memlab.probes.train import Timer
+from memlab.probes.train import ControlStore, FitData, Timer
 from memlab.rundir import write_atomic
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",

@@ -31,12 +31,10 @@ import torch
 
 from memlab.errors import DataError
 from memlab.probes.chunks import fill_pad, mask_of, shift_right, trim
-from memlab.probes.decoder import ProbeDecoder
+from memlab.probes.decoder import ProbeDecoder, build_decoder
 from memlab.probes.fitloop import train_decoders
 from memlab.probes.parts import get_part
-from memlab.probes.readings import reconstruction_scores
-from memlab.probes.readings import ChunkScores, DecoderScores
-from memlab.probes.decoder import build_decoder
+from memlab.probes.readings import ChunkScores, DecoderScores, reconstruction_scores
 
 
 @torch.no_grad()

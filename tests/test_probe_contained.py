@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from memlab.probes.fitloop import held_back_rows
-from memlab.probes.fitloop import DecoderGroup, train_decoders
+from memlab.probes.fitloop import DecoderGroup, held_back_rows, train_decoders
 from memlab.probes.options import ProbeOptions
 from memlab.probes.readings import DecoderScores
 from memlab.probes.report import Fit

@@ -10,8 +10,8 @@ from torch import nn
 
 from memlab.probes.chunks import PAD
 from memlab.probes.decoder import CompactVocab
-from memlab.probes.readings import free_running_accuracy, free_running_hits, readings, reconstruction_scores
-from memlab.probes.readings import ChunkScores, Reading
+from memlab.probes.readings import (ChunkScores, Reading, free_running_accuracy, free_running_hits, readings,
+                                    reconstruction_scores)
 from memlab.probes.train import evaluate
 
 V, T, START = 12, 6, 0

@@ -19,13 +19,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from memlab.errors import DataError, ModelError
+from memlab.probes.chunks import rows
+from memlab.probes.decoder import load_probe
+from memlab.probes.options import ProbeOptions, load_options
+from memlab.probes.readings import free_running_hits, reconstruct_ids, token_set_f1_per_chunk
+from memlab.probes.run import control_key, cut_text, disk_controls, encode_all
+from memlab.probes.train import evaluate
 
 
 @dataclass
@@ -64,8 +69,6 @@ class ProbeSide:
 def run_options(report: dict):
     """The run's options as :func:`memlab.probes.options.load_options` gives them: the values its report records
     that differ from the defaults (a part's options at their defaults are what an unchosen part has)."""
-    from memlab.probes.options import ProbeOptions, load_options
-
     saved = dict(report["options"])
     saved.update(saved.pop("part_options", None) or {})
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
@@ -76,10 +79,6 @@ def run_options(report: dict):
 
 
 def _reads(dec, z: torch.Tensor, ids: torch.Tensor) -> DecoderReads:
-    from memlab.probes.chunks import rows
-    from memlab.probes.readings import free_running_hits, reconstruct_ids, token_set_f1_per_chunk
-    from memlab.probes.train import evaluate
-
     scores = evaluate(dec, z, ids).chunks
     pred = reconstruct_ids(dec, z, ids.shape[1])  # (n, T)
     free = np.asarray(free_running_hits(pred, ids), dtype=np.float64)
@@ -91,17 +90,12 @@ def _reads(dec, z: torch.Tensor, ids: torch.Tensor) -> DecoderReads:
 
 def _kept_control(opts, tg, n: int) -> tuple[DecoderReads | None, str]:
     """The control the run kept in its cache_dir, its numbers on the first ``n`` held-out chunks; or None and why."""
-    from memlab.devices import resolve_device
-    from memlab.probes.control_cache import ControlCache, compute_side
-    from memlab.probes.run import control_key, rebuild_decoder
-
     if not opts.control:
         return None, "the run trained no control (control=false)"
     if not opts.cache_dir or not Path(opts.cache_dir).is_dir():
         return None, ("the run kept no control on disk (memlab probe --cache-dir keeps it): no control row and no "
                       "bits per chunk")
-    cache = ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids),
-                         side=compute_side(resolve_device(opts.device)))
+    cache = disk_controls(opts, tg)
     key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
     if key not in cache:
         return None, (f"no control of this run in {opts.cache_dir} (removed, or kept on another compute side): no "
@@ -119,10 +113,6 @@ def _kept_control(opts, tg, n: int) -> tuple[DecoderReads | None, str]:
 def read_probe_side(run: str, n: int, device: str = "cpu") -> ProbeSide:
     """The first ``n`` held-out chunks of the probe run in ``run`` and the probe's (and its control's) reading of
     them; one ModelError/DataError line when the run cannot be read beside an inversion."""
-    from memlab.probes.chunks import rows
-    from memlab.probes.decoder import load_probe
-    from memlab.probes.run import cut_text, encode_all
-
     report = json.loads((Path(run) / "report.json").read_text())
     opts = run_options(report)
     fitted = load_probe(run)
@@ -143,6 +133,7 @@ def read_probe_side(run: str, n: int, device: str = "cpu") -> ProbeSide:
     enc = fitted.encoder.describe()
     weights = next(fitted.encoder.model.parameters(), None) if hasattr(fitted.encoder, "model") else None
     facts = {"model": opts.model, "layer": enc.get("layer"), "pool": enc.get("pool"),
-             "encoder_dtype": str(weights.dtype).removeprefix("torch.") if weights is not None else opts.encoder_dtype, "decoder": report.get("decoder"), "n_train": report.get("n_train"),
-             "n_eval": report.get("n_eval"), "epochs": opts.epochs}
+             "encoder_dtype": str(weights.dtype).removeprefix("torch.") if weights is not None else opts.encoder_dtype,
+             "decoder": report.get("decoder"), "n_train": report.get("n_train"), "n_eval": report.get("n_eval"),
+             "epochs": opts.epochs}
     return ProbeSide(str(run), list(text.eval_texts[:n]), rows(ids), probe, control, note, facts)

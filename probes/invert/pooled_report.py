@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from memlab.probes.invert.report import ChunkRead, InvertRun, _cell, readings
-from memlab.probes.readings import set_f1
-from memlab.probes.readings import Reading
+from memlab.probes.readings import Reading, set_f1
 
 
 @dataclass

@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from memlab.probes.readings import bootstrap
-from memlab.probes.readings import Reading
+from memlab.probes.readings import Reading, bootstrap
 
 CERTIFICATES = ("match", "separated", "nearest", "none")
 """The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""

@@ -159,7 +159,7 @@ def setup(vals: dict):
     enc, reader = load(vals["model"], vals["layer"], device)
     side = None
     if vals.get("probe"):  # the probe run's held-out chunks, as it cut them, and its decoder's reading of them
-        from memlab.probes.invert.beside import read_probe_side
+        from memlab.probes.invert.beside import read_probe_side  # only with --probe: the trained probe's pipeline
 
         side = read_probe_side(vals["probe"], vals["n"], device)
         texts, chunks = side.texts, side.ids

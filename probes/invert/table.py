@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memlab.probes.invert.report import readings
-from memlab.probes.readings import set_f1
-from memlab.probes.readings import Reading
+from memlab.probes.readings import Reading, set_f1
 
 COLUMNS = ("token_accuracy", "free_running_accuracy", "exact_match", "token_set_f1", "bits_per_chunk")
 HEADS = ("token acc. (forced)", "free-running acc.", "exact match", "token-set F1", "bits per chunk")
