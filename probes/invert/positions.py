@@ -83,6 +83,14 @@ class Position:
     seconds: float
     true_rank: int | None = None
     """Rank of the true token in the first ranking (0 = first), when the true token is known."""
+    prior_rank: int | None = None
+    """Rank of the true token in the model's next-token distribution (lockstep search with a prior)."""
+    grad_rank: int | None = None
+    """Rank of the true token in the first first-order ranking (lockstep search)."""
+    found_at: int | None = None
+    """Candidates verified when the kept token was first verified (lockstep search)."""
+    from_table: bool = False
+    """Read off the shared table of every token's first-position state (:meth:`Searcher.first_positions`)."""
 
     @property
     def gap(self) -> float:
@@ -217,7 +225,7 @@ class Searcher:
         for j in range(n):
             ok = bool(d2[j] >= o.min_gap * d1[j])
             cert = ("match" if d1[j] <= o.tol else "nearest") if ok else "none"
-            out.append(Position(int(tok[j]), float(d1[j]), float(d2[j]), cert, v, True, share))
+            out.append(Position(int(tok[j]), float(d1[j]), float(d2[j]), cert, v, True, share, from_table=True))
         return out
 
     def chunk(self, targets: torch.Tensor, prefix_ids: list[int], true: list[int] | None = None,

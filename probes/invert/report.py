@@ -51,6 +51,15 @@ class ChunkResult(ChunkRead):
     exhaustive: list[bool]
     true_ranks: list[int | None]
     seconds: float
+    prior_ranks: list[int | None] = field(default_factory=list)
+    """The true token's rank in the model's next-token distribution at each position (None: no prior there)."""
+    grad_ranks: list[int | None] = field(default_factory=list)
+    """The true token's rank in each position's first first-order ranking (None: not ranked)."""
+    found_at: list[int | None] = field(default_factory=list)
+    """Candidates verified when the kept token was first verified (None: read off the first-position table)."""
+    from_table: list[bool] = field(default_factory=list)
+    """Whether the position was read off the shared first-position table (its ``tried`` is the whole vocabulary,
+    verified once per model and layer; left out of the candidates per token)."""
 
 
 @dataclass
@@ -99,6 +108,15 @@ class InvertReport(InvertRun):
     """Least gap (runner-up over best distance) over the certified positions."""
     exhaustive_positions: int
     chunks: list[ChunkResult] = field(default_factory=list)
+    prior_rank: Spread | None = None
+    """The true token's rank in the model's next-token distribution (positions with a prior)."""
+    grad_rank: Spread | None = None
+    """The true token's rank in the first first-order ranking of its position."""
+    found_at: Spread | None = None
+    """Candidates verified per position when the kept token was first verified (the floor is 1)."""
+    vocab_size: int = 0
+    share_of_vocab: float = math.nan
+    """Mean candidates verified per ranked position over the vocabulary size (table-read positions apart)."""
     table: dict | None = None
     """The trained probe beside the inversion on the same chunks (``--probe``, :mod:`memlab.probes.invert.table`)."""
 
@@ -115,7 +133,11 @@ def chunk_result(index: int, text: str, true: list[int], positions, decode, seco
     return ChunkResult(index, text, list(true), got, decode(got), got == list(true), hits / max(len(true), 1),
                        [p.tried for p in positions], [p.certificate for p in positions],
                        [p.distance for p in positions], [p.runner_up for p in positions],
-                       [p.exhaustive for p in positions], [p.true_rank for p in positions], seconds)
+                       [p.exhaustive for p in positions], [p.true_rank for p in positions], seconds,
+                       [getattr(p, "prior_rank", None) for p in positions],
+                       [getattr(p, "grad_rank", None) for p in positions],
+                       [getattr(p, "found_at", None) for p in positions],
+                       [bool(getattr(p, "from_table", False)) for p in positions])
 
 
 def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Reading]:
@@ -125,14 +147,19 @@ def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.
         "hits": np.array([c.token_accuracy * len(c.true_ids) for c in chunks]),
         "tokens": np.array([len(c.true_ids) for c in chunks], dtype=np.float64),
         "certified": np.array([sum(x != "none" for x in c.certificates) for c in chunks], dtype=np.float64),
-        "tried": np.array([sum(c.tried) for c in chunks], dtype=np.float64),
+        "tried": np.array([sum(t for t, f in zip(c.tried, _table(c)) if not f) for c in chunks], dtype=np.float64),
+        "ranked": np.array([sum(not f for f in _table(c)) for c in chunks], dtype=np.float64),
         "seconds": np.array([c.seconds for c in chunks]),
     }
     ratio = lambda a, b: (lambda c: c[a].sum(-1) / np.maximum(c[b].sum(-1), 1e-12))  # noqa: E731
     specs = {"exact_match": lambda c: c["exact"].mean(-1), "token_accuracy": ratio("hits", "tokens"),
-             "certified": ratio("certified", "tokens"), "candidates_per_token": ratio("tried", "tokens"),
+             "certified": ratio("certified", "tokens"), "candidates_per_token": ratio("tried", "ranked"),
              "seconds_per_token": ratio("seconds", "tokens")}
     return readings(specs, cols, n_resamples, level, seed)
+
+
+def _table(c: ChunkResult) -> list[bool]:
+    return c.from_table or [False] * len(c.tried)
 
 
 def readings(specs: dict, cols: dict[str, np.ndarray], n_resamples: int = 2000, level: float = 0.95,
@@ -153,21 +180,38 @@ def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
     certs = [x for c in chunks for x in c.certificates]
     gaps = [r / d if d > 0 else math.inf for c in chunks for d, r, x in zip(c.distances, c.runner_up, c.certificates)
             if x != "none"]
-    return InvertReport(**meta, totals=totals(chunks), tried=Spread.of([t for c in chunks for t in c.tried]),
+    chunks = sorted(chunks, key=lambda c: c.index)
+    ranked = [t for c in chunks for t, f in zip(c.tried, _table(c)) if not f]
+    vocab = int(meta.pop("vocab_size", 0) or 0)
+    return InvertReport(**meta, totals=totals(chunks), tried=Spread.of(ranked),
                         true_rank=Spread.of([r for c in chunks for r in c.true_ranks]),
                         certificates={k: certs.count(k) for k in CERTIFICATES},
                         worst_gap=min(gaps) if gaps else math.nan,
-                        exhaustive_positions=sum(x for c in chunks for x in c.exhaustive), chunks=chunks)
+                        exhaustive_positions=sum(x for c in chunks for x, f in zip(c.exhaustive, _table(c)) if not f),
+                        chunks=chunks, prior_rank=Spread.of([r for c in chunks for r in c.prior_ranks]),
+                        grad_rank=Spread.of([r for c in chunks for r in c.grad_ranks]),
+                        found_at=Spread.of([r for c in chunks for r in c.found_at]), vocab_size=vocab,
+                        share_of_vocab=(float(np.mean(ranked)) / vocab) if ranked and vocab else math.nan)
 
 
 def _cell(r: Reading, digits: int = 3) -> str:
     return f"{r.value:.{digits}f} [{r.low:.{digits}f}, {r.high:.{digits}f}]"
 
 
+def _ranks(rep: InvertReport) -> str:
+    parts = []
+    for name, sp in (("the model's next-token distribution", rep.prior_rank), ("the gradient", rep.grad_rank),
+                     ("kept token found after", rep.found_at)):
+        if sp is not None and not math.isnan(sp.median):
+            parts.append(f"{name}: median {sp.median:.0f}, p90 {sp.p90:.0f}, max {sp.max:.0f}")
+    return ("; " + "; ".join(parts)) if parts else ""
+
+
 def summary_lines(rep: InvertReport) -> list[str]:
     """The lines ``memlab invert`` prints."""
     t = rep.totals
     n_pos = sum(len(c.true_ids) for c in rep.chunks)
+    n_table = sum(sum(_table(c)) for c in rep.chunks)
     m = rep.machine
     gflop = t["seconds_per_token"].value * m.get("matmul_gflops", math.nan)
     src = "" if rep.states_from == rep.model else f" (states of {rep.states_from})"
@@ -180,10 +224,12 @@ def summary_lines(rep: InvertReport) -> list[str]:
         f"token accuracy: {_cell(t['token_accuracy'])}",
         f"certified positions: {_cell(t['certified'])}; "
         + ", ".join(f"{k} {v}" for k, v in rep.certificates.items()) + f"; least gap {rep.worst_gap:.3g}",
-        f"candidates per position: mean {t['candidates_per_token'].value:.0f}, median {rep.tried.median:.0f}, "
-        f"p90 {rep.tried.p90:.0f}, max {rep.tried.max:.0f}; exhaustive searches {rep.exhaustive_positions}",
+        f"candidates per position: mean {t['candidates_per_token'].value:.1f}"
+        + (f" ({100 * rep.share_of_vocab:.3f} % of the {rep.vocab_size} tokens)" if rep.vocab_size else "")
+        + f", median {rep.tried.median:.0f}, p90 {rep.tried.p90:.0f}, max {rep.tried.max:.0f}; exhaustive searches "
+        f"{rep.exhaustive_positions}" + (f"; {n_table} first positions read off the shared table" if n_table else ""),
         f"true token's rank in the first ranking: median {rep.true_rank.median:.0f}, p90 {rep.true_rank.p90:.0f}, "
-        f"max {rep.true_rank.max:.0f}",
+        f"max {rep.true_rank.max:.0f}" + _ranks(rep),
         f"seconds per token: {_cell(t['seconds_per_token'], 2)} ({gflop:.0f} GFLOP-equivalents at the "
         f"{m.get('matmul_gflops', math.nan):.0f} GFLOP/s fp32 matmul rate measured in this run)",
     ]

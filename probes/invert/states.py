@@ -144,3 +144,30 @@ class LayerReader:
             loss = (h - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-30)
             (g,) = torch.autograd.grad(loss, x)
         return float(loss.detach()), g.view(-1).float()  # (D_e,)
+
+
+def select_rows(cache, rows: torch.Tensor, layers: int | None = None):
+    """A new cache holding the batch rows ``rows`` ``(R,)`` of ``cache`` (a DynamicCache whose rows are the chunks of a
+    group, all of one length): the first ``layers`` layers gathered (all when None); the layers above are shallow
+    copies that the pass, stopped below them, never reads. ``cache`` itself is left as it was."""
+    new = copy.copy(cache)
+    new.layers = []
+    for i, layer in enumerate(cache.layers):
+        c = copy.copy(layer)
+        if (layers is None or i < layers) and getattr(layer, "keys", None) is not None and layer.keys.numel():
+            idx = rows.to(layer.keys.device)
+            c.keys = layer.keys.index_select(0, idx)  # (R, H, S, hd)
+            c.values = layer.values.index_select(0, idx)  # (R, H, S, hd)
+        new.layers.append(c)
+    return new
+
+
+def row_bytes(cache, layers: int) -> int:
+    """Bytes of one batch row's keys and values in the first ``layers`` layers of ``cache`` (what each candidate row
+    of a verification pass copies)."""
+    total = 0
+    for layer in cache.layers[:layers]:
+        k = getattr(layer, "keys", None)
+        if k is not None and k.numel():
+            total += 2 * k[:1].numel() * k.element_size()
+    return total

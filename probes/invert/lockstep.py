@@ -1,0 +1,253 @@
+"""Many chunks searched together, position by position: every chunk of a group is at the same position at once, so
+their candidates are verified in one batched pass (large matmuls) against one batched key-value cache.
+
+Each position of each chunk of the group (chunks of one group advance in lockstep, so every prefix has the same
+length and their caches stack along the batch):
+
+1. **Rank** by two orders of the vocabulary (:mod:`memlab.probes.invert.ranking`): the model's next-token
+   distribution from the recovered prefix (the prior; none for a model whose head cannot be read, or with
+   ``prior=False``) and the first-order score, linearised at the best verified token (re-linearised after every
+   round). The two are taken in turn. With a prior the first round is the prior's alone (natural text is mostly
+   settled there, and the gradient pass is saved); without one the first ranking is linearised at the mean
+   embedding row.
+2. **Verify** the next untried candidates of every unsettled chunk in one batched pass through the first ``L``
+   blocks: ``first_batch`` in the first round, twice as many each round after, at most ``batch_size``; past
+   ``budget`` ranked candidates the position is *exhaustive* and rounds of ``exhaustive_batch`` continue the same
+   ranking to the end of the vocabulary. A chunk stops at its certificate (``match`` or ``separated``; see
+   :mod:`memlab.probes.invert.positions`) or when the vocabulary is spent (``nearest`` or ``none``).
+3. **Extend** every chunk by its kept token in one pass through all the blocks: the cache grows by one position,
+   and the last block's output gives the prior of the next position.
+
+The first position after an empty prefix (a model that reads no BOS) has no prior and is the model's attention
+sink, where the gradient ranks poorly: it is read off one table of every token's first state, shared by all chunks
+(:meth:`memlab.probes.invert.positions.Searcher.first_positions`). After a BOS it is searched as any other.
+
+A chunk's result does not depend on which other chunks share its group (each row's ranking and certificate read
+only its own states), so a resumed run that groups the remaining chunks differently finds the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from memlab.probes.invert.positions import Position, Searcher, SearchOptions, _Best
+from memlab.probes.invert.ranking import NextTokenHead, best_untried, interleave, rank_of
+from memlab.probes.invert.states import LayerReader, row_bytes, select_rows
+
+
+@dataclass
+class LockstepOptions(SearchOptions):
+    """How each position is searched when chunks advance together (beside :class:`SearchOptions`' fields)."""
+
+    first_batch: int = 8
+    """Candidates verified per chunk in a position's first round (then twice as many each round, up to
+    ``batch_size``)."""
+    prior: bool = True
+    """Rank by the model's next-token distribution too (where its head can be read)."""
+    chunk_batch: int = 16
+    """Chunks advanced together (their candidates verified in one pass)."""
+    pass_rows: int = 4096
+    """Most candidate rows in one verification pass."""
+    pass_memory_mb: float = 1024.0
+    """Most megabytes of copied key-value cache in one verification pass (long chunks: fewer rows a pass)."""
+
+
+@dataclass
+class _Row:
+    """One chunk's search of its current position."""
+
+    target: torch.Tensor  # (D,)
+    prior: torch.Tensor | None  # (V,) lower is likelier (negated logits)
+    e0: torch.Tensor  # (D_e,) where the first-order score is linearised
+    tried: torch.Tensor  # (V,) bool
+    true: int | None
+    best: _Best = field(default_factory=_Best)
+    rounds: int = 0
+    seconds: float = 0.0
+    exhaustive: bool = False
+    done: bool = False
+    prior_rank: int | None = None
+    grad_rank: int | None = None
+    found_at: int | None = None
+    """Candidates verified when the kept token was first verified."""
+
+    @property
+    def n_tried(self) -> int:
+        return int(self.tried.sum())
+
+
+class Lockstep:
+    """Searches groups of chunks position by position against ``reader`` (a :class:`LayerReader`)."""
+
+    def __init__(self, reader: LayerReader, opts: LockstepOptions | None = None):
+        self.reader, self.opts = reader, opts or LockstepOptions()
+        self.table = reader.embedding.float()  # (V, D_e)
+        self.mean_row = self.table.mean(0)  # (D_e,)
+        self.head = NextTokenHead.of(reader) if self.opts.prior else None
+        self.walker = self.head.top if self.head is not None else reader  # the reader that extends the prefixes
+        self.first = Searcher(reader, self.opts)
+
+    # passes over a group's batched cache
+    @torch.no_grad()
+    def _start(self, prefix_ids: list[int], n: int):
+        """The group's cache of ``n`` rows of ``prefix_ids`` and the prior of the first position ``(n, V)`` (None
+        without a prefix or a head)."""
+        cache = self.reader._new_cache()
+        if not prefix_ids:
+            return cache, None
+        ids = torch.tensor([prefix_ids] * n)  # (n, p)
+        h = self.walker._run(self.walker.embed(ids), cache)[:, -1]  # (n, D)
+        return cache, (-self.head.logits(h) if self.head is not None else None)
+
+    @torch.no_grad()
+    def _extend(self, cache, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Append ``tokens`` ``(n,)`` (one per row) to the cache in place; the next position's prior ``(n, V)``."""
+        h = self.walker._run(self.walker.embed(tokens.view(-1, 1)), cache)[:, 0]  # (n, D)
+        return -self.head.logits(h) if self.head is not None else None
+
+    def _pass_rows(self, cache) -> int:
+        per = row_bytes(cache, self.reader.layer)
+        cap = int(self.opts.pass_memory_mb * 2**20 // per) if per else self.opts.pass_rows
+        return max(1, min(self.opts.pass_rows, cap))
+
+    @torch.no_grad()
+    def _verify(self, cache, rows: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Relative distances ``(R,)`` of candidate ``tokens`` ``(R,)`` at the next position of the group's ``rows``
+        ``(R,)``, whose observed states are ``targets`` ``(R, D)``."""
+        r, out, step = self.reader, [], self._pass_rows(cache)
+        for s in range(0, tokens.numel(), step):
+            sub = select_rows(cache, rows[s : s + step], r.layer)
+            h = r._run(r.embed(tokens[s : s + step].view(-1, 1)), sub)[:, 0].float()  # (b, D)
+            t = targets[s : s + step].to(h.device)  # (b, D)
+            out.append(((h - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)).cpu())
+        return torch.cat(out)  # (R,)
+
+    def _scores(self, cache, rows: torch.Tensor, e0: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """First-order scores ``(m, V)`` of every token for the group's ``rows`` ``(m,)``, linearised at ``e0``
+        ``(m, D_e)``: one forward and backward pass of the m rows."""
+        r = self.reader
+        x = e0.to(r.device, r.dtype).view(-1, 1, e0.shape[-1]).requires_grad_(True)  # (m, 1, D_e)
+        with torch.enable_grad():
+            h = r._run(x, select_rows(cache, rows, r.layer))[:, 0].float()  # (m, D)
+            t = targets.to(h.device)  # (m, D)
+            loss = ((h - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-30)).sum()
+            (g,) = torch.autograd.grad(loss, x)
+        g = g[:, 0].float().cpu()  # (m, D_e)
+        return g @ self.table.T - (g * e0).sum(-1, keepdim=True)  # (m, V)
+
+    def _size(self, row: _Row) -> int:
+        o, v = self.opts, self.reader.vocab_size
+        if row.n_tried >= min(o.budget, v) or row.exhaustive:
+            return o.exhaustive_batch
+        return min(o.first_batch * 2**row.rounds, o.batch_size, min(o.budget, v) - row.n_tried)
+
+    def position(self, cache, rows: list[int], targets: torch.Tensor, priors: torch.Tensor | None,
+                 trues: list[int | None]) -> list[Position]:
+        """Search the next position of the group's ``rows`` (their observed states ``targets`` ``(m, D)``, priors
+        ``(m, V)`` or None) together; one :class:`Position` per row."""
+        o, v = self.opts, self.reader.vocab_size
+        state = []
+        for i in range(len(rows)):
+            p = priors[i] if priors is not None else None
+            e0 = self.table[int(p.argmin())] if p is not None else self.mean_row
+            state.append(_Row(targets[i].float(), p, e0, torch.zeros(v, dtype=torch.bool), trues[i]))
+        while True:
+            open_ = [i for i, s in enumerate(state) if not s.done]
+            if not open_:
+                break
+            began = time.perf_counter()
+            idx = torch.tensor([rows[i] for i in open_])
+            prior_only = all(state[i].prior is not None and state[i].rounds == 0 for i in open_)
+            scores = None if prior_only else self._scores(
+                cache, idx, torch.stack([state[i].e0 for i in open_]),
+                torch.stack([state[i].target for i in open_]))  # (m, V)
+            cand, owner = [], []
+            for j, i in enumerate(open_):
+                s = state[i]
+                if s.true is not None and s.rounds == 0 and s.prior is not None:
+                    s.prior_rank = rank_of(s.prior, s.true)
+                if s.true is not None and scores is not None and s.grad_rank is None:
+                    s.grad_rank = rank_of(scores[j], s.true)
+                k = self._size(s)
+                orders = [best_untried(s.prior, s.tried, k)] if s.prior is not None else []
+                if scores is not None:
+                    orders.append(best_untried(scores[j], s.tried, k))
+                c = interleave(orders, s.tried, k)  # (k,)
+                cand.append(c)
+                owner.append(torch.full((c.numel(),), j))
+            tokens, own = torch.cat(cand), torch.cat(owner)  # (R,), (R,)
+            dist = self._verify(cache, idx[own], tokens, torch.stack([state[i].target for i in open_])[own])  # (R,)
+            spent = time.perf_counter() - began
+            grad = 0 if scores is None else 4  # a gradient pass costs about 4 candidate rows
+            total = tokens.numel() + grad * len(open_)
+            for j, i in enumerate(open_):
+                s, mine = state[i], own == j
+                before = s.best.token
+                s.best.add(tokens[mine], dist[mine])
+                if s.best.token != before:
+                    s.found_at = s.n_tried + int(mine.sum())
+                s.tried[tokens[mine]] = True
+                s.rounds += 1
+                s.seconds += spent * (int(mine.sum()) + grad) / total
+                if s.best.matched(o) or s.best.separated(o) or s.n_tried >= v:
+                    s.done = True
+                elif s.n_tried >= min(o.budget, v):  # the ranked budget is spent: on to the end, or stop
+                    s.exhaustive, s.done = o.exhaustive, not o.exhaustive
+                if not s.done and o.relinearize:
+                    s.e0 = self.table[s.best.token]
+        out = []
+        for s in state:
+            whole = bool(s.tried.all())
+            b = s.best
+            cert = ("match" if b.matched(o) else "nearest" if whole and b.d2 >= o.min_gap * b.d1
+                    else "separated" if b.separated(o) else "none")
+            ranks = [r for r in (s.prior_rank, s.grad_rank) if r is not None]
+            out.append(Position(b.token, b.d1, b.d2, cert, s.n_tried, s.exhaustive, s.seconds,
+                                min(ranks) if ranks else None,
+                                prior_rank=s.prior_rank, grad_rank=s.grad_rank, found_at=s.found_at))
+        return out
+
+    def group(self, targets: list[torch.Tensor], prefix_ids: list[int], trues: list[list[int]] | None = None,
+              firsts: list[Position] | None = None, on_chunk=None, on_position=None) -> list[list[Position]]:
+        """Recover a group of chunks from their states (``targets``: each ``(T_i, D)``, the positions after
+        ``prefix_ids``) together; ``trues``: the true tokens, to record their ranks only; ``firsts``: their first
+        positions already searched (required after an empty prefix). ``on_chunk(j, positions)`` is called as each
+        chunk finishes, ``on_position(position)`` after each position of each chunk."""
+        n = len(targets)
+        lengths = [t.shape[0] for t in targets]
+        if not prefix_ids and firsts is None:
+            raise ValueError("after an empty prefix the first positions come from the shared table: pass firsts")
+        cache, priors = self._start(prefix_ids, n)
+        live = list(range(n))  # the group row of each live chunk is its index in `live`
+        out: list[list[Position]] = [[] for _ in range(n)]
+        for t in range(max(lengths)):
+            if t == 0 and firsts is not None:
+                got = [firsts[j] for j in live]
+            else:
+                tg = torch.stack([targets[j][t] for j in live])  # (m, D)
+                tr = [trues[j][t] if trues is not None else None for j in live]
+                got = self.position(cache, list(range(len(live))), tg, priors, tr)
+            for j, p in zip(live, got):
+                out[j].append(p)
+                if on_position is not None:
+                    on_position(p)
+            began = time.perf_counter()
+            priors = self._extend(cache, torch.tensor([p.token for p in got]))
+            share = (time.perf_counter() - began) / len(live)
+            for p in got:
+                p.seconds += share
+            keep = [r for r, j in enumerate(live) if lengths[j] > t + 1]
+            for j in live:
+                if lengths[j] == t + 1 and on_chunk is not None:
+                    on_chunk(j, out[j])
+            if len(keep) < len(live):
+                if keep:
+                    cache = select_rows(cache, torch.tensor(keep))
+                    priors = priors[keep] if priors is not None else None
+                live = [live[r] for r in keep]
+            if not live:
+                break
+        return out
