@@ -140,7 +140,7 @@ def test_chunk_log_skips_a_line_cut_short(tmp_path):
     log = ChunkLog(tmp_path, total_tokens=6, total_chunks=2)
     for i, ps in enumerate(got):
         msg = log.add(chunk_result(i, "t", seqs[i], ps, str, 0.1), i + 1)
-    assert "2/2 chunks, 6/6 tokens" in msg and "left" in msg
+    assert "2/2 chunks, 6/6 units" in msg and "left" in msg
     with open(tmp_path / "chunks.jsonl", "a") as f:
         f.write(json.dumps({"index": 2, "text": "cut"})[:15])  # a kill in the middle of a line
     back = read_chunks(tmp_path)

@@ -47,17 +47,17 @@ def read_settings(run: str | Path) -> dict:
         raise ConfigError(f"--resume {run}: {SETTINGS} cannot be read") from None
 
 
-def read_chunks(run: str | Path) -> dict[int, ChunkResult]:
-    """The finished chunks of ``run`` by index (a last line cut short by a kill is skipped)."""
+def read_chunks(run: str | Path, kind: type = ChunkResult) -> dict:
+    """The finished chunks of ``run`` by index, each a ``kind`` (a line cut short by a kill is skipped)."""
     path = Path(run) / CHUNKS
     if not path.is_file():
         return {}
-    names = {f.name for f in fields(ChunkResult)}
+    names = {f.name for f in fields(kind)}
     out = {}
     for line in path.read_text().splitlines():
         try:
             d = json.loads(line)
-            c = ChunkResult(**{k: v for k, v in d.items() if k in names})
+            c = kind(**{k: v for k, v in d.items() if k in names})
         except (ValueError, TypeError):
             continue
         out[c.index] = c
@@ -80,12 +80,22 @@ class ChunkLog:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.done += len(result.true_ids)
+        self.done += self.units(result)
         msg = (f"chunk {result.index} {'exact' if result.exact else 'not exact'} "
-               f"({finished}/{self.total_chunks} chunks, {self.done}/{self.total} tokens); {self.eta()}")
+               f"({finished}/{self.total_chunks} chunks, {self.done}/{self.total} units); {self.eta()}")
+        self.note(msg)
+        return msg
+
+    def units(self, result) -> int:
+        """Progress units of a finished chunk: its tokens (the per-position search), or its searches (pooled)."""
+        if hasattr(result, "forwards"):
+            return 2 if getattr(result, "control_of", None) is not None else 1
+        return len(result.true_ids)
+
+    def note(self, msg: str) -> None:
+        """A line of its own in ``log.txt``."""
         with open(self.run / LOG, "a") as f:
             f.write(time.strftime("%H:%M:%S ") + msg + "\n")
-        return msg
 
     def eta(self, tokens_now: int | None = None) -> str:
         """Elapsed time and the time left, from the tokens done in this attempt."""

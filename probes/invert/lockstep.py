@@ -33,26 +33,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memlab.probes.invert.positions import Position, Searcher, SearchOptions, _Best
+from memlab.probes.invert.options import PositionsOptions
+from memlab.probes.invert.positions import Position, Searcher, _Best
 from memlab.probes.invert.ranking import NextTokenHead, best_untried, interleave, rank_of
 from memlab.probes.invert.states import LayerReader, row_bytes, select_rows
 
 
-@dataclass
-class LockstepOptions(SearchOptions):
-    """How each position is searched when chunks advance together (beside :class:`SearchOptions`' fields)."""
+PASS_ROWS = 4096
+"""Most candidate rows in one verification pass."""
 
-    first_batch: int = 8
-    """Candidates verified per chunk in a position's first round (then twice as many each round, up to
-    ``batch_size``)."""
-    prior: bool = True
-    """Rank by the model's next-token distribution too (where its head can be read)."""
-    chunk_batch: int = 16
-    """Chunks advanced together (their candidates verified in one pass)."""
-    pass_rows: int = 4096
-    """Most candidate rows in one verification pass."""
-    pass_memory_mb: float = 1024.0
-    """Most megabytes of copied key-value cache in one verification pass (long chunks: fewer rows a pass)."""
+LockstepOptions = PositionsOptions
+"""The per-position search's options (:class:`memlab.probes.invert.options.PositionsOptions`): ``first_batch``,
+``prior``, ``chunk_batch`` and ``pass_memory_mb`` are the lockstep search's own."""
 
 
 @dataclass
@@ -110,8 +102,8 @@ class Lockstep:
 
     def _pass_rows(self, cache) -> int:
         per = row_bytes(cache, self.reader.layer)
-        cap = int(self.opts.pass_memory_mb * 2**20 // per) if per else self.opts.pass_rows
-        return max(1, min(self.opts.pass_rows, cap))
+        cap = int(self.opts.pass_memory_mb * 2**20 // per) if per else PASS_ROWS
+        return max(1, min(PASS_ROWS, cap))
 
     @torch.no_grad()
     def _verify(self, cache, rows: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,16 @@ class PositionsOptions:
     """Candidates verified before a separated certificate is considered (a gap over a few is no evidence)."""
     relinearize: bool = True
     """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
+    first_batch: int = _opt(8, least=1)
+    """Candidates verified per chunk in a position's first round; each later round twice as many, up to
+    --batch-size."""
+    prior: bool = True
+    """Rank by the model's own next-token distribution from the recovered prefix too, in turn with the gradient
+    (causal models whose head can be read: output embeddings tied to the input table)."""
+    chunk_batch: int = _opt(16, least=1)
+    """Chunks searched together, position by position (their candidates verified in one batched pass)."""
+    pass_memory_mb: float = _opt(1024.0, least=1.0)
+    """Most megabytes of copied key-value cache in one verification pass (long chunks: fewer candidates a pass)."""
     cache_dir: str | None = None
     """Keep the first-position states of every token here (keyed by the weights, layer and prefix) and reuse them:
     later runs skip the first position's pass over the vocabulary."""
@@ -141,6 +151,10 @@ class OutputOptions:
     """Run directory; must be new or empty."""
     progress: bool = _opt(False, shown="off a TTY: log lines")
     """Progress bars even when not on a TTY."""
+    resume: str | None = None
+    """Continue the stopped run in this folder with its own settings: its finished chunks are kept, the others
+    searched; it ends with the report an uninterrupted run gives (only --threads, --device and --progress may be
+    given beside it)."""
 
 
 SECTIONS: dict[str, type] = {"model": ModelOptions, "text": TextOptions, "positions": PositionsOptions,
@@ -169,6 +183,16 @@ class InvertOptions:
     def search(self):
         """The chosen search's options."""
         return self.pooled if self.pooled_search else self.positions
+
+
+RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("output", "progress"), ("output", "resume")}
+"""The options a resumed run may take anew (they change how fast it runs, not what it finds)."""
+
+
+def from_dict(d: dict) -> "InvertOptions":
+    """The options a run kept (``dataclasses.asdict`` of them), typed again; an unknown section or field is a
+    KeyError or TypeError."""
+    return InvertOptions(**{name: SECTIONS[name](**values) for name, values in d.items()})
 
 
 def flag_name(section: str, name: str) -> str:

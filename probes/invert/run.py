@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memlab.probes.invert.options import InvertOptions
+from memlab.probes.invert.pooled_report import PooledChunk
+from memlab.probes.invert.report import ChunkResult
 from memlab.probes.invert.run_pooled import PooledRun
 from memlab.probes.invert.run_positions import PositionsRun
 from memlab.probes.invert.setup import machine_facts, setup
@@ -34,10 +36,25 @@ def beside_probe(report, side, lines: list[str]) -> list[str]:
     return lines + table_lines(table)
 
 
-def run_invert(opts: InvertOptions, out: Path):
+def _each(search, todo: list[int], texts, chunks, targets, step):
+    """Each chunk of ``todo`` searched, its result yielded as it finishes (a search that advances many chunks
+    together gives ``results``; the others are asked chunk by chunk)."""
+    if hasattr(search, "results"):
+        yield from search.results(todo, texts, chunks, targets, step)
+        return
+    for i in todo:
+        yield search.chunk(i, texts[i], chunks[i], targets, step)
+
+
+def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
     """Invert the chunks ``opts`` names (the checked options of ``memlab invert``) into ``out``; (report, summary
-    lines)."""
+    lines). Each chunk's result is kept in ``out`` as it finishes (:mod:`memlab.probes.invert.chunklog`);
+    ``resume``: ``out`` holds a stopped run of these options, whose finished chunks are read back, not searched
+    again."""
+    from dataclasses import asdict
+
     from memlab.outdir import OutputFolder
+    from memlab.probes.invert.chunklog import ChunkLog, read_chunks, write_settings
     from memlab.progress import progress_bar
 
     kind = PooledRun if opts.pooled_search else PositionsRun
@@ -46,19 +63,51 @@ def run_invert(opts: InvertOptions, out: Path):
     search = kind(opts, enc, reader, device, chunks)
     machine = machine_facts()
     show = opts.output.progress or None
-    with OutputFolder.new(out, "inversion") as folder:
+    kept = read_chunks(out, PooledChunk if opts.pooled_search else ChunkResult) if resume else {}
+    todo = [i for i in range(len(chunks)) if i not in kept]
+    folder = OutputFolder.existing(out, "inversion") if resume else OutputFolder.new(out, "inversion")
+    stopped = None
+    with folder:
+        if not resume:
+            write_settings(folder, asdict(opts))
         targets = search.targets(chunks)
-        search.prepare(targets)
-        bar = progress_bar(search.units(chunks), f"invert: {search.label}", show=show)
-        results = [search.chunk(i, text, ids, targets, bar.update) for i, (text, ids) in enumerate(zip(texts, chunks))]
+        search.prepare(targets, todo)
+        total = search.units(chunks)
+        done_units = search.units([chunks[i] for i in kept]) if kept else 0
+        log = ChunkLog(out, total, done_units, len(chunks))
+        bar = progress_bar(total, f"invert: {search.label}", show=show, initial=done_units)
+        if kept:
+            log.note(f"resumed: {len(kept)} of {len(chunks)} chunks kept, {len(todo)} to search")
+        units = [done_units]
+
+        def step(n: int = 1):
+            units[0] += n
+            bar.update(n)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(left=log.eta(units[0]).split("about ")[-1].replace(" left", ""))
+
+        try:
+            for res in _each(search, todo, texts, chunks, targets, step):
+                kept[res.index] = res
+                log.add(res, len(kept))
+        except BaseException as e:  # noqa: BLE001  (Ctrl-C, a signal, a failure: what was found is kept)
+            stopped = e
         bar.close()
-        text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
-        common = dict(model=opts.model.model, states_from=search.src, layer=reader.layer,
-                      num_layers=reader.num_layers, states=opts.model.states, hooks=dict(reader.hooks),
-                      text=text | {"split": opts.text.eval_split, "prefix": list(enc.prefix)},
-                      noise=opts.model.noise, machine=machine)
-        report = search.report(results, common)
-        lines = beside_probe(report, side, search.summary(report))
-        folder.write_json("report.json", report.to_dict())
-        folder.write("summary.txt", "\n".join(lines) + "\n")
+        if stopped is None:
+            results = [kept[i] for i in range(len(chunks))]
+            text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
+            common = dict(model=opts.model.model, states_from=search.src, layer=reader.layer,
+                          num_layers=reader.num_layers, states=opts.model.states, hooks=dict(reader.hooks),
+                          text=text | {"split": opts.text.eval_split, "prefix": list(enc.prefix)},
+                          noise=opts.model.noise, machine=machine)
+            report = search.report(results, common)
+            lines = beside_probe(report, side, search.summary(report))
+            folder.write_json("report.json", report.to_dict())
+            folder.write("summary.txt", "\n".join(lines) + "\n")
+    if stopped is not None:
+        import sys
+
+        print(f"memlab: invert: stopped with {len(kept)} of {len(chunks)} chunks kept in {out}; "
+              f"memlab invert --resume {out} continues the run", file=sys.stderr)
+        raise stopped
     return report, lines

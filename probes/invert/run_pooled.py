@@ -53,7 +53,7 @@ class PooledRun:
             out.append(z)
         return out
 
-    def prepare(self, targets: list[torch.Tensor]) -> None:
+    def prepare(self, targets: list[torch.Tensor], todo: list[int] | None = None) -> None:
         """Nothing shared across chunks."""
 
     def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):

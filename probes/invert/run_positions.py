@@ -1,16 +1,15 @@
 """The per-position search in ``memlab invert``'s run (``--states positions``): the checks that it applies, the
-observed states, the first-position table, and each chunk searched position by position
-(:mod:`memlab.probes.invert.positions`)."""
+observed states, the first-position table (kept and checked), and the chunks searched position by position, many
+at a time (:mod:`memlab.probes.invert.lockstep`), each result handed on as its chunk finishes."""
 
 from __future__ import annotations
 
 import hashlib
-import time
-from pathlib import Path
 
 import torch
 
 from memlab.errors import ModelError
+from memlab.probes.invert.lockstep import Lockstep
 from memlab.probes.invert.positions import Searcher
 from memlab.probes.invert.report import build_report, chunk_result, summary_lines
 from memlab.probes.invert.setup import is_causal, states_source
@@ -60,30 +59,31 @@ def fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def table_key(reader: LayerReader, prefix: list[int]) -> str:
+    """What a kept first-position table depends on: the weights, the layer, the prefix, the vocabulary, the dtype."""
+    return f"{fingerprint(reader.model)}|{reader.layer}|{prefix}|{reader.vocab_size}|{reader.dtype}"
+
+
 def first_table(searcher: Searcher, prefix: list[int], cache_dir: str | None, show) -> torch.Tensor | None:
-    """The first-position states of every token ``(V, D)``, kept in ``cache_dir`` (a safetensors file keyed by the
-    weights, the layer and the prefix) and read back by later runs; None without a ``cache_dir`` (then each run
-    computes what it needs on the fly)."""
+    """The first-position states of every token ``(V, D)``, kept in ``cache_dir`` with the sha256 of its bytes and
+    of its key (:mod:`memlab.probes.invert.firsttable`) and read back, checked, by later runs (a mismatch: one
+    warning, and it is computed again); None without a ``cache_dir`` (then each run computes what it needs on the
+    fly)."""
     if not cache_dir:
         return None
-    from safetensors.torch import load_file, save
-
+    from memlab.probes.invert.firsttable import read_table, table_path, write_table
     from memlab.progress import progress_bar
-    from memlab.rundir import write_atomic
 
     r = searcher.reader
-    key = hashlib.sha1(f"{fingerprint(r.model)}|{r.layer}|{prefix}|{r.vocab_size}|{r.dtype}".encode()).hexdigest()[:20]
-    path = Path(cache_dir) / f"invert-first-{key}.safetensors"
-    if path.is_file():
-        try:
-            return load_file(str(path))["states"]
-        except Exception:  # noqa: BLE001  (a damaged file is computed again)
-            pass
+    key = table_key(r, prefix)
+    path = table_path(cache_dir, key)
+    table = read_table(path, key)
+    if table is not None:
+        return table
     bar = progress_bar(r.vocab_size, "invert: first-position table", show=show)
     table = searcher.first_table(prefix, on_batch=bar.update)  # (V, D)
     bar.close()
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    write_atomic(path, save({"states": table.contiguous()}))
+    write_table(path, key, table)
     return table
 
 
@@ -96,9 +96,10 @@ class PositionsRun:
         self.opts, self.enc, self.reader = opts, enc, reader
         check_applies(reader, enc.prefix + chunks[0], opts.model.model)
         self.src, self.src_reader = states_source(opts.model, enc, reader, device)
-        self.searcher = Searcher(reader, opts.positions)
+        self.lockstep = Lockstep(reader, opts.positions)
+        self.searcher = self.lockstep.first
         self.gen = torch.Generator().manual_seed(opts.text.seed)
-        self.table, self.firsts = None, []
+        self.table, self.firsts = None, {}
 
     @staticmethod
     def check(opts) -> None:
@@ -116,31 +117,46 @@ class PositionsRun:
             return [observed_states(self.src_reader, self.enc.prefix, ids, self.opts.model.noise, self.gen)
                     for ids in chunks]
 
-    def prepare(self, targets: list[torch.Tensor]) -> None:
-        """Every chunk's first position, in one exhaustive pass shared by all chunks (from the kept table when
-        ``--cache-dir`` has one)."""
+    def prepare(self, targets: list[torch.Tensor], todo: list[int]) -> None:
+        """The first position of the chunks ``todo`` after an empty prefix (a model that reads no BOS): one
+        exhaustive pass shared by them (from the kept table when ``--cache-dir`` has one). After a BOS nothing is
+        shared: the first position is searched as any other."""
         from memlab.progress import progress_bar
 
+        self.firsts = {}
+        if self.enc.prefix or not todo:
+            return
         show = self.opts.output.progress or None
         self.table = first_table(self.searcher, self.enc.prefix, self.opts.positions.cache_dir, show)
         bar = progress_bar(self.reader.vocab_size, "invert: first positions", show=show)
-        self.firsts = self.searcher.first_positions(self.enc.prefix, torch.stack([t[0] for t in targets]),
-                                                    on_batch=bar.update, table=self.table)
+        got = self.searcher.first_positions(self.enc.prefix, torch.stack([targets[i][0] for i in todo]),
+                                            on_batch=bar.update, table=self.table)
         bar.close()
+        self.firsts = dict(zip(todo, got))
 
-    def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
-        start = time.perf_counter()
-        first = self.firsts[i]
-        got = self.searcher.chunk(targets[i], self.enc.prefix, ids, on_position=lambda p: step(), first=first)
-        secs = time.perf_counter() - start + first.seconds
-        return chunk_result(i, text, ids, got, self.enc.tokenizer.decode, secs)
+    def results(self, todo: list[int], texts: list[str], chunks: list[list[int]], targets: list[torch.Tensor],
+                step):
+        """The chunks ``todo`` searched ``chunk_batch`` at a time in lockstep; each :class:`ChunkResult` yielded as
+        its chunk finishes."""
+        size = self.opts.positions.chunk_batch
+        for g in range(0, len(todo), size):
+            group = todo[g : g + size]
+            done: list = []
+            firsts = [self.firsts[i] for i in group] if self.firsts else None
+            self.lockstep.group([targets[i] for i in group], self.enc.prefix, [chunks[i] for i in group], firsts,
+                                on_chunk=lambda j, ps: done.append((group[j], ps)), on_position=lambda p: step())
+            for i, ps in done:
+                yield chunk_result(i, texts[i], chunks[i], ps, self.enc.tokenizer.decode, sum(p.seconds for p in ps))
 
     def report(self, results: list, common: dict):
         from dataclasses import asdict
 
-        return build_report(results, **common, search=asdict(self.opts.positions) | {
-            "first_position": "one exhaustive pass shared by all chunks"
-            + (", from the kept table" if self.table is not None else "")})
+        first = ("after the prefix: searched as any other position" if self.enc.prefix else
+                 "one exhaustive pass shared by all chunks" + (", from the kept table" if self.table is not None
+                                                               else ""))
+        return build_report(results, **common, vocab_size=self.reader.vocab_size,
+                            search=asdict(self.opts.positions) | {"first_position": first,
+                                                                  "prior": self.lockstep.head is not None})
 
     def summary(self, report) -> list[str]:
         return summary_lines(report)

@@ -99,6 +99,8 @@ def options(args: argparse.Namespace):
     from memlab.probes.invert.options import InvertOptions, flag_name, parse_value
 
     given = _given(args)
+    if ("output", "resume") in given:
+        return _resumed(given)
     opts = InvertOptions()
     for (section, name), value in given.items():  # what is inverted, the chunks, the output
         if section in ("model", "text", "output"):
@@ -134,6 +136,38 @@ def options(args: argparse.Namespace):
     return opts
 
 
+def _resumed(given: dict):
+    """``--resume RUN``: the run's own options (its ``invert.json``), with only --threads, --device and --progress
+    taken anew; one ConfigError line for another flag or a folder that is not a stopped run."""
+    from memlab.errors import ConfigError
+    from memlab.probes.invert.chunklog import read_settings
+    from memlab.probes.invert.options import RESUME_MAY_CHANGE, flag_name, from_dict, parse_value
+
+    run = given[("output", "resume")]
+    other = [k for k in given if k not in RESUME_MAY_CHANGE]
+    if other:
+        section, name = other[0]
+        raise ConfigError(f"--resume continues a run with its own settings: give no {flag_name(section, name)} "
+                          "(only --threads, --device and --progress may change)")
+    try:
+        opts = from_dict(read_settings(run))
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"--resume {run}: its settings are not this memlab's ({e})") from None
+    from pathlib import Path
+
+    if (Path(run) / "report.json").is_file():
+        raise ConfigError(f"--resume {run}: the run has finished (its report.json is there)")
+    for (section, name), value in given.items():
+        if (section, name) != ("output", "resume"):
+            setattr(getattr(opts, section), name, value if isinstance(value, bool) else
+                    parse_value(section, name, value))
+    opts.output.resume, opts.output.out = run, run
+    from memlab.app.commands import check_threads
+
+    check_threads(opts.model.threads)
+    return opts
+
+
 def check(args: argparse.Namespace) -> None:
     """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli); the folders
     and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``)."""
@@ -152,7 +186,7 @@ def run(args) -> int:
     model = opts.model.model
     out = Path(opts.output.out) if opts.output.out else Path("runs") / (
         f"invert-{safe_name(Path(model).name or model)}-{time.strftime('%Y%m%d-%H%M%S')}")
-    report, lines = run_invert(opts, out)
+    report, lines = run_invert(opts, out, resume=bool(opts.output.resume))
     for line in lines:
         print(line)
     print(f"run: {out}")
