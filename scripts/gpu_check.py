@@ -25,6 +25,9 @@ runs at tiny sizes, which is what CI runs. Checks:
   own cache, so the encoder pass is shared out); its reading must lie within the one-device run's interval and
   its report name the N processes. Skipped below 2 GPUs (with ``--device cpu``: two CPU processes over gloo,
   where no GPU is visible).
+- ``invert``: ``memlab invert --states positions`` on the random ~1B Llama of ``probe`` (built here when that check
+  did not run), placed by ``--device-map auto``, its chunks searched together: every token must come back with a
+  certificate; its line gives tokens/s and the share of the vocabulary verified per token.
 
 The checks without a device flag must land on the best device present by themselves: every model forward in
 them runs there, and their reports name it. Without
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2", "probe_defaults", "probe_processes")
+PARTS = ("toy", "ddp", "sonar", "probe", "quickstart", "smollm2", "probe_defaults", "probe_processes", "invert")
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18, num_attention_heads=16,
                 num_key_value_heads=16, max_position_embeddings=2048)
 """About 0.97B parameters with a 4096-token vocabulary (Llama-2's layout at TinyLlama's width)."""
@@ -94,6 +97,11 @@ def plan(args) -> list[tuple[str, str, list[str]]]:
         argv = ["probe", "--model", "minilm", "--device", args.device, "--out", str(out / part),
                 "--cache-dir", str(out / f"{part}-cache"), *(tiny_probe if args.tiny else [])]
         checks.append((part, f"minilm at its defaults, {what}" if not args.tiny else f"minilm tiny, {what}", argv))
+    inv = ["invert", "--model", str(out / "llama"), "--layer", "-1", "--device", args.device, "--device-map", "auto",
+           "--n", "2" if args.tiny else "8", "--seq-len", "8" if args.tiny else "32", "--chunk-by", "tokens",
+           "--no-prior", "--out", str(out / "invert")]
+    checks.append(("invert", "invert llama random, device_map auto" if not args.tiny else "invert llama-tiny random",
+                   inv))
     return [c for c in checks if c[0] in args.only]
 
 
@@ -202,6 +210,26 @@ def run_probe_processes(argv: list[str], run_dir: Path, n: int, cpu: bool, one: 
             raise RuntimeError(f"{tail}: outside the one-device interval [{a['low']:.2f}, {a['high']:.2f}]")
         tail += f", within the one-device interval [{a['low']:.2f}, {a['high']:.2f}]"
     return tail
+
+
+def run_invert_check(argv: list[str], run_dir: Path, tiny: bool, device: str) -> tuple[float | None, str]:
+    """``memlab invert`` on the random Llama (built first when the probe check did not build it): every token
+    recovered with a certificate; (tokens/s, the status line's tail)."""
+    from memlab.app.cli import main
+
+    folder = Path(argv[argv.index("--model") + 1])
+    if not (folder / "config.json").is_file():
+        build_llama(folder, tiny, device)
+    if main(argv) != 0:
+        raise RuntimeError("memlab invert failed (its error is printed above)")
+    rep = json.loads((run_dir / "report.json").read_text())
+    acc, cert = rep["totals"]["token_accuracy"]["value"], rep["totals"]["certified"]["value"]
+    if acc < 1 or cert < 1:
+        raise RuntimeError(f"token accuracy {acc:.3f}, certified {cert:.3f}: not every token came back certified")
+    tokens = sum(len(c["true_ids"]) for c in rep["chunks"])
+    secs = sum(c["seconds"] for c in rep["chunks"])
+    return (tokens / secs if secs else None), (f"{100 * rep['share_of_vocab']:.2f} % of the vocabulary verified "
+                                               f"per token")
 
 
 def check_device(reports: list[Path], expected: str) -> None:
@@ -334,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                 params = build_llama(out / "llama", args.tiny, args.device)
                 name = f"{name} ({params / 1e9:.2f}B)"
                 tps, mfu = run_probe(cmd, run_dir, params, peak_flops)
+            elif part == "invert":
+                tps, tail = run_invert_check(cmd, run_dir, args.tiny, args.device)
+                mfu, extra = None, f" ({tail})"
             elif part in ("quickstart", "smollm2"):
                 tps, mfu = run_flagless(part, cmd, run_dir, best_device().type)
             else:

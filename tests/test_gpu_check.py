@@ -4,6 +4,7 @@ its CPU tiny mode runs a check end to end. And ``--device`` of memlab generate /
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,19 @@ def test_tiny_probe_check_runs_on_the_cpu(tmp_path, capsys):
     assert (tmp_path / "w" / "probe" / "report.json").is_file()
 
 
+def test_tiny_invert_check_runs_on_the_cpu(tmp_path, capsys):
+    """The inversion's check builds its model when the probe's did not, places it by --device-map auto and
+    certifies every token."""
+    gc = _script()
+    assert gc.main(["--device", "cpu", "--tiny", "--only", "invert", "--out", str(tmp_path / "w")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("invert ") and "peak_mem=" in x)
+    assert "% of the vocabulary verified per token) " not in line and " ok (" in line, line
+    rep = json.loads((tmp_path / "w" / "invert" / "report.json").read_text())
+    assert rep["totals"]["certified"]["value"] == 1.0 and rep["totals"]["exact_match"]["value"] == 1.0
+    assert json.loads((tmp_path / "w" / "invert" / "invert.json").read_text())["options"]["model"]["device_map"] \
+        == "auto"
+
+
 @pytest.mark.slow
 def test_tiny_mode_runs_every_check_on_the_cpu(tmp_path, capsys):
     gc = _script()
@@ -98,8 +112,8 @@ def test_tiny_mode_runs_every_check_on_the_cpu(tmp_path, capsys):
     from memlab.assets import is_installed
 
     # every toy config, sonar, probe, quickstart; ddp where no GPU is visible; smollm2 where it is installed
-    # the probe at its defaults on one device, and on two processes where no GPU is visible
-    expected = len(gc.toy_configs()) + 4 + 2 * (not torch.cuda.is_available()) + is_installed("smollm2")
+    # the probe at its defaults on one device, and on two processes where no GPU is visible; the inversion
+    expected = len(gc.toy_configs()) + 5 + 2 * (not torch.cuda.is_available()) + is_installed("smollm2")
     assert "FAILED" not in out and out.count(" ok") == expected, out
 
 

@@ -51,6 +51,9 @@ class ModelOptions:
     """Gaussian noise added to each observed state, its expected norm this share of the state's norm."""
     device: str = "cpu"
     """cpu, cuda, cuda:N, mps or auto."""
+    device_map: str | None = _opt(None, choices=("auto", "none"), shown="auto when the model does not fit --device")
+    """Placement of the model: auto (accelerate: blocks over the GPUs, then host memory, then disk) or none (whole
+    on --device)."""
     threads: int | None = _opt(None, least=1, shown="torch's")
     """Torch CPU threads."""
 
@@ -153,8 +156,8 @@ class OutputOptions:
     """Progress bars even when not on a TTY."""
     resume: str | None = None
     """Continue the stopped run in this folder with its own settings: its finished chunks are kept, the others
-    searched; it ends with the report an uninterrupted run gives (only --threads, --device and --progress may be
-    given beside it)."""
+    searched; it ends with the report an uninterrupted run gives (only --threads, --device, --device-map and
+    --progress may be given beside it)."""
 
 
 SECTIONS: dict[str, type] = {"model": ModelOptions, "text": TextOptions, "positions": PositionsOptions,
@@ -185,7 +188,7 @@ class InvertOptions:
         return self.pooled if self.pooled_search else self.positions
 
 
-RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("output", "progress"), ("output", "resume")}
+RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("model", "device_map"), ("output", "progress"), ("output", "resume")}
 """The options a resumed run may take anew (they change how fast it runs, not what it finds)."""
 
 

@@ -51,7 +51,7 @@ class NextTokenHead:
         """Last-block outputs ``(B, D)`` -> next-token logits ``(B, V)`` (float32, on the CPU)."""
         if self.norm is not None:
             h = self.norm(h.to(self.top.dtype))
-        return (h.float() @ self.weight.float().T).cpu()  # (B, V)
+        return (h.float().to(self.weight.device) @ self.weight.float().T).cpu()  # (B, V)
 
 
 def interleave(orders: list[torch.Tensor], tried: torch.Tensor, k: int) -> torch.Tensor:

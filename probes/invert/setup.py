@@ -46,11 +46,12 @@ def is_causal(reader: LayerReader, ids: list[int], name: str) -> bool:
     return float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)).max()) <= 1e-4
 
 
-def load(spec: str, layer: int, device: str):
-    """The encoder memlab loads for ``spec`` and a reader of its states at ``layer``."""
+def load(spec: str, layer: int, device: str, device_map: str | None = None):
+    """The encoder memlab loads for ``spec`` and a reader of its states at ``layer`` (``device_map``: accelerate's
+    placement, :mod:`memlab.probes.placement`)."""
     from memlab.probes.encoders import load_transformers
 
-    enc = load_transformers(spec, layer=layer, device=device)
+    enc = load_transformers(spec, layer=layer, device=device, device_map=device_map)
     return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
 
 
@@ -76,7 +77,7 @@ def setup(opts):
     if opts.model.threads:
         torch.set_num_threads(opts.model.threads)
     device = str(resolve_device(opts.model.device))
-    enc, reader = load(opts.model.model, opts.model.layer, device)
+    enc, reader = load(opts.model.model, opts.model.layer, device, opts.model.device_map)
     side = None
     if opts.model.probe:  # the probe run's held-out chunks, as it cut them, and its decoder's reading of them
         from memlab.probes.invert.beside import read_probe_side  # only with --probe: the trained probe's pipeline

@@ -138,7 +138,7 @@ def options(args: argparse.Namespace):
 
 def _resumed(given: dict):
     """``--resume RUN``: the run's own options (its ``invert.json``), with only --threads, --device and --progress
-    taken anew; one ConfigError line for another flag or a folder that is not a stopped run."""
+    taken anew (and --device-map); one ConfigError line for another flag or a folder that is not a stopped run."""
     from memlab.errors import ConfigError
     from memlab.probes.invert.chunklog import read_settings
     from memlab.probes.invert.options import RESUME_MAY_CHANGE, flag_name, from_dict, parse_value
@@ -148,7 +148,7 @@ def _resumed(given: dict):
     if other:
         section, name = other[0]
         raise ConfigError(f"--resume continues a run with its own settings: give no {flag_name(section, name)} "
-                          "(only --threads, --device and --progress may change)")
+                          "(only --threads, --device, --device-map and --progress may change)")
     try:
         opts = from_dict(read_settings(run))
     except (KeyError, TypeError) as e:
