@@ -49,11 +49,12 @@ def parse(argv=None):
 
 def prompts(enc, args) -> tuple[list[list[int]], list[str]]:
     """``natural`` held-out chunks of ``tokens`` tokens and ``random`` prompts of random ids; their kinds."""
-    from memlab.probes.invert.run import chunk_ids
+    from memlab.probes.invert.options import TextOptions
+    from memlab.probes.invert.setup import chunk_ids
 
-    vals = {"n": args.natural, "n_eval": max(256, args.natural), "eval_split": "test", "corpus": "austen",
-            "seed": args.seed, "chunk_by": "tokens", "seq_len": args.tokens}
-    _, natural = chunk_ids(vals, enc.tokenizer) if args.natural else ([], [])
+    text = TextOptions(seq_len=args.tokens, chunk_by="tokens", n=args.natural, n_eval=max(256, args.natural),
+                       seed=args.seed)
+    _, natural = chunk_ids(text, enc.tokenizer) if args.natural else ([], [])
     gen = torch.Generator().manual_seed(args.seed + 1)
     special = set(getattr(enc.tokenizer, "all_special_ids", []) or [])
     rnd = []
@@ -74,13 +75,13 @@ def spread(values) -> dict:
 
 def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
     from memlab.probes.invert.lockstep import Lockstep, LockstepOptions
-    from memlab.probes.invert.run import check_applies, first_table, observed_states
+    from memlab.probes.invert.run_positions import check_applies, first_table, observed_states
     from memlab.probes.invert.states import LayerReader
 
     reader = LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
     check_applies(reader, enc.prefix + seqs[0], args.model)
     opts = LockstepOptions(first_batch=args.first_batch, batch_size=args.batch_size, budget=args.budget,
-                           prior=not args.no_prior, chunk_batch=args.chunk_batch)
+                           prior=not args.no_prior, chunk_batch=args.chunk_batch, exhaustive_batch=512)
     search = Lockstep(reader, opts)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     from memlab.probes.encoders import load_transformers
-    from memlab.probes.invert.run import machine_facts
+    from memlab.probes.invert.setup import machine_facts
 
     machine = machine_facts()
     enc = load_transformers(args.model, layer=-1, device=args.device)

@@ -146,3 +146,20 @@ def test_chunk_log_skips_a_line_cut_short(tmp_path):
     back = read_chunks(tmp_path)
     assert sorted(back) == [0, 1] and back[1].recovered_ids == seqs[1]
     assert (tmp_path / "log.txt").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("length", [24, pytest.param(512, marks=pytest.mark.slow)])
+def test_a_long_chunk_in_passes_bounded_by_memory(length):
+    """A long chunk (512 tokens, slow; 24 by default) comes back exactly while each verification pass copies at most
+    a bounded share of its key-value cache (several passes a round)."""
+    reader = LayerReader(_tied("llama"), 2)
+    seq = torch.randint(1, V, (length,), generator=torch.Generator().manual_seed(8)).tolist()
+    opts = LockstepOptions(first_batch=16, batch_size=64, exhaustive_batch=V, accept_gap=float("inf"),
+                           pass_memory_mb=length / 500)  # about 8 candidate rows a pass
+    search = Lockstep(reader, opts)
+    states = reader.full_states(torch.tensor([[0] + seq]))[0, 1:]  # (T, D)
+    cache = reader._new_cache()
+    reader._run(reader.embed(torch.tensor([[0] + seq])), cache)
+    assert 2 <= search._pass_rows(cache) < 16  # the bound splits a first round into several passes
+    got = search.group([states], [0], [seq])[0]
+    assert [p.token for p in got] == seq and all(p.certificate == "match" for p in got)
