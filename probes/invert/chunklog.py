@@ -72,9 +72,11 @@ class ChunkLog:
         self.total, self.done, self.t0 = total_tokens, done_tokens, time.monotonic()
         self.at_start = done_tokens
         self.total_chunks = total_chunks
+        self.last = self.t0
 
-    def add(self, result: ChunkResult, finished: int) -> str:
-        """Keep ``result``; the progress line (also appended to ``log.txt``)."""
+    def add(self, result: ChunkResult, finished: int, units_now: int | None = None) -> str:
+        """Keep ``result``; the progress line (also appended to ``log.txt``). ``units_now``: the units done so far,
+        unfinished chunks' positions included (the estimate of the time left reads them)."""
         line = json.dumps(asdict(result))
         with open(self.run / CHUNKS, "a") as f:
             f.write(line + "\n")
@@ -82,9 +84,16 @@ class ChunkLog:
             os.fsync(f.fileno())
         self.done += self.units(result)
         msg = (f"chunk {result.index} {'exact' if result.exact else 'not exact'} "
-               f"({finished}/{self.total_chunks} chunks, {self.done}/{self.total} units); {self.eta()}")
+               f"({finished}/{self.total_chunks} chunks, {self.done}/{self.total} units); {self.eta(units_now)}")
         self.note(msg)
+        self.last = time.monotonic()
         return msg
+
+    def tick(self, units_now: int, every: float = 60.0) -> None:
+        """A progress line in ``log.txt`` when none was written for ``every`` seconds (long groups of chunks)."""
+        if time.monotonic() - self.last >= every:
+            self.note(f"{units_now}/{self.total} units; {self.eta(units_now)}")
+            self.last = time.monotonic()
 
     def units(self, result) -> int:
         """Progress units of a finished chunk: its tokens (the per-position search), or its searches (pooled)."""

@@ -208,6 +208,16 @@ class Lockstep:
         ``prefix_ids``) together; ``trues``: the true tokens, to record their ranks only; ``firsts``: their first
         positions already searched (required after an empty prefix). ``on_chunk(j, positions)`` is called as each
         chunk finishes, ``on_position(position)`` after each position of each chunk."""
+        out: list[list[Position]] = [[] for _ in targets]
+        for j, ps in self.finished(targets, prefix_ids, trues, firsts, on_position):
+            out[j] = ps
+            if on_chunk is not None:
+                on_chunk(j, ps)
+        return out
+
+    def finished(self, targets: list[torch.Tensor], prefix_ids: list[int], trues: list[list[int]] | None = None,
+                 firsts: list[Position] | None = None, on_position=None):
+        """As :meth:`group`, yielding ``(j, positions)`` as each chunk ``j`` finishes (the shortest first)."""
         n = len(targets)
         lengths = [t.shape[0] for t in targets]
         if not prefix_ids and firsts is None:
@@ -226,20 +236,19 @@ class Lockstep:
                 out[j].append(p)
                 if on_position is not None:
                     on_position(p)
-            began = time.perf_counter()
-            priors = self._extend(cache, torch.tensor([p.token for p in got]))
-            share = (time.perf_counter() - began) / len(live)
-            for p in got:
-                p.seconds += share
             keep = [r for r, j in enumerate(live) if lengths[j] > t + 1]
+            if keep:  # the chunks that go on read their kept tokens; the finished ones are done
+                began = time.perf_counter()
+                rows = torch.tensor(keep)
+                if len(keep) < len(live):
+                    cache = select_rows(cache, rows)
+                priors = self._extend(cache, torch.tensor([got[r].token for r in keep]))
+                share = (time.perf_counter() - began) / len(keep)
+                for r in keep:
+                    got[r].seconds += share
             for j in live:
-                if lengths[j] == t + 1 and on_chunk is not None:
-                    on_chunk(j, out[j])
-            if len(keep) < len(live):
-                if keep:
-                    cache = select_rows(cache, torch.tensor(keep))
-                    priors = priors[keep] if priors is not None else None
-                live = [live[r] for r in keep]
+                if lengths[j] == t + 1:
+                    yield j, out[j]
+            live = [live[r] for r in keep]
             if not live:
                 break
-        return out

@@ -85,11 +85,12 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
             bar.update(n)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(left=log.eta(units[0]).split("about ")[-1].replace(" left", ""))
+            log.tick(units[0])
 
         try:
             for res in _each(search, todo, texts, chunks, targets, step):
                 kept[res.index] = res
-                log.add(res, len(kept))
+                log.add(res, len(kept), units[0])
         except BaseException as e:  # noqa: BLE001  (Ctrl-C, a signal, a failure: what was found is kept)
             stopped = e
         bar.close()

@@ -141,11 +141,10 @@ class PositionsRun:
         size = self.opts.positions.chunk_batch
         for g in range(0, len(todo), size):
             group = todo[g : g + size]
-            done: list = []
             firsts = [self.firsts[i] for i in group] if self.firsts else None
-            self.lockstep.group([targets[i] for i in group], self.enc.prefix, [chunks[i] for i in group], firsts,
-                                on_chunk=lambda j, ps: done.append((group[j], ps)), on_position=lambda p: step())
-            for i, ps in done:
+            for j, ps in self.lockstep.finished([targets[i] for i in group], self.enc.prefix,
+                                                [chunks[i] for i in group], firsts, on_position=lambda p: step()):
+                i = group[j]
                 yield chunk_result(i, texts[i], chunks[i], ps, self.enc.tokenizer.decode, sum(p.seconds for p in ps))
 
     def report(self, results: list, common: dict):
