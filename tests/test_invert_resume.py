@@ -86,3 +86,24 @@ def test_python_entry_returns_the_report(tmp_path):
     assert (tmp_path / "r" / "report.json").is_file() and (tmp_path / "r" / "chunks.jsonl").is_file()
     with pytest.raises(TypeError, match="no option named 'budgett'"):
         memlab.probes.invert("memlab-lm", layer=2, budgett=3)
+
+
+def test_pooled_search_resumes_too(tmp_path, capsys):
+    """The pooled search keeps its chunks the same way: a run cut after its first chunk and resumed ends with the
+    chunks of the whole run."""
+    import shutil
+
+    args = ["--model", "memlab-lm", "--layer", "2", "--states", "last", "--seq-len", "4", "--n", "3", "--forwards",
+            "16", "--threads", "1"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    code, cap = _cli(*args, "--out", str(whole), capsys=capsys)
+    assert code == 0, cap.err
+    shutil.copytree(whole, cut)
+    (cut / "report.json").unlink()
+    first = (cut / "chunks.jsonl").read_text().splitlines()[0]
+    (cut / "chunks.jsonl").write_text(first + "\n")
+    code, cap = _cli("--resume", str(cut), capsys=capsys)
+    assert code == 0, cap.err
+    a, b = (json.loads((r / "report.json").read_text())["chunks"] for r in (whole, cut))
+    assert [(c["recovered_ids"], c["control_ids"]) for c in a] == [(c["recovered_ids"], c["control_ids"]) for c in b]
+    assert "resumed: 1 of 3 chunks kept, 2 to search" in (cut / "log.txt").read_text()

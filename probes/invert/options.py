@@ -115,8 +115,9 @@ class PositionsOptions:
     pass_memory_mb: float = _opt(1024.0, least=1.0)
     """Most megabytes of copied key-value cache in one verification pass (long chunks: fewer candidates a pass)."""
     cache_dir: str | None = None
-    """Keep the first-position states of every token here (keyed by the weights, layer and prefix) and reuse them:
-    later runs skip the first position's pass over the vocabulary."""
+    """Keep the first-position states of every token here (keyed by the weights, layer and prefix; a model that
+    reads no BOS) and reuse them, checked by sha256 when read: later runs skip the first position's pass over the
+    vocabulary."""
 
 
 @dataclass

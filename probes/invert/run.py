@@ -73,8 +73,9 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         targets = search.targets(chunks)
         search.prepare(targets, todo)
         total = search.units(chunks)
-        done_units = search.units([chunks[i] for i in kept]) if kept else 0
-        log = ChunkLog(out, total, done_units, len(chunks))
+        log = ChunkLog(out, total, 0, len(chunks))
+        done_units = sum(log.units(r) for r in kept.values())
+        log.done = log.at_start = done_units
         bar = progress_bar(total, f"invert: {search.label}", show=show, initial=done_units)
         if kept:
             log.note(f"resumed: {len(kept)} of {len(chunks)} chunks kept, {len(todo)} to search")
