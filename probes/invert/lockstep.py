@@ -6,10 +6,10 @@ length and their caches stack along the batch):
 
 1. **Rank** by two orders of the vocabulary (:mod:`memlab.probes.invert.ranking`): the model's next-token
    distribution from the recovered prefix (the prior; none for a model whose head cannot be read, or with
-   ``prior=False``) and the first-order score, linearised at the best verified token (re-linearised after every
-   round). The two are taken in turn. With a prior the first round is the prior's alone (natural text is mostly
-   settled there, and the gradient pass is saved); without one the first ranking is linearised at the mean
-   embedding row.
+   ``prior=False``) and the first-order score twice: linearised at the mean embedding row (once per position) and
+   at the best verified token (re-linearised whenever it changes; near the answer it is the sharper of the two,
+   at a wrong token far away the blunter). The three are taken in turn. With a prior the first round is the
+   prior's alone (natural text is mostly settled there, and the gradient passes are saved).
 2. **Verify** the next untried candidates of every unsettled chunk in one batched pass through the first ``L``
    blocks: ``first_batch`` in the first round, twice as many each round after, at most ``batch_size``; past
    ``budget`` ranked candidates the position is *exhaustive* and rounds of ``exhaustive_batch`` continue the same
@@ -53,9 +53,12 @@ class _Row:
 
     target: torch.Tensor  # (D,)
     prior: torch.Tensor | None  # (V,) lower is likelier (negated logits)
-    e0: torch.Tensor  # (D_e,) where the first-order score is linearised
     tried: torch.Tensor  # (V,) bool
     true: int | None
+    mean_scores: torch.Tensor | None = None  # (V,) the first-order scores at the mean embedding row
+    d_mean: float = float("inf")  # the relative distance at the mean row
+    best_scores: torch.Tensor | None = None  # (V,) the scores at the best verified token ...
+    lin_token: int | None = None  # ... this one
     best: _Best = field(default_factory=_Best)
     rounds: int = 0
     seconds: float = 0.0
@@ -117,18 +120,42 @@ class Lockstep:
             out.append(((h - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)).cpu())
         return torch.cat(out)  # (R,)
 
-    def _scores(self, cache, rows: torch.Tensor, e0: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """First-order scores ``(m, V)`` of every token for the group's ``rows`` ``(m,)``, linearised at ``e0``
-        ``(m, D_e)``: one forward and backward pass of the m rows."""
+    def _scores(self, cache, rows: torch.Tensor, e0: torch.Tensor, targets: torch.Tensor):
+        """First-order scores ``(m, V)`` of every token for the group's ``rows`` ``(m,)`` (a row may come twice),
+        linearised at ``e0`` ``(m, D_e)``, and the relative distance ``(m,)`` at ``e0``: one forward and backward
+        pass of the m rows."""
         r = self.reader
         x = e0.to(r.device, r.dtype).view(-1, 1, e0.shape[-1]).requires_grad_(True)  # (m, 1, D_e)
         with torch.enable_grad():
             h = r._run(x, select_rows(cache, rows, r.layer))[:, 0].float()  # (m, D)
             t = targets.to(h.device)  # (m, D)
-            loss = ((h - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-30)).sum()
-            (g,) = torch.autograd.grad(loss, x)
+            loss = (h - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-30)  # (m,)
+            (g,) = torch.autograd.grad(loss.sum(), x)
         g = g[:, 0].float().cpu()  # (m, D_e)
-        return g @ self.table.T - (g * e0).sum(-1, keepdim=True)  # (m, V)
+        return g @ self.table.T - (g * e0).sum(-1, keepdim=True), loss.detach().sqrt().cpu()  # (m, V), (m,)
+
+    def _gradients(self, cache, rows: list[int], state: list, open_: list[int]) -> int:
+        """Bring each open row's first-order rankings up to date (one batched pass): at the mean embedding row once
+        per position, and at the best verified token whenever that changed. Returns the rows of the pass."""
+        want = []  # (state index, "mean" or "best")
+        for i in open_:
+            s = state[i]
+            if s.mean_scores is None:
+                want.append((i, "mean"))
+            if self.opts.relinearize and s.best.token >= 0 and s.lin_token != s.best.token:
+                want.append((i, "best"))
+        if not want:
+            return 0
+        e0 = torch.stack([self.mean_row if kind == "mean" else self.table[state[i].best.token] for i, kind in want])
+        idx = torch.tensor([rows[i] for i, _ in want])
+        scores, dist = self._scores(cache, idx, e0, torch.stack([state[i].target for i, _ in want]))  # (w, V), (w,)
+        for (i, kind), sc, d in zip(want, scores, dist):
+            s = state[i]
+            if kind == "mean":
+                s.mean_scores, s.d_mean = sc, float(d)
+            else:
+                s.best_scores, s.lin_token = sc, s.best.token
+        return len(want)
 
     def _size(self, row: _Row) -> int:
         o, v = self.opts, self.reader.vocab_size
@@ -144,8 +171,7 @@ class Lockstep:
         state = []
         for i in range(len(rows)):
             p = priors[i] if priors is not None else None
-            e0 = self.table[int(p.argmin())] if p is not None else self.mean_row
-            state.append(_Row(targets[i].float(), p, e0, torch.zeros(v, dtype=torch.bool), trues[i]))
+            state.append(_Row(targets[i].float(), p, torch.zeros(v, dtype=torch.bool), trues[i]))
         while True:
             open_ = [i for i, s in enumerate(state) if not s.done]
             if not open_:
@@ -153,27 +179,24 @@ class Lockstep:
             began = time.perf_counter()
             idx = torch.tensor([rows[i] for i in open_])
             prior_only = all(state[i].prior is not None and state[i].rounds == 0 for i in open_)
-            scores = None if prior_only else self._scores(
-                cache, idx, torch.stack([state[i].e0 for i in open_]),
-                torch.stack([state[i].target for i in open_]))  # (m, V)
+            n_grad = 0 if prior_only else self._gradients(cache, rows, state, open_)
             cand, owner = [], []
             for j, i in enumerate(open_):
                 s = state[i]
                 if s.true is not None and s.rounds == 0 and s.prior is not None:
                     s.prior_rank = rank_of(s.prior, s.true)
-                if s.true is not None and scores is not None and s.grad_rank is None:
-                    s.grad_rank = rank_of(scores[j], s.true)
+                if s.true is not None and s.mean_scores is not None and s.grad_rank is None:
+                    s.grad_rank = rank_of(s.mean_scores, s.true)
                 k = self._size(s)
-                orders = [best_untried(s.prior, s.tried, k)] if s.prior is not None else []
-                if scores is not None:
-                    orders.append(best_untried(scores[j], s.tried, k))
+                rankings = [s.prior] + ([] if prior_only else [s.mean_scores, s.best_scores])
+                orders = [best_untried(x, s.tried, k) for x in rankings if x is not None]
                 c = interleave(orders, s.tried, k)  # (k,)
                 cand.append(c)
                 owner.append(torch.full((c.numel(),), j))
             tokens, own = torch.cat(cand), torch.cat(owner)  # (R,), (R,)
             dist = self._verify(cache, idx[own], tokens, torch.stack([state[i].target for i in open_])[own])  # (R,)
             spent = time.perf_counter() - began
-            grad = 0 if scores is None else 4  # a gradient pass costs about 4 candidate rows
+            grad = 4 * n_grad / len(open_)  # a gradient row costs about 4 candidate rows
             total = tokens.numel() + grad * len(open_)
             for j, i in enumerate(open_):
                 s, mine = state[i], own == j
@@ -188,8 +211,6 @@ class Lockstep:
                     s.done = True
                 elif s.n_tried >= min(o.budget, v):  # the ranked budget is spent: on to the end, or stop
                     s.exhaustive, s.done = o.exhaustive, not o.exhaustive
-                if not s.done and o.relinearize:
-                    s.e0 = self.table[s.best.token]
         out = []
         for s in state:
             whole = bool(s.tried.all())
