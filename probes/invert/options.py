@@ -103,7 +103,8 @@ class PositionsOptions:
     separation_min: int = _opt(32, least=1)
     """Candidates verified before a separated certificate is considered (a gap over a few is no evidence)."""
     relinearize: bool = True
-    """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
+    """Rank by the first-order score at the best verified token too, re-linearised as it changes (off: the mean
+    embedding's ranking alone)."""
     first_batch: int = _opt(8, least=1)
     """Candidates verified per chunk in a position's first round; each later round twice as many, up to
     --batch-size."""
