@@ -113,7 +113,8 @@ def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
             "exact": float(np.mean([[p.token for p in got[i]] == seqs[i][: len(got[i])] for i in idx])),
             "token_accuracy": float(np.mean([p.token == seqs[i][t] for i, t, p in pos])),
             "certified": float(np.mean([p.certificate != "none" for _, _, p in pos])),
-            "certificates": {c: sum(p.certificate == c for _, _, p in pos) for c in ("match", "separated", "nearest", "none")},
+            "certificates": {c: sum(p.certificate == c for _, _, p in pos)
+                             for c in ("match", "separated", "nearest", "none")},
             "candidates_per_token": float(np.mean(tried)) if tried else 0.0,
             "share_of_vocab": float(np.mean(tried)) / v if tried else 0.0,
             "exhaustive_positions": sum(p.exhaustive for _, _, p in after),

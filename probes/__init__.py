@@ -26,7 +26,7 @@ def probe(model: str = "minilm", out=None, config=None, encoder=None, **options)
 
 # memlab.probes.invert(model, layer, ...): the white-box inversion beside the probe, returning its report (the
 # subpackage is callable, :func:`memlab.probes.invert.invert`; importing it imports no torch)
-from memlab.probes import invert  # noqa: E402,F401
+from memlab.probes import invert  # noqa: E402,F401  (the callable subpackage)
 
 SPACES.register("probe", load_probe, description="a fitted inversion probe (its run directory)")
 

@@ -190,7 +190,8 @@ class InvertOptions:
         return self.pooled if self.pooled_search else self.positions
 
 
-RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("model", "device_map"), ("output", "progress"), ("output", "resume")}
+RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("model", "device_map"), ("output", "progress"),
+                     ("output", "resume")}
 """The options a resumed run may take anew (they change how fast it runs, not what it finds)."""
 
 

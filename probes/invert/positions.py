@@ -1,5 +1,10 @@
 """Exact inversion from per-position states: recover a causal model's input one position at a time.
 
+``memlab invert --states positions`` runs the lockstep search (:mod:`memlab.probes.invert.lockstep`: many chunks
+together, ranked by the model's next-token distribution and the first-order score); this module holds the
+certificate's bookkeeping, the first-position table every chunk reads after an empty prefix
+(:meth:`Searcher.first_positions`), and the search of one chunk alone by the first-order score described here.
+
 At position ``t`` the state at layer ``L`` depends only on the tokens up to ``t`` (the model is causal), so given
 the recovered prefix the token at ``t`` is the one whose state matches the observed one. Each position:
 
