@@ -163,3 +163,12 @@ def test_a_long_chunk_in_passes_bounded_by_memory(length):
     assert 2 <= search._pass_rows(cache) < 16  # the bound splits a first round into several passes
     got = search.group([states], [0], [seq])[0]
     assert [p.token for p in got] == seq and all(p.certificate == "match" for p in got)
+
+
+def test_fused_order_puts_the_token_every_ranking_likes_first():
+    from memlab.probes.invert.ranking import fused
+
+    a = torch.arange(10.0)  # token 0 first, token 1 second, token 9 last
+    b = torch.arange(10.0).flip(0)  # token 9 first, token 0 last
+    b[1], b[8] = 1.0, 8.0  # token 1 second here too
+    assert int(fused([a, b]).argmin()) == 1  # second in both beats first in one and last in the other

@@ -35,7 +35,7 @@ import torch
 
 from memlab.probes.invert.options import PositionsOptions
 from memlab.probes.invert.positions import Position, Searcher, _Best
-from memlab.probes.invert.ranking import NextTokenHead, best_untried, interleave, rank_of
+from memlab.probes.invert.ranking import NextTokenHead, best_untried, fused, interleave, rank_of
 from memlab.probes.invert.states import LayerReader, row_bytes, select_rows
 
 
@@ -189,7 +189,10 @@ class Lockstep:
                     s.grad_rank = rank_of(s.mean_scores, s.true)
                 k = self._size(s)
                 rankings = [s.prior] + ([] if prior_only else [s.mean_scores, s.best_scores])
-                orders = [best_untried(x, s.tried, k) for x in rankings if x is not None]
+                rankings = [x for x in rankings if x is not None]
+                if len(rankings) > 1:  # and all of them at once: the product of the ranks
+                    rankings.append(fused(rankings))
+                orders = [best_untried(x, s.tried, k) for x in rankings]
                 c = interleave(orders, s.tried, k)  # (k,)
                 cand.append(c)
                 owner.append(torch.full((c.numel(),), j))

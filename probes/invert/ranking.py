@@ -84,3 +84,15 @@ def best_untried(score: torch.Tensor, tried: torch.Tensor, k: int) -> torch.Tens
 def rank_of(score: torch.Tensor, token: int) -> int:
     """Rank ``(0 = first)`` of ``token`` in the order of ascending ``score`` ``(V,)``."""
     return int((score < score[token]).sum())
+
+
+def fused(scores: list[torch.Tensor]) -> torch.Tensor:
+    """One order from several: each token scored by the sum of the logs of its ranks ``(V,)`` (the product of its
+    ranks), so a token that every ranking places fairly well comes before one that a single ranking places first
+    and the others last."""
+    total = torch.zeros_like(scores[0])
+    for s in scores:
+        rank = torch.empty_like(s)
+        rank[torch.argsort(s)] = torch.arange(1, s.numel() + 1, dtype=s.dtype)  # 1 = best
+        total += rank.log()
+    return total  # (V,)
