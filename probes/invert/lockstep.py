@@ -8,8 +8,9 @@ length and their caches stack along the batch):
    distribution from the recovered prefix (the prior; none for a model whose head cannot be read, or with
    ``prior=False``) and the first-order score twice: linearised at the mean embedding row (once per position) and
    at the best verified token (re-linearised whenever it changes; near the answer it is the sharper of the two,
-   at a wrong token far away the blunter). The three are taken in turn. With a prior the first round is the
-   prior's alone (natural text is mostly settled there, and the gradient passes are saved).
+   at a wrong token far away the blunter), and the product of the three rankings' ranks. The four are taken in
+   turn. With a prior the first round is the prior's alone (natural text is mostly settled there, and the
+   gradient passes are saved).
 2. **Verify** the next untried candidates of every unsettled chunk in one batched pass through the first ``L``
    blocks: ``first_batch`` in the first round, twice as many each round after, at most ``batch_size``; past
    ``budget`` ranked candidates the position is *exhaustive* and rounds of ``exhaustive_batch`` continue the same

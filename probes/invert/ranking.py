@@ -11,9 +11,10 @@ Two rankings of the whole vocabulary are at hand at every position after the fir
   moves from a point ``e0`` to a token's row, ``(E_v - e0) . grad d(e0)``; re-linearised at the best token
   verified so far (where it is most accurate).
 
-:func:`interleave` merges them by taking the best untried token of each in turn: the true token is reached after
-at most twice its better rank in either, so each ranking covers the positions where the other is weak. Both are
-only orders: a logit soft-cap or a temperature does not change them.
+:func:`interleave` merges orders by taking the best untried token of each in turn: the true token is reached after
+at most k times its best rank in any of the k orders, so each ranking covers the positions where another is weak;
+:func:`fused` adds one order from all of them (the product of a token's ranks). All are only orders: a logit
+soft-cap or a temperature does not change them.
 """
 
 from __future__ import annotations
