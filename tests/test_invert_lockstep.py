@@ -172,3 +172,21 @@ def test_fused_order_puts_the_token_every_ranking_likes_first():
     b = torch.arange(10.0).flip(0)  # token 9 first, token 0 last
     b[1], b[8] = 1.0, 8.0  # token 1 second here too
     assert int(fused([a, b]).argmin()) == 1  # second in both beats first in one and last in the other
+
+
+def test_tokens_with_equal_states_are_not_certified():
+    """Two tokens whose embedding rows are equal give equal states: the position keeps one of them, uncertified
+    (a gap of 0 over 0 is no certificate), at the first position's table and further on."""
+    model = _tied("llama")
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[7] = emb[5]  # token 7 is indistinguishable from token 5
+    reader = LayerReader(model, 2)
+    seqs = [[5, 3, 7, 9], [7, 2, 4, 6]]
+    _, got = _run(reader, seqs, [])
+    for seq, ps in zip(seqs, got):
+        for t, p in zip(seq, ps):
+            if t in (5, 7):  # at the first position (the table) and further on
+                assert p.certificate == "none" and p.token in (5, 7)
+            else:
+                assert p.certificate == "match" and p.token == t

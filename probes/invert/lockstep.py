@@ -219,7 +219,7 @@ class Lockstep:
         for s in state:
             whole = bool(s.tried.all())
             b = s.best
-            cert = ("match" if b.matched(o) else "nearest" if whole and b.d2 >= o.min_gap * b.d1
+            cert = ("match" if b.matched(o) else "nearest" if whole and b.apart(o)
                     else "separated" if b.separated(o) else "none")
             ranks = [r for r in (s.prior_rank, s.grad_rank) if r is not None]
             out.append(Position(b.token, b.d1, b.d2, cert, s.n_tried, s.exhaustive, s.seconds,

@@ -96,7 +96,12 @@ class _Best:
                 self.d2 = v
 
     def matched(self, opts: PositionsOptions) -> bool:
-        return self.d1 <= opts.tol and self.d2 >= opts.min_gap * self.d1
+        return self.d1 <= opts.tol and self.apart(opts)
+
+    def apart(self, opts) -> bool:
+        """The runner-up is ``min_gap`` times farther than the best, and farther at all: two tokens whose states
+        are equal (identical embedding rows) tie at any distance, zero included, and neither is certified."""
+        return self.d2 >= opts.min_gap * self.d1 and self.d2 > self.d1
 
     def separated(self, opts: PositionsOptions) -> bool:
         return self.d1 > opts.tol and self.d2 >= opts.accept_gap * self.d1 and self.seen >= opts.separation_min
@@ -156,7 +161,7 @@ class Searcher:
                 if best.matched(o) or best.separated(o):
                     break
         whole = bool(tried.all())
-        cert = ("match" if best.matched(o) else "nearest" if whole and best.d2 >= o.min_gap * best.d1
+        cert = ("match" if best.matched(o) else "nearest" if whole and best.apart(o)
                 else "separated" if best.separated(o) else "none")
         return Position(best.token, best.d1, best.d2, cert, int(tried.sum()), exhaustive,
                         time.perf_counter() - start, true_rank)
@@ -204,7 +209,7 @@ class Searcher:
         share = (time.perf_counter() - start) / n
         out = []
         for j in range(n):
-            ok = bool(d2[j] >= o.min_gap * d1[j])
+            ok = bool(d2[j] >= o.min_gap * d1[j] and d2[j] > d1[j])  # a tie (equal states) is no certificate
             cert = ("match" if d1[j] <= o.tol else "nearest") if ok else "none"
             out.append(Position(int(tok[j]), float(d1[j]), float(d2[j]), cert, v, True, share, from_table=True))
         return out
