@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
@@ -21,7 +23,7 @@ from typing import ClassVar
 from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
 from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
-from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
+from memlab.probes.sections import (PART_OPTIONS, SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
                                     LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
                                     TeacherOptions, TextSection)
 
@@ -111,12 +113,29 @@ def train_sizes(opts) -> list[int]:
     return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
-def parse_sizes(text) -> list[int]:
-    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
-    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+def comma_items(text: str, what: str) -> list[int]:
+    """``"8,16"`` -> [8, 16]: integers separated by commas, as written; an empty item (``8,,16``, ``64,``), a
+    non-integer or a value given twice is one ConfigError naming ``what``."""
+    items = [x.strip() for x in str(text).split(",")]
+    if "" in items:
+        raise ConfigError(f"{what}: an empty item in {text!r}; give integers separated by commas")
     try:
-        sizes = sorted({int(x) for x in items if str(x).strip()})
+        got = [int(x) for x in items]
     except ValueError:
+        raise ConfigError(f"{what} takes an integer or a comma list of integers, got {text!r}") from None
+    twice = sorted({x for x in got if got.count(x) > 1})
+    if twice:
+        raise ConfigError(f"{what}: {twice[0]} is given twice in {text!r}")
+    return got
+
+
+def parse_sizes(text) -> list[int]:
+    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1); a text with an empty item
+    or a size given twice is refused."""
+    items = list(text) if isinstance(text, (list, tuple)) else comma_items(text, "--n-train")
+    try:
+        sizes = sorted({int(x) for x in items})
+    except (TypeError, ValueError):
         raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
     if not sizes or sizes[0] < 1:
         raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
@@ -131,14 +150,11 @@ def seq_lens(opts) -> list[int]:
 
 def parse_lengths(value):
     """``seq_len`` as written: ``"8,16,32"`` (``key=value``, ``--seq-len``) -> [8, 16, 32], ``"16"`` -> 16; a number
-    or a list is left to the option's type. A non-integer is refused in one line."""
+    or a list is left to the option's type. A non-integer, an empty item or a length given twice is refused in one
+    line."""
     if not isinstance(value, str):
         return value
-    try:
-        got = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"'seq_len' takes an integer or a comma list of integers (a length sweep), "
-                          f"got {value!r}") from None
+    got = comma_items(value, "'seq_len'")
     return got if len(got) != 1 else got[0]
 
 
@@ -158,8 +174,9 @@ def _check_lengths(opts) -> None:
                           "it, or sweep token lengths (chunk_by=tokens)")
 
 
-def _check_range(opts) -> None:
-    """Each option's own range (one ConfigError naming it)."""
+def _check_range(opts, parts: bool = True) -> None:
+    """Each option's own range (one ConfigError naming it). ``parts``: also the checks that ask the registries of
+    parts (False: those are left out, nothing heavy is imported)."""
     if opts.chunk_by not in CHUNK_BY:
         raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
     if opts.eval_split not in ("test", "validation"):
@@ -186,11 +203,13 @@ def _check_range(opts) -> None:
               "patience", "ci_resamples", "encode_batch_size"):
         if getattr(opts, k) < 1:
             raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
+    if not isinstance(opts.seed, int) or isinstance(opts.seed, bool) or not 0 <= opts.seed < 2**32:
+        raise ConfigError(f"'seed' must be an integer in [0, 2**32), got {opts.seed}")
     if opts.threads is not None and opts.threads < 1:
         raise ConfigError(f"'threads' must be >= 1 (torch CPU threads; unset: torch's own), got {opts.threads}")
     if not train_sizes(opts) or min(train_sizes(opts)) < 1:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
-    if "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
+    if parts and "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
     if not seq_lens(opts) or min(seq_lens(opts)) < 2:
         raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
@@ -276,18 +295,25 @@ def home(name: str) -> str | None:
     return f"{them} (in the {sec} section)"
 
 
-def _flatten(data: dict, where: str) -> dict:
+def _part_option_names(kinds, light: bool) -> set[str]:
+    """The options of the parts of ``kinds``: the registered ones (``light``: only the built-in parts', read from
+    :data:`memlab.probes.sections.PART_OPTIONS` without loading the registries)."""
+    if light:
+        return {f.name for (kind, _), cls in PART_OPTIONS.items() if kind in kinds for f in fields(cls)}
+    return {o for kind in kinds for n in PARTS[kind].names() for o in PARTS[kind].get(n).option_names}
+
+
+def _flatten(data: dict, where: str, light: bool = False) -> dict:
     """Sections given as mappings (``fit: {epochs: 3}``, ``decoder: {kind: gru, hidden: 64}``) -> their flat names;
     a flat name stays as it is. A key that its section does not hold (its own fields and the options of the parts
-    it chooses) is refused with where it belongs."""
+    it chooses) is refused with where it belongs (``light``: kept, for the registries to judge later)."""
     out: dict = {}
     for k, v in data.items():
         if k in SECTIONS and isinstance(v, dict):
             own = {f.name for f in fields(SECTIONS[k])} | set(SECTION_NAMES.get(k, {}))
-            parts = {o for kind in SECTION_PARTS.get(k, ()) for n in PARTS[kind].names()
-                     for o in PARTS[kind].get(n).option_names}
+            parts = _part_option_names(SECTION_PARTS.get(k, ()), light)
             for kk, vv in v.items():
-                if kk not in own | parts:
+                if kk not in own | parts and not light:
                     there = home(kk)
                     raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section; "
                                       + (f"it belongs to {there}" if there else
@@ -318,7 +344,7 @@ def _typed(data: dict, prefix: str) -> ProbeOptions:
     return opts
 
 
-def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
+def _read_experiment(p: Path, data: dict, overrides: list[str], light: bool = False) -> tuple[dict, list[str]]:
     """An experiment file (recipe: probe): its options section (with its ``name``), with overrides (``options.``
     optional)."""
     extra = [k for k in data if k not in EXPERIMENT_KEYS]
@@ -331,7 +357,7 @@ def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, l
     opts = data.get("options") or {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{p}: 'options' must be a mapping")
-    opts = _flatten(opts, str(p))
+    opts = _flatten(opts, str(p), light)
     if data.get("name") is not None:
         opts.setdefault("name", data["name"])
     over = [o.split("=", 1)[0].removeprefix("options.") + "=" + o.split("=", 1)[1] if "=" in o else o
@@ -339,9 +365,9 @@ def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, l
     return opts, over
 
 
-def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ResolvedOptions:
-    """The one place a probe's options are read: a YAML file (strict keys), ``key=value`` overrides, then keyword
-    values (the CLI flags; None: unset); checked once (:func:`validate`)."""
+def _read(path, overrides, kw: dict, light: bool = False) -> tuple[dict, str]:
+    """The flat option values of a YAML file (strict keys), ``key=value`` overrides, then keyword values (None:
+    unset), and the prefix their keys are named with in errors."""
     data: dict = {}
     overrides, prefix = list(overrides or []), ""
     if path is not None:
@@ -352,14 +378,48 @@ def load_options(path: str | Path | None = None, overrides: list[str] | None = N
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: a probe config must be a YAML mapping")
         if "recipe" in data:
-            (data, overrides), prefix = _read_experiment(p, data, overrides), "options."
+            (data, overrides), prefix = _read_experiment(p, data, overrides, light), "options."
         else:
-            data = _flatten(data, str(p))
+            data = _flatten(data, str(p), light)
     apply_overrides(data, overrides)
-    data = _flatten({**data, **{k: v for k, v in kw.items() if v is not None}}, "overrides")
+    data = _flatten({**data, **{k: v for k, v in kw.items() if v is not None}}, "overrides", light)
     if "seq_len" in data:  # "8,16,32" (key=value, --seq-len): a length sweep
         data["seq_len"] = parse_lengths(data["seq_len"])
+    return data, prefix
+
+
+def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ResolvedOptions:
+    """The one place a probe's options are read: a YAML file (strict keys), ``key=value`` overrides, then keyword
+    values (the CLI flags; None: unset); checked once (:func:`validate`)."""
+    data, prefix = _read(path, overrides, kw)
     return validate(_typed(data, prefix), explicit={k for k in data if k not in ("model", "name")})
+
+
+def precheck(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
+    """What :func:`load_options` refuses without the registries of parts, read as it reads them and importing
+    nothing heavy (neither torch nor a plugin): the options' types and ranges, the chunk lengths and sizes. The
+    options of parts are left to :func:`load_options`; so is what it alone can judge (a part's name, options that
+    go together). Returns the options read (the built-in fields only)."""
+    data, prefix = _read(path, overrides, kw, light=True)
+    names = {f.name for f in fields(ProbeOptions)} - {"part_options"}
+    opts = from_dict(ProbeOptions, {k: v for k, v in data.items() if k in names}, prefix=prefix)
+    _check_lengths(opts)
+    _check_range(opts, parts=False)
+    return opts
+
+
+def check_model_spec(spec) -> None:
+    """A model ``spec`` that names a local path (it starts with ``.``, ``/`` or ``~``, or holds more than one
+    ``/``) which is not there: the encoders' own ModelError line, told without loading them. A shortcut, a
+    ``kind:`` spec and a hub name are left to the encoder kinds."""
+    from memlab import assets
+    from memlab.errors import ModelError
+
+    s = str(spec or "")
+    if not s or s in assets.ASSETS or re.match(r"[A-Za-z][\w.+-]*:", s) or Path(os.path.expanduser(s)).exists():
+        return
+    if s.startswith((".", "/", "~")) or s.count("/") > 1:
+        raise ModelError(f"model path '{s}' does not exist")
 
 
 def docs(cls: type) -> dict[str, str]:

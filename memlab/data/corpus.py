@@ -218,6 +218,19 @@ def load_austen(**_: object) -> list[Document]:
     return _load_files(files, "text")
 
 
+def check_corpus_spec(spec: str | None) -> None:
+    """A corpus ``spec`` that names a local path (it starts with ``.``, ``/`` or ``~``, holds a ``/`` or ends in a
+    corpus file's suffix) which is not there: one DataError line, told without reading anything (a command checks
+    it before it imports torch). A registered name and ``hf:NAME`` are left to :func:`iter_documents`."""
+    s = str(spec or "")
+    if not s or s.startswith("hf:") or Path(os.path.expanduser(s)).exists():
+        return
+    suffixes = (*TEXT_SUFFIXES, *JSON_SUFFIXES, *PARQUET_SUFFIXES, *ARROW_SUFFIXES)
+    if s.startswith((".", "/", "~")) or "/" in s or os.sep in s or _suffix(Path(s)) in suffixes:
+        raise DataError(f"corpus '{spec}' not found: no such file or folder (a bundled corpus is named without a "
+                        "path; use hf:NAME for a hub dataset)")
+
+
 def local_files(spec: str) -> tuple[list[Path], Path | None]:
     """The files of a local corpus (a file, or a folder's files without hidden ones) and its root folder."""
     p = Path(os.path.expanduser(spec))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from memlab.errors import ConfigError
 
@@ -135,3 +137,48 @@ def check_device(name: str | None) -> None:
     kind, _, index = str(name).partition(":")
     if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
         raise ConfigError(f"--device {name}: not a device (use auto, cpu, cuda, cuda:N or mps)")
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` that does not exist yet (None when it exists)."""
+    missing = None
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """A folder a verb will write into (``--cache-dir``): a file there, a parent that is a file, or a place where
+    no folder can be made or written is one ConfigError line now, before anything is loaded. Nothing is left
+    behind: a folder made to try it is removed."""
+    p = Path(os.path.expanduser(path))
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a folder")
+    missing = _first_missing(p)
+    if missing is None:
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: cannot write into it (permission denied)")
+        return
+    if missing.parent.exists() and not missing.parent.is_dir():
+        raise ConfigError(f"{flag} {path} cannot be created: {missing.parent} is a file")
+    try:
+        os.mkdir(missing)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be created ({e.strerror})") from None
+    os.rmdir(missing)
+
+
+def check_new_out(path: str | None, what: str) -> None:
+    """``--out`` of a new run: a file, or a folder that already holds files, is one line now, before anything is
+    loaded (the run claims the folder later and checks it again)."""
+    if not path:
+        return
+    from memlab.rundir import describe, used_entries
+
+    p = Path(os.path.normpath(path))
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {p} is a file, not a directory")
+    if p.is_dir() and used_entries(p):
+        raise ConfigError(f"{what} directory {p} already holds files ({describe(p)}); choose another --out")
