@@ -11,8 +11,10 @@ documents), never over lines, reproducibly from a seed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -86,11 +88,12 @@ def _read_file(f: Path, kind: str):
     if f.stat().st_size == 0:
         raise DataError(f"{f}: the file is empty")
     try:
-        if kind == "text":
-            return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
-        if kind == "arrow":
-            return _arrow_file(f)
-        return datasets.load_dataset(kind, data_files=[str(f)], split="train")
+        with _library_errors_quiet():  # the reason is memlab's one line below, not the library's log line too
+            if kind == "text":
+                return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
+            if kind == "arrow":
+                return _arrow_file(f)
+            return datasets.load_dataset(kind, data_files=[str(f)], split="train")
     except UnicodeDecodeError as e:
         raise DataError(f"{f}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
     except DataError:
@@ -104,7 +107,62 @@ def _read_file(f: Path, kind: str):
             cause = nxt
         if isinstance(cause, UnicodeDecodeError):
             raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
+        bad = _bad_json_line(f) if kind == "json" else None
+        if bad is not None:
+            raise DataError(f"{f}: {bad}") from None
         raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
+
+
+@contextlib.contextmanager
+def _library_errors_quiet():
+    """``datasets``' own error log lines silenced while a file is read: its failure becomes one memlab line."""
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+"""Compressed corpus files ``datasets`` reads, and the module that opens each."""
+
+
+def _bad_json_line(f: Path) -> str | None:
+    """Where ``f`` stops being JSON, as a phrase that names the line (JSON lines: the first line that is not one
+    JSON object; one JSON document: where it breaks); None when it cannot be read line by line here."""
+    import importlib
+    import json
+
+    opener = OPENERS.get(f.suffix)
+    if opener is None and f.suffix == ".zst":
+        return None
+    try:
+        fh = open(f, encoding="utf-8") if opener is None else importlib.import_module(opener).open(
+            f, "rt", encoding="utf-8")
+        with fh:
+            head = fh.read(4096).lstrip()
+            fh.seek(0)
+            if head.startswith("["):  # one JSON document: a list of records
+                try:
+                    json.load(fh)
+                except json.JSONDecodeError as e:
+                    return f"not valid JSON at line {e.lineno} ({e.msg} at column {e.colno})"
+                return None
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    return (f"line {n} is not a JSON object ({e.msg} at column {e.colno}); each line of a JSON "
+                            "lines file holds one record")
+                if not isinstance(rec, dict):
+                    return f"line {n} is a JSON {type(rec).__name__}, not an object (one record a line)"
+    except (OSError, UnicodeDecodeError, EOFError, ValueError):
+        return None
+    return None
 
 
 def _arrow_file(f: Path):
@@ -129,7 +187,7 @@ def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False
         raise DataError(f"{where}: no field '{field}' (fields: {', '.join(ds.column_names)}); "
                         "set the text field (--text-field, data.text_field)")
     n = len(ds)
-    for i, rec in enumerate(ds.select_columns([field])):
+    for i, rec in enumerate(_readable_rows(ds.select_columns([field]), where)):
         text = rec[field]
         if text is None and not fill:  # datasets fills a field that a record lacks with None
             raise DataError(f"{where}: missing field '{field}' in row {i + 1}; every record needs it "
@@ -137,6 +195,22 @@ def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False
         if not isinstance(text, str):
             raise DataError(f"{where}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
         yield Document(id=f"{stem}/{i}" if n > 1 else stem, text=_check_text(text, where), group=stem)
+
+
+def _readable_rows(ds, where: str) -> Iterator[dict]:
+    """The rows of ``ds``; a row whose bytes cannot be decoded (a damaged ``.arrow`` file) is one DataError line."""
+    rows = iter(ds)
+    i = 0
+    while True:
+        try:
+            rec = next(rows)
+        except StopIteration:
+            return
+        except Exception as e:  # pyarrow's or the codec's error on damaged bytes
+            raise DataError(f"{where}: row {i + 1} cannot be read, its bytes are damaged ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:120]}); write the dataset again") from None
+        yield rec
+        i += 1
 
 
 def _iter_files(files: list[Path], text_field: str, root: Path | None = None) -> Iterator[Document]:
@@ -161,6 +235,9 @@ def saved_dataset(p: Path) -> str | None:
         return "dict"
     if (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
         return "dataset"
+    if (p / "dataset_info.json").is_file() and any(p.glob("data-*.arrow")):
+        raise DataError(f"{p}: a folder saved with datasets' save_to_disk whose state.json is missing (a partial "
+                        "copy or an interrupted save?); save the dataset again or copy the whole folder")
     return None
 
 

@@ -153,6 +153,9 @@ def check_writable_dir(path: str, flag: str) -> None:
     """A folder a verb will write into (``--cache-dir``): a file there, a parent that is a file, or a place where
     no folder can be made or written is one ConfigError line now, before anything is loaded. Nothing is left
     behind: a folder made to try it is removed."""
+    from memlab.rundir import check_path
+
+    check_path(path, flag)  # a name too long: ENAMETOOLONG, before the path is looked up
     p = Path(os.path.expanduser(path))
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {path} is a file, not a folder")
@@ -175,8 +178,9 @@ def check_new_out(path: str | None, what: str) -> None:
     loaded (the run claims the folder later and checks it again)."""
     if not path:
         return
-    from memlab.rundir import describe, used_entries
+    from memlab.rundir import check_path, describe, used_entries
 
+    check_path(path, "--out")
     p = Path(os.path.normpath(path))
     if p.exists() and not p.is_dir():
         raise ConfigError(f"--out {p} is a file, not a directory")
