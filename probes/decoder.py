@@ -598,6 +598,9 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     p = Path(path)
     if not (p / "probe.json").is_file() or not (p / "decoder" / "config.json").is_file():
         raise ModelError(f"{p}: not a probe run directory (probe.json and decoder/ expected)")
+    from memlab.probes.recorded import check_recorded
+
+    check_recorded(p, "the probe run")  # its files agree about how it was made, or one line
     spec = json.loads((p / "probe.json").read_text())
     saved = spec.get("part_options") or {}
     kw = {}
