@@ -38,7 +38,7 @@ ENCODER_RECORDS = (("model", "model"), ("layer", "layer"), ("pool", "pool"), ("f
                    ("random_init", "random_init"), ("special_tokens", "special_tokens"), ("dtype", "encoder_dtype"))
 """(probe.json's key, the report's option): how the run's encoder was built, written in both files."""
 DECODER_RECORDS = ("conditioning", "inputs", "bag_head")
-"""The decoder's config entries that are also probe options: written in decoder/config.json and the report."""
+"""The decoder's config entries that the report's description of the decoder repeats."""
 
 
 def _same(a, b) -> bool:
@@ -73,9 +73,10 @@ def recorded_mismatch(spec: dict, rep: dict, config: dict | None) -> str | None:
         for k, v in (part.get("options") or {}).items():
             if k in theirs and not _same(theirs[k], v):
                 return f"decoder/config.json has {k} {v!r} but report.json's options have {k} {theirs[k]!r}"
+    described = rep.get("decoder") or {}
     for k in DECODER_RECORDS:
-        if k in config and k in opts and not _same(config[k], opts[k]):
-            return f"decoder/config.json has {k} {config[k]!r} but report.json's options have {k} {opts[k]!r}"
+        if k in config and k in described and not _same(config[k], described[k]):
+            return f"decoder/config.json has {k} {config[k]!r} but report.json's decoder has {k} {described[k]!r}"
     return None
 
 
