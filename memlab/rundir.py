@@ -158,7 +158,8 @@ def used_entries(run_dir: Path) -> list[str]:
 
 _KINDS = (("config.yaml", "a training run"), ("checkpoints", "a training run"), ("metrics.jsonl", "a training run"),
           ("eval.json", "an evaluation"), ("bench.json", "a benchmark run"), ("scaling.json", "a scaling sweep"),
-          ("report.json", "a probe"), ("table.md", "a quickstart run"))
+          ("probe.json", "a probe"), ("summary.txt", "an inversion"), ("report.json", "a probe"),
+          ("table.md", "a quickstart run"))
 """A file or folder that tells what a used folder holds, first match wins."""
 
 

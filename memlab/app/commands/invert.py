@@ -136,9 +136,21 @@ def options(args: argparse.Namespace):
 
 def check(args: argparse.Namespace) -> None:
     """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli); the folders
-    and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``)."""
+    and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``); a model
+    or corpus path that is not there, a --cache-dir that cannot be made or written and an --out already used,
+    refused now rather than after the model loads."""
+    from memlab.app.commands import check_new_out, check_writable_dir
+    from memlab.data.corpus import check_corpus_spec
+    from memlab.probes.options import check_model_spec
+
     opts = options(args)
     args.out, args.cache_dir, args.threads = opts.output.out, opts.positions.cache_dir, opts.model.threads
+    for spec in (opts.model.model, opts.model.states_from):  # a path that is not there, before the model loads
+        check_model_spec(spec)
+    check_corpus_spec(opts.text.corpus)
+    if opts.positions.cache_dir:
+        check_writable_dir(opts.positions.cache_dir, "--cache-dir")
+    check_new_out(opts.output.out, "inversion")
 
 
 def run(args) -> int:
