@@ -73,10 +73,15 @@ class RunClaim:
                 owner = fh.read().strip()
                 fh.close()
                 raise MemlabError(_busy(self.run_dir, owner, hint)) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+        except OSError as e:  # a full disk: the folder named, and the claim undone by its caller
+            with contextlib.suppress(OSError):  # closing flushes the same unwritten line again
+                fh.close()
+            raise MemlabError(f"cannot write into {self.run_dir}: {storage_failure(e) or e.strerror}") from None
         self._fh = fh
         _HELD[_key(self.run_dir)] = self
         return self

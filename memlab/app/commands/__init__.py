@@ -186,3 +186,34 @@ def check_new_out(path: str | None, what: str) -> None:
         raise ConfigError(f"--out {p} is a file, not a directory")
     if p.is_dir() and used_entries(p):
         raise ConfigError(f"{what} directory {p} already holds files ({describe(p)}); choose another --out")
+    base = next((q for q in [p, *p.parents] if q.exists()), Path("."))
+    if not base.is_dir():
+        raise ConfigError(f"--out {p} cannot be created: {base} is a file")
+    _try_write(base, f"--out {p}")
+
+
+def _try_write(folder: Path, what: str) -> None:
+    """One byte written into ``folder`` and removed: a read-only folder or a full disk is one line now, naming
+    ``what`` and the folder, rather than after the model has loaded."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".memlab-write-check.", dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write into {folder} ({_why(e)})") from None
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write into {folder} ({_why(e)})") from None
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def _why(e: OSError) -> str:
+    import errno
+
+    return {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up", errno.EROFS:
+            "the file system is read-only", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}.get(
+        e.errno, e.strerror or str(e))
