@@ -9,6 +9,7 @@ imported; :func:`memlab.probes.invert.run.run_invert` does the work.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import fields
 
 SHARED_TITLE = "both searches"
@@ -28,11 +29,18 @@ def _shared() -> set[str]:
     return {f.name for f in fields(PositionsOptions)} & {f.name for f in fields(PooledOptions)}
 
 
+@functools.lru_cache(maxsize=None)
+def _docs(section: str) -> dict[str, str]:
+    """A section's field docstrings, read from its source once (not once per flag: the parser answers in time)."""
+    from memlab.probes.options import class_docs
+
+    return class_docs(_sections()[section])
+
+
 def _help(section: str, name: str) -> str:
-    from memlab.config import field_docs
     from memlab.probes.invert.options import default_text
 
-    text = field_docs(_sections()[section]).get(name, "").rstrip(".")
+    text = _docs(section).get(name, "").rstrip(".")
     return f"{text} (default {default_text(section, name)})".replace("%", "%%")
 
 
