@@ -11,10 +11,8 @@ documents), never over lines, reproducibly from a seed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
-import logging
 import os
 import re
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from typing import Iterable, Iterator
 from memlab.data.splits import (  # noqa: F401  (the held-out splits, also importable from here)
     BLOCK_ID, SplitPlan, UnitCounts, describe_splits, describe_units, make_splits, require_split,
 )
+from memlab.data.corpus_errors import bad_json_line, library_errors_quiet, readable_rows
 from memlab.errors import DataError
 from memlab.registry import CORPORA
 
@@ -88,7 +87,7 @@ def _read_file(f: Path, kind: str):
     if f.stat().st_size == 0:
         raise DataError(f"{f}: the file is empty")
     try:
-        with _library_errors_quiet():  # the reason is memlab's one line below, not the library's log line too
+        with library_errors_quiet():  # the reason is memlab's one line below, not the library's log line too
             if kind == "text":
                 return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
             if kind == "arrow":
@@ -107,62 +106,10 @@ def _read_file(f: Path, kind: str):
             cause = nxt
         if isinstance(cause, UnicodeDecodeError):
             raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
-        bad = _bad_json_line(f) if kind == "json" else None
+        bad = bad_json_line(f) if kind == "json" else None
         if bad is not None:
             raise DataError(f"{f}: {bad}") from None
         raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
-
-
-@contextlib.contextmanager
-def _library_errors_quiet():
-    """``datasets``' own error log lines silenced while a file is read: its failure becomes one memlab line."""
-    log = logging.getLogger("datasets")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
-"""Compressed corpus files ``datasets`` reads, and the module that opens each."""
-
-
-def _bad_json_line(f: Path) -> str | None:
-    """Where ``f`` stops being JSON, as a phrase that names the line (JSON lines: the first line that is not one
-    JSON object; one JSON document: where it breaks); None when it cannot be read line by line here."""
-    import importlib
-    import json
-
-    opener = OPENERS.get(f.suffix)
-    if opener is None and f.suffix == ".zst":
-        return None
-    try:
-        fh = open(f, encoding="utf-8") if opener is None else importlib.import_module(opener).open(
-            f, "rt", encoding="utf-8")
-        with fh:
-            head = fh.read(4096).lstrip()
-            fh.seek(0)
-            if head.startswith("["):  # one JSON document: a list of records
-                try:
-                    json.load(fh)
-                except json.JSONDecodeError as e:
-                    return f"not valid JSON at line {e.lineno} ({e.msg} at column {e.colno})"
-                return None
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    return (f"line {n} is not a JSON object ({e.msg} at column {e.colno}); each line of a JSON "
-                            "lines file holds one record")
-                if not isinstance(rec, dict):
-                    return f"line {n} is a JSON {type(rec).__name__}, not an object (one record a line)"
-    except (OSError, UnicodeDecodeError, EOFError, ValueError):
-        return None
-    return None
 
 
 def _arrow_file(f: Path):
@@ -187,7 +134,7 @@ def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False
         raise DataError(f"{where}: no field '{field}' (fields: {', '.join(ds.column_names)}); "
                         "set the text field (--text-field, data.text_field)")
     n = len(ds)
-    for i, rec in enumerate(_readable_rows(ds.select_columns([field]), where)):
+    for i, rec in enumerate(readable_rows(ds.select_columns([field]), where)):
         text = rec[field]
         if text is None and not fill:  # datasets fills a field that a record lacks with None
             raise DataError(f"{where}: missing field '{field}' in row {i + 1}; every record needs it "
@@ -195,22 +142,6 @@ def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False
         if not isinstance(text, str):
             raise DataError(f"{where}: row {i + 1} field '{field}' is not text (got {type(text).__name__})")
         yield Document(id=f"{stem}/{i}" if n > 1 else stem, text=_check_text(text, where), group=stem)
-
-
-def _readable_rows(ds, where: str) -> Iterator[dict]:
-    """The rows of ``ds``; a row whose bytes cannot be decoded (a damaged ``.arrow`` file) is one DataError line."""
-    rows = iter(ds)
-    i = 0
-    while True:
-        try:
-            rec = next(rows)
-        except StopIteration:
-            return
-        except Exception as e:  # pyarrow's or the codec's error on damaged bytes
-            raise DataError(f"{where}: row {i + 1} cannot be read, its bytes are damaged ({type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:120]}); write the dataset again") from None
-        yield rec
-        i += 1
 
 
 def _iter_files(files: list[Path], text_field: str, root: Path | None = None) -> Iterator[Document]:
