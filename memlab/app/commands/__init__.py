@@ -168,9 +168,14 @@ def check_writable_dir(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path} cannot be created: {missing.parent} is a file")
     try:
         os.mkdir(missing)
+    except FileExistsError:  # another process (of a launch) made it meanwhile
+        return
     except OSError as e:
         raise ConfigError(f"{flag} {path} cannot be created ({e.strerror})") from None
-    os.rmdir(missing)
+    try:
+        os.rmdir(missing)
+    except OSError:  # another process wrote into it meanwhile: it is theirs now
+        pass
 
 
 def check_new_out(path: str | None, what: str) -> None:
