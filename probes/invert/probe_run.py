@@ -66,7 +66,8 @@ def read_probe_run(folder: str) -> ProbeRunSettings:
     model = str(spec["model"])
     if model.startswith(NO_WEIGHTS) or enc.get("layer") is None or enc.get("num_layers") is None:
         raise ConfigError(f"--probe {folder}: the run read {model!r}, an encoder without a transformers model's "
-                          "layers; the inversion searches with the model's own weights (give a run of a transformers model)")
+                          "layers; the inversion searches with the model's own weights (give a run of a transformers "
+                          "model)")
     try:
         return ProbeRunSettings(
             path=str(p), model=model, layer=int(enc["layer"]), num_layers=int(enc["num_layers"]),
