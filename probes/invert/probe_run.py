@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memlab.errors import ConfigError
-from memlab.probes.recorded import check_recorded, read_json
+from memlab.probes.recorded import check_recorded, read_json, resolved_layer
 
 POOL_TO_STATES = {"last": "last", "mean": "mean"}
 """The probe's pooling -> the inversion's ``--states`` that reads the same vector."""
@@ -78,10 +78,6 @@ def read_probe_run(folder: str) -> ProbeRunSettings:
         raise ConfigError(f"--probe {folder}: its report lacks a setting the inversion needs ({e})") from None
 
 
-def _layer(value: int, num_layers: int) -> int:
-    return value + num_layers + 1 if value < 0 else value
-
-
 def reconcile(opts, given: set[str], run: ProbeRunSettings):
     """``opts`` (the inversion's checked :class:`~memlab.probes.invert.options.InvertOptions`; ``given``: the field
     names the user set) with the run's settings filled in; one ConfigError line for a flag that contradicts the
@@ -98,7 +94,7 @@ def reconcile(opts, given: set[str], run: ProbeRunSettings):
                           "(run the probe without --final-norm)")
     if "model" in given and model.model != run.model:
         raise ConfigError(f"--model {model.model} contradicts {where} (model {run.model}); leave --model out")
-    if "layer" in given and _layer(model.layer, run.num_layers) != run.layer:
+    if "layer" in given and resolved_layer(model.layer, run.num_layers) != run.layer:
         raise ConfigError(f"--layer {model.layer} contradicts {where} (layer {run.layer} of {run.num_layers}); "
                           "leave --layer out")
     states = POOL_TO_STATES.get(run.pool)
