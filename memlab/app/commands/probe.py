@@ -12,18 +12,18 @@ import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from memlab.app.commands import check_threads, int_list_text
+from memlab.app.commands import check_threads
 from memlab.probes.options import docs
 from memlab.probes.sections import PART_OPTIONS, SECTIONS, ReadoutSection
 
 FLAGS = {  # flag -> (option, type, help): the hand-written flags; every other option gets --its-name
     "--layer": ("layer", int, "hidden state: 0 = embeddings, k = block k-1 output, negative from the end"),
     "--pool": ("pool", str, "a registered pooling: last, second_last, mean or first (unset: the shortcut's, else last)"),
-    "--seq-len": ("seq_len", int_list_text, "words per chunk (with chunk_by=tokens: tokens of the model's "
-                                            "tokenizer); a comma list (8,16,32,64,128) fits each length on one model "
-                                            "load and writes the retention-against-length curve"),
-    "--n-train": ("n_train", int_list_text, "training chunks; a comma list (1000,4000,16000) fits each size on one "
-                                            "encoder pass and writes the learning curve"),
+    "--seq-len": ("seq_len", str, "words per chunk (with chunk_by=tokens: tokens of the model's tokenizer); a comma "
+                                  "list (8,16,32,64,128) fits each length on one model load and writes the "
+                                  "retention-against-length curve"),
+    "--n-train": ("n_train", str, "training chunks; a comma list (1000,4000,16000) fits each size on one encoder pass "
+                                  "and writes the learning curve"),
     "--n-eval": ("n_eval", int, "held-out chunks (all there are, with a warning, when the split holds fewer)"),
     "--epochs": ("epochs", float, "most decoder epochs over the cached embeddings, > 0 (early stopping: patience)"),
     "--batch-size": ("batch_size", int, "decoder batch size"),
