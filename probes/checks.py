@@ -12,7 +12,8 @@ import os
 import re
 from pathlib import Path
 
-from memlab.errors import ConfigError
+from memlab import assets
+from memlab.errors import ConfigError, ModelError
 from memlab.probes.parts import get_part
 
 CHUNK_BY = ("words", "tokens")
@@ -156,9 +157,6 @@ def check_model_spec(spec) -> None:
     """A model ``spec`` that names a local path (it starts with ``.``, ``/`` or ``~``, or holds more than one
     ``/``) which is not there: the encoders' own ModelError line, told without loading them. A shortcut, a
     ``kind:`` spec and a hub name are left to the encoder kinds."""
-    from memlab import assets
-    from memlab.errors import ModelError
-
     s = str(spec or "")
     if not s or s in assets.ASSETS or re.match(r"[A-Za-z][\w.+-]*:", s) or Path(os.path.expanduser(s)).exists():
         return

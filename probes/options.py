@@ -14,8 +14,10 @@ options the user set, and with ``compare`` every method's resolved options); its
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
@@ -279,9 +281,6 @@ def precheck(path: str | Path | None = None, overrides: list[str] | None = None,
 @functools.lru_cache(maxsize=None)
 def _module_docs(module: str) -> dict[str, dict[str, str]]:
     """Class name -> field -> docstring of every top-level class of ``module``, its source parsed once."""
-    import ast
-    import sys
-
     try:
         tree = ast.parse(Path(sys.modules[module].__file__).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, KeyError, AttributeError, TypeError):
