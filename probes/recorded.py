@@ -64,11 +64,12 @@ def recorded_mismatch(spec: dict, rep: dict, config: dict | None) -> str | None:
         return None
     part = config.get("probe_part") or {}
     if part:
-        kind = str(opts.get("decoder", "")).partition(":")[0]
+        saved = str(part.get("name", "")).partition(":")[0]  # a part's argument (pretrained:NAME) aside
         made = (rep.get("decoder") or {}).get("kind")
-        for where, name in (("report.json's options have decoder", kind), ("report.json's decoder is", made)):
-            if name and name != part.get("name"):
-                return f"decoder/config.json was saved by decoder part {part.get('name')!r} but {where} {name!r}"
+        for where, name in (("report.json's options have decoder", opts.get("decoder")),
+                            ("report.json's decoder is", made)):
+            if name and str(name).partition(":")[0] != saved:
+                return f"decoder/config.json was saved by decoder part {saved!r} but {where} {name!r}"
         theirs = {**opts, **(opts.get("part_options") or {})}
         for k, v in (part.get("options") or {}).items():
             if k in theirs and not _same(theirs[k], v):
