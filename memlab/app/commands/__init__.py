@@ -193,7 +193,7 @@ def check_new_out(path: str | None, what: str) -> None:
         raise ConfigError(f"{what} directory {p} already holds files ({describe(p)}); choose another --out")
     base = next((q for q in [p, *p.parents] if q.exists()), Path("."))
     if not base.is_dir():
-        raise ConfigError(f"--out {p} cannot be created: {base} is a file")
+        raise ConfigError(f"cannot create {what} directory {p}: {base} is a file, not a folder")
     _try_write(base, f"--out {p}")
 
 
