@@ -22,3 +22,29 @@ def test_n_beyond_the_held_out_chunks_of_the_corpus_is_refused(small_corpus, tmp
                   r"give --n (\d+) or fewer", err[0])
     assert m and m.group(1) == m.group(2) and 0 < int(m.group(1)) < 500, err[0]
     assert not out.exists()
+
+
+def test_a_full_disk_when_the_folder_is_claimed_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """The run's folder claimed on a disk that fills between the early check and the claim: the lock line cannot be
+    written; one line names the folder, and the folder the claim made is gone."""
+    import builtins
+    import errno
+
+    from memlab import rundir
+    from memlab.errors import MemlabError
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: Full(builtins.open(*a, **k)), raising=False)
+    out = tmp_path / "new" / "inv"
+    with pytest.raises(MemlabError, match=rf"cannot write into {re.escape(str(out))}: the disk is full"):
+        rundir.claim(out, fresh=True, what="inversion")
+    assert sorted(tmp_path.iterdir()) == []
