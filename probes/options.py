@@ -27,7 +27,7 @@ from memlab.errors import ConfigError
 from memlab.probes.checks import (  # noqa: F401  (the checks, also importable from here)
     CACHE_DTYPES, CHUNK_BY, check_lengths, check_range, check_together, check_model_spec, comma_items,
     parse_lengths, parse_sizes, seq_lens, train_sizes)
-from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
+from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, chosen, get_part, split_name, unhonoured
 from memlab.probes.sections import (PART_OPTIONS, SECTIONS, AlignOptions, BowOptions, DecoderSection,
                                     EncoderSection, FitSection, LlamaOptions, PrefixOptions, PretrainedOptions,
                                     ReadoutSection, RunSection, TeacherOptions, TextSection)
@@ -176,14 +176,16 @@ def _part_option_names(kinds, light: bool) -> set[str]:
 def _flatten(data: dict, where: str, light: bool = False) -> dict:
     """Sections given as mappings (``fit: {epochs: 3}``, ``decoder: {kind: gru, hidden: 64}``) -> their flat names;
     a flat name stays as it is. A key that its section does not hold (its own fields and the options of the parts
-    it chooses) is refused with where it belongs (``light``: kept, for the registries to judge later)."""
+    it chooses) is refused with where it belongs (``light``: left out, for the registries to judge later)."""
     out: dict = {}
     for k, v in data.items():
         if k in SECTIONS and isinstance(v, dict):
             own = {f.name for f in fields(SECTIONS[k])} | set(SECTION_NAMES.get(k, {}))
             parts = _part_option_names(SECTION_PARTS.get(k, ()), light)
             for kk, vv in v.items():
-                if kk not in own | parts and not light:
+                if kk not in own | parts and light:  # left to the registries (a plugin part's option?)
+                    continue
+                if kk not in own | parts:
                     there = home(kk)
                     raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section; "
                                       + (f"it belongs to {there}" if there else
@@ -273,9 +275,44 @@ def precheck(path: str | Path | None = None, overrides: list[str] | None = None,
     data, prefix = _read(path, overrides, kw, light=True)
     names = {f.name for f in fields(ProbeOptions)} - {"part_options"}
     opts = from_dict(ProbeOptions, {k: v for k, v in data.items() if k in names}, prefix=prefix)
+    if parts_complete():  # every part there will be is registered: unknown names are refused now too
+        check_known(data, opts, prefix)
     check_lengths(opts)
     check_range(opts, parts=False)
     return opts
+
+
+def parts_complete() -> bool:
+    """Whether the parts registered so far are all the parts there will be, told without loading the plugins: they
+    were loaded, or no installed package names a ``memlab.plugins`` entry point (memlab's own parts are registered
+    by :mod:`memlab.probes.catalog` when the package is imported; a test checks that loading the plugin packages
+    adds none)."""
+    from memlab import registry
+
+    return registry._plugins_loaded or not list(registry.entry_points(group=registry.ENTRY_POINT_GROUP))
+
+
+def _registered(kind: str) -> dict:
+    """The parts of ``kind`` registered so far (the registry's own listing would load the plugins first)."""
+    return PARTS[kind]._items
+
+
+def check_known(data: dict, opts: ProbeOptions, prefix: str = "") -> None:
+    """An option name no registered part has, or a part name not registered, refused in the words of
+    :func:`load_options` (:func:`_typed`, :func:`memlab.probes.parts.get_part`), from the parts registered so far;
+    only when those are all there will be (:func:`parts_complete`)."""
+    names = {f.name for f in fields(ProbeOptions)} - {"part_options"}
+    theirs = {f.name for kind in PARTS for part in _registered(kind).values()
+              if (c := part.options) is not None for f in fields(c)}
+    for k in data:
+        if k not in names | theirs:
+            plugin = sorted(theirs - names)
+            raise ConfigError(f"unknown config key '{prefix}{k}'; valid keys: {', '.join(sorted(names))}"
+                              + (f", and the parts' {', '.join(plugin)}" if plugin else ""))
+    for kind in SELECTED_BY:
+        for name in chosen(opts, kind):
+            if split_name(name)[0] not in _registered(kind):
+                raise ConfigError(f"unknown probe {kind} '{name}'; registered: {', '.join(sorted(_registered(kind)))}")
 
 
 @functools.lru_cache(maxsize=None)

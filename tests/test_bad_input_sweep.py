@@ -388,4 +388,41 @@ def test_the_options_checked_early_are_the_options_checked_late():
         with pytest.raises(ConfigError) as late:
             load_options(None, over, model="synthetic:concat")
         assert str(early.value) == str(late.value)
-    precheck(None, ["epochs=2", "decoder=no_such_part", "no_such_option=1"], model="m")  # left to the full check
+
+
+@pytest.mark.parametrize("over", [["no_such_key=1"], ["decoder=bogus"], ["pool=maxx"], ["readouts=[bow,nope]"],
+                                  ["scorers=[no_such_scorer]"], ["conditioning=sideways"]])
+def test_an_unknown_name_is_refused_early_in_the_words_of_the_full_check(over):
+    from memlab.errors import ConfigError
+    from memlab.probes.options import load_options, parts_complete, precheck
+
+    assert parts_complete()  # no plugin package installed here, or the plugins are loaded
+    with pytest.raises(ConfigError) as early:
+        precheck(None, over, model="synthetic:concat")
+    with pytest.raises(ConfigError) as late:
+        load_options(None, over, model="synthetic:concat")
+    assert str(early.value) == str(late.value)
+
+
+def test_unknown_names_wait_for_the_plugins_when_a_plugin_package_is_installed(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import memlab.registry as registry
+    from memlab.probes.options import precheck
+
+    fake = EntryPoint(name="elsewhere", value="no_such_package.parts", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [fake])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    precheck(None, ["decoder=gru", "gru_layers=2"], model="m")  # a plugin's part and option: judged once loaded
+
+
+def test_the_parts_registered_before_the_plugins_load_are_all_of_memlabs_own():
+    """The early check judges part and option names from the parts registered when memlab.probes is imported: loading
+    memlab's plugin packages (model families, curricula) must add no probe part."""
+    code = ("import memlab.probes\nfrom memlab.probes.parts import PARTS\nfrom memlab import registry\n"
+            "before = {k: sorted(PARTS[k]._items) for k in PARTS}\n"
+            "for name in registry.PLUGIN_PACKAGES:\n    __import__(name)\n"
+            "after = {k: sorted(PARTS[k]._items) for k in PARTS}\n"
+            "print(before == after, before, after)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.stdout.startswith("True"), p.stdout + p.stderr
