@@ -198,3 +198,62 @@ def test_digests_bind_the_bytes_to_what_made_them():
     rec = cachecheck.seal({"n": 3, "shape": (2, 4)})
     assert cachecheck.sealed(json.loads(json.dumps(rec)))
     assert not cachecheck.sealed({**rec, "n": 4})
+
+
+# ---------------------------------------------------------------------------------------------- safetensors form
+def _resaved(path, change):
+    """The file at ``path`` saved again with its tensors changed by ``change`` and its metadata (digest) kept."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    change(tensors)
+    save_file(tensors, str(path), meta)
+
+
+@pytest.mark.parametrize("change", ["swap", "scale", "nodigest"])
+def test_the_safetensors_cache_is_checked_and_a_damaged_one_removed(tmp_path, capsys, change):
+    from memlab.data import chunkcache as cc
+    from memlab.probes.run import content_hash
+
+    ids, key = _ids(), {"model": "m"}
+    z = _encode(ids)
+    path = tmp_path / f"emb-{content_hash(key, ids)[:20]}.safetensors"
+    cc.write_chunk_embeddings(path, z, ids)
+    assert torch.equal(cc.read_chunk_embeddings(path, ids), z)
+    if change == "nodigest":
+        from safetensors.torch import save_file
+
+        save_file({"z": z, "ids": ids}, str(path))  # as an earlier memlab wrote it
+    else:
+        _resaved(path, lambda t: t["z"].__setitem__(slice(2, 4), t["z"][[3, 2]] * (1.5 if change == "scale" else 1)))
+    assert cc.read_chunk_embeddings(path, ids) is None
+    (line,) = _warnings(capsys)
+    assert str(path) in line and "is damaged" in line and line.endswith("rebuilding it")
+    assert not path.exists()  # removed: rebuilt in the memory-mapped form, said once
+
+
+def test_a_probe_on_a_damaged_cache_reads_as_on_the_undamaged_one(tiny_llama, small_corpus, tmp_path, capsys):
+    from memlab.probes.run import load_options, run_probe
+
+    tiny = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=64",
+            "n_eval=16", "epochs=1", "n_examples=2"]
+
+    def probe():
+        return run_probe(load_options(None, tiny, model=str(tiny_llama), corpus=str(small_corpus), control=False,
+                                      cache_dir=str(tmp_path)))
+
+    clean = probe()
+    capsys.readouterr()
+    for meta in tmp_path.glob("emb-*.float32.json"):  # rows swapped and scaled in both caches
+        n, d = json.loads(meta.read_text())["n"], json.loads(meta.read_text())["dim"]
+        cache = PieceCache(meta.parent / meta.name.split(".")[0])
+        mm = _rows(cache, n, d)
+        mm[[0, 1]] = mm[[1, 0]] * 1.25
+        mm.flush()
+        del mm
+    again = probe()
+    lines = _warnings(capsys)
+    assert len(lines) == 2 and all("do not match their digest" in ln for ln in lines), lines
+    assert not again["timing"]["encode_cached"] and again["probe"] == clean["probe"]
