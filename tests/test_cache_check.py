@@ -257,3 +257,44 @@ def test_a_probe_on_a_damaged_cache_reads_as_on_the_undamaged_one(tiny_llama, sm
     lines = _warnings(capsys)
     assert len(lines) == 2 and all("do not match their digest" in ln for ln in lines), lines
     assert not again["timing"]["encode_cached"] and again["probe"] == clean["probe"]
+
+
+# ---------------------------------------------------------------------------------------------- token files
+TEXTS = ["It is a truth universally acknowledged.", "She was the youngest of the two daughters."]
+
+
+@pytest.mark.parametrize("damage", ["flip", "swap", "meta"])
+def test_a_damaged_token_cache_is_named_and_written_again(tmp_path, tokenizer, capsys, damage):
+    from memlab.data.stream import token_file
+
+    path, dtype, n = token_file(iter(TEXTS), tokenizer, tmp_path / "t")
+    want = np.fromfile(path, dtype=dtype)
+    if damage == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[3] ^= 1
+        path.write_bytes(bytes(raw))
+    elif damage == "swap":
+        got = want.copy()
+        got[[0, 5]] = got[[5, 0]]
+        got.tofile(path)
+    else:  # the description's count edited
+        meta = json.loads((tmp_path / "t.json").read_text())
+        meta["tokens"] -= 1
+        (tmp_path / "t.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert token_file(iter(TEXTS), tokenizer, tmp_path / "t") == (path, dtype, n)
+    (line,) = _warnings(capsys)
+    assert f"token cache {tmp_path / 't.json'} is damaged" in line and line.endswith("rebuilding it")
+    assert np.array_equal(np.fromfile(path, dtype=dtype), want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bin", "t.json"]  # no lock, no temporary
+
+
+def test_a_full_disk_while_token_files_are_written_names_the_caches_folder(tmp_path, tokenizer, monkeypatch):
+    from memlab.data import stream
+
+    monkeypatch.setattr(stream, "encode_stream", lambda *a: (_full_disk() for _ in [0]))
+    folder = tmp_path / "tokens"
+    with pytest.raises(MemlabError) as e:
+        stream.token_file(iter(TEXTS), tokenizer, folder / "t")
+    assert str(e.value) == f"could not write the token cache in {folder} (the disk is full)"
+    assert list(folder.iterdir()) == []
