@@ -298,3 +298,38 @@ def test_a_full_disk_while_token_files_are_written_names_the_caches_folder(tmp_p
         stream.token_file(iter(TEXTS), tokenizer, folder / "t")
     assert str(e.value) == f"could not write the token cache in {folder} (the disk is full)"
     assert list(folder.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- sentence embeddings
+@pytest.mark.parametrize("damage", ["arrow", "meta", "nodigest"])
+def test_a_damaged_sentence_embedding_cache_is_named_and_rebuilt(tmp_path, capsys, damage):
+    from toy_spaces import SENTENCES, random_space
+
+    from memlab.data import embcache
+
+    docs, space = [SENTENCES[:4], SENTENCES[4:]], random_space()
+    clean = embcache.build_or_load(space, "toy_ae", docs, "train", tmp_path, max_tokens=20)
+    (folder,) = list(tmp_path.iterdir())
+    meta = json.loads((folder / "meta.json").read_text())
+    if damage == "arrow":  # two embeddings' numbers swapped inside the Arrow file (same size)
+        arrow = next((folder / "data").glob("*.arrow"))
+        raw = np.frombuffer(arrow.read_bytes(), dtype=np.uint8).copy()
+        z = clean.embeddings.numpy().tobytes()
+        at = raw.tobytes().find(z[:32])
+        assert at > 0
+        raw[at:at + 4], raw[at + 4:at + 8] = raw[at + 4:at + 8].copy(), raw[at:at + 4].copy()
+        arrow.write_bytes(raw.tobytes())
+    elif damage == "meta":
+        meta["truncated_sentences"] += 1
+        (folder / "meta.json").write_text(json.dumps(meta))
+    else:
+        del meta["files"], meta["digest"]
+        (folder / "meta.json").write_text(json.dumps(meta))
+    again = embcache.build_or_load(space, "toy_ae", docs, "train", tmp_path, max_tokens=20)
+    (line,) = _warnings(capsys)
+    assert f"embedding cache {folder} is damaged" in line and line.endswith("rebuilding it")
+    assert torch.equal(again.embeddings, clean.embeddings) and again.meta == clean.meta
+    with pytest.raises(MemlabError, match="is damaged"):  # a folder the user named is refused, not deleted
+        (folder / "meta.json").write_text(json.dumps({**json.loads((folder / "meta.json").read_text()), "split": "x"}))
+        embcache.build_or_load(space, "toy_ae", docs, "train", tmp_path, max_tokens=20, path=folder)
+    assert folder.is_dir()
