@@ -333,3 +333,33 @@ def test_a_damaged_sentence_embedding_cache_is_named_and_rebuilt(tmp_path, capsy
         (folder / "meta.json").write_text(json.dumps({**json.loads((folder / "meta.json").read_text()), "split": "x"}))
         embcache.build_or_load(space, "toy_ae", docs, "train", tmp_path, max_tokens=20, path=folder)
     assert folder.is_dir()
+
+
+# ---------------------------------------------------------------------------------------------- probe controls
+@pytest.mark.parametrize("damage", ["weights", "numbers"])
+def test_a_damaged_control_entry_is_named_and_trained_again(tokenizer, small_corpus, tmp_path, capsys, damage):
+    from test_probe_control_cache import _probe
+
+    from memlab.probes import train
+    from memlab.probes.control_cache import FOLDER
+
+    a = _probe(tokenizer, small_corpus, tmp_path)
+    (entry,) = (tmp_path / FOLDER).iterdir()
+    if damage == "weights":  # every weight of the control scaled, the file whole
+        _resaved(entry / "control.safetensors", lambda t: [v.mul_(1.5) for v in t.values() if v.is_floating_point()])
+    else:  # a number of the kept metrics edited
+        info = json.loads((entry / "entry.json").read_text())
+        text = json.dumps(info)
+        key = '"ce": '
+        at = text.index(key) + len(key)
+        (entry / "entry.json").write_text(text[:at] + "0.5, \"was\": " + text[at:])
+    capsys.readouterr()
+    runs = []
+    real = train.train_decoders
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "train_decoders", lambda *x, desc="", **k: runs.append(desc) or real(*x, desc=desc, **k))
+        b = _probe(tokenizer, small_corpus, tmp_path)
+    lines = _warnings(capsys)
+    assert len(lines) == 1 and f"control cache {entry} is damaged" in lines[0] and "digest" in lines[0], lines
+    assert any(d.startswith("control") for d in runs) and b["control_shared_with"] is None  # trained again
+    assert b["readings"] == a["readings"]
