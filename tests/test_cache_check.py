@@ -363,3 +363,18 @@ def test_a_damaged_control_entry_is_named_and_trained_again(tokenizer, small_cor
     assert len(lines) == 1 and f"control cache {entry} is damaged" in lines[0] and "digest" in lines[0], lines
     assert any(d.startswith("control") for d in runs) and b["control_shared_with"] is None  # trained again
     assert b["readings"] == a["readings"]
+
+
+def test_a_full_cache_disk_under_a_probe_names_the_cache_not_the_run(tiny_llama, small_corpus, tmp_path, capsys,
+                                                                     monkeypatch):
+    from memlab.app.cli import main
+
+    monkeypatch.setattr(mmapcache, "reserve", _full_disk)
+    cache, out = tmp_path / "cache", tmp_path / "runs" / "x"
+    rc = main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--cache-dir", str(cache),
+               "--out", str(out), "--seq-len", "6", "--n-train", "64", "--n-eval", "16", "--epochs", "1",
+               "--no-control"])
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("memlab: error:")]
+    assert rc == 2 and errors == [f"memlab: error: could not write the embedding cache in {cache} (the disk is "
+                                  "full); nothing of it was kept"], errors
+    assert not out.exists() and list(cache.iterdir()) == []

@@ -17,8 +17,9 @@ resumes from there. When the last piece is in, ``.part`` is renamed to ``.bin`` 
 Each piece's digest (:mod:`memlab.cachecheck`: XXH3-128, tens of GB/s) covers its rows' bytes and what made them
 (the cache's key, its chunks, dtype, shape and the piece's rows), and every piece is checked before a cache is read
 or resumed: rows swapped, scaled or flipped, a file cut short, or the bytes of another dtype under this one's name
-are one warning line naming the cache, which is rebuilt. The check reads the file once (about 0.1 s for 100k rows
-of 768 floats once the file is in the page cache).
+are one warning line naming the cache, which is rebuilt. The check reads the file once: for 100k rows of 768
+float32 (307 MB) in the page cache, 37 ms, as long as one pass summing the rows (about 2 ms per 100k rows of 16
+float32 each more); writing that cache takes about 2 s, of which hashing is 15 ms.
 
 :func:`cached_embeddings` reads a finished cache as a tensor over the mapped file (``float32`` storage: no copy, pages
 read as rows are used; ``float16``/``bfloat16``, which halve the file: converted to float32 as they are read). The
