@@ -105,6 +105,28 @@ def sealed(record) -> bool:
     return matches(record.get("digest"), {"record": json.loads(json.dumps(body, default=str))})
 
 
+def seal_folder(folder: str | Path, made: dict) -> None:
+    """Record in ``folder/DIGESTS`` (sealed) the digest of every file under ``folder`` (:func:`files_digests`)."""
+    folder = Path(folder)
+    (folder / DIGESTS).write_text(json.dumps(seal({"files": files_digests(folder, made)})))
+
+
+def folder_problem(folder: str | Path, made: dict) -> str | None:
+    """Why the files under ``folder`` are not the ones :func:`seal_folder` recorded (None: they are)."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / DIGESTS).read_text())
+    except (OSError, ValueError):
+        return "it records no digest of its files (written by an earlier memlab)"
+    if not sealed(info):
+        return f"its {DIGESTS} does not match its digest"
+    return files_problem(folder, info.get("files"), made, ignore=(DIGESTS,))
+
+
+DIGESTS = "memlab-digests.json"
+"""The file in a cache folder that records the digests of the others (:func:`seal_folder`)."""
+
+
 def files_digests(folder: str | Path, made: dict) -> dict[str, str]:
     """The digest of every file under ``folder`` (by its path relative to it), each with ``made``."""
     folder = Path(folder)
@@ -112,12 +134,13 @@ def files_digests(folder: str | Path, made: dict) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def files_problem(folder: str | Path, recorded, made: dict) -> str | None:
-    """Why the files under ``folder`` are not the ones :func:`files_digests` recorded (None: they are)."""
+def files_problem(folder: str | Path, recorded, made: dict, ignore: tuple[str, ...] = ()) -> str | None:
+    """Why the files under ``folder`` (less those named in ``ignore``) are not the ones :func:`files_digests`
+    recorded (None: they are)."""
     folder = Path(folder)
     if not isinstance(recorded, dict) or not recorded:
         return "it records no digest of its files (written by an earlier memlab)"
-    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} - set(ignore)
     for name, d in recorded.items():
         if name not in present:
             return f"{name} is missing"

@@ -378,3 +378,41 @@ def test_a_full_cache_disk_under_a_probe_names_the_cache_not_the_run(tiny_llama,
     assert rc == 2 and errors == [f"memlab: error: could not write the embedding cache in {cache} (the disk is "
                                   "full); nothing of it was kept"], errors
     assert not out.exists() and list(cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- other caches
+def test_a_damaged_tokenizer_cache_is_named_and_rebuilt(tmp_path, monkeypatch, capsys):
+    from memlab.data.tokenizer import train_bpe
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    texts = ["It is a truth universally acknowledged, that a single man in possession of a good fortune."] * 20
+    clean = train_bpe(texts, 300)
+    (folder,) = (tmp_path / "tokenizers").iterdir()
+    vocab = json.loads((folder / "tokenizer.json").read_text())
+    merges = vocab["model"]["merges"]
+    merges[0], merges[1] = merges[1], merges[0]  # two merges swapped: a valid file that tokenizes otherwise
+    (folder / "tokenizer.json").write_text(json.dumps(vocab))
+    again = train_bpe(texts, 300)
+    (line,) = _warnings(capsys)
+    assert f"tokenizer cache {folder} is damaged" in line and line.endswith("rebuilding it")
+    assert again.get_vocab() == clean.get_vocab() and again(texts[0])["input_ids"] == clean(texts[0])["input_ids"]
+    assert train_bpe(texts, 300).get_vocab() == clean.get_vocab() and not _warnings(capsys)
+
+
+def test_a_damaged_sentence_cache_is_named_and_rebuilt(tmp_path, monkeypatch, capsys, small_corpus):
+    from conftest import write_config
+
+    from memlab.config import load_config
+    from memlab.models.sentence.recipe import SentenceOptions, corpus_documents
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(write_config(tmp_path / "c.yaml", small_corpus))
+    clean = corpus_documents(cfg, SentenceOptions())
+    (cached,) = (tmp_path / "cache" / "sentences").iterdir()
+    got = json.loads(cached.read_text())
+    split = next(iter(got["docs"]))
+    got["docs"][split][0], got["docs"][split][1] = got["docs"][split][1], got["docs"][split][0]  # documents swapped
+    cached.write_text(json.dumps(got))
+    assert corpus_documents(cfg, SentenceOptions()) == clean
+    (line,) = _warnings(capsys)
+    assert f"sentence cache {cached} is damaged" in line and line.endswith("rebuilding it")
