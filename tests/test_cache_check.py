@@ -416,3 +416,27 @@ def test_a_damaged_sentence_cache_is_named_and_rebuilt(tmp_path, monkeypatch, ca
     assert corpus_documents(cfg, SentenceOptions()) == clean
     (line,) = _warnings(capsys)
     assert f"sentence cache {cached} is damaged" in line and line.endswith("rebuilding it")
+
+
+@pytest.mark.parametrize("cache", ["safetensors", "sentence embeddings"])
+def test_a_full_disk_while_any_cache_is_written_names_its_folder(tmp_path, monkeypatch, cache):
+    folder = tmp_path / "cache"
+    if cache == "safetensors":
+        import safetensors.torch
+
+        from memlab.data import chunkcache as cc
+
+        monkeypatch.setattr(safetensors.torch, "save_file", _full_disk)
+        write = lambda: cc.write_chunk_embeddings(folder / "emb-x.safetensors", _encode(_ids()), _ids())  # noqa: E731
+    else:
+        import datasets
+        from toy_spaces import SENTENCES, random_space
+
+        from memlab.data import embcache
+
+        monkeypatch.setattr(datasets.Dataset, "save_to_disk", _full_disk)
+        write = lambda: embcache.build_or_load(random_space(), "toy_ae", [SENTENCES[:3]], "train", folder)  # noqa: E731
+    with pytest.raises(MemlabError) as e:
+        write()
+    assert str(e.value) == f"could not write the embedding cache in {folder} (the disk is full)"
+    assert not folder.exists() or list(folder.iterdir()) == []

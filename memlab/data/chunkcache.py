@@ -171,7 +171,7 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
     pid = os.getpid()
     if n <= per:  # one file, as a small cache always was
         tmp = path.with_name(f"{path.stem}.tmp{pid}{path.suffix}")
-        with guarded(f"embedding cache {path}", tmp):
+        with guarded(f"the embedding cache in {path.parent}", tmp):
             path.parent.mkdir(parents=True, exist_ok=True)
             save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp), _file_digest(path.name, z, ids))
             _remove(index)  # an earlier sharded cache of this name would be read first
@@ -181,7 +181,7 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
     k = -(-n // per)
     names = [f"{path.stem}-{i + 1:05d}-of-{k:05d}{path.suffix}" for i in range(k)]
     tmps = [path.with_name(f"{name}.tmp{pid}") for name in names] + [index.with_name(f"{index.name}.tmp{pid}")]
-    with guarded(f"embedding cache {index}", *tmps):
+    with guarded(f"the embedding cache in {path.parent}", *tmps):
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(index)  # no index names a half-written set of shards
         shards = []

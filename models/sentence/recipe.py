@@ -90,8 +90,11 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
                                                   opts.short_documents)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(seal({"docs": out, "dropped": dropped})))
-    os.replace(tmp, cached)
+    from memlab.rundir import guarded
+
+    with guarded(f"the sentence cache in {cached.parent}", tmp):  # a full disk: one line, no temporary file
+        tmp.write_text(json.dumps(seal({"docs": out, "dropped": dropped})))
+        os.replace(tmp, cached)
     return out, dropped
 
 
