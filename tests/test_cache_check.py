@@ -6,6 +6,7 @@ line naming the cache's folder, and nothing is left behind (no partial file, no 
 from __future__ import annotations
 
 import errno
+import os
 import json
 
 import numpy as np
@@ -310,3 +311,22 @@ def test_a_damaged_sentence_cache_is_named_and_rebuilt(tmp_path, monkeypatch, ca
     assert corpus_documents(cfg, SentenceOptions()) == clean
     (line,) = _warnings(capsys)
     assert f"sentence cache {cached} is damaged" in line and line.endswith("rebuilding it")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_really_full_disk_is_one_line_not_a_bus_error(tmp_path):
+    """A 256 KiB tmpfs and a 4 MB cache: the space is reserved before the file is mapped, so the full disk is an
+    OSError reported in one line (a sparse file mapped and written would die of SIGBUS, exit 135)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(MemlabError, match=f"could not write the embedding cache in {disk / 'c'} \\(the disk is full"):
+            cached_embeddings(disk / "c" / "emb-x", torch.zeros(4000, 1, dtype=torch.long),
+                              lambda b: torch.ones(b.shape[0], 256), piece_rows=500)
+        assert list((disk / "c").iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
