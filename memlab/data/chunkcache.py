@@ -14,8 +14,8 @@ second full copy) and takes the cache only when it is whole and holds the same c
 is missing, truncated or of other chunks is named in one warning line and the cache rebuilt. Each file records in
 its safetensors metadata a digest (:mod:`memlab.cachecheck`) of its bytes and of what made them (the format, its
 name, its shapes and dtype), and the index is sealed with one of its own: rows swapped, scaled or flipped are found
-as a file cut short is, and a file without a digest (an earlier memlab's) is rebuilt too. A cache found damaged is
-removed, so the warning is said once.
+as a file cut short is, and a file without a digest (an earlier memlab's) is rebuilt too. A cache found damaged or
+of other chunks is removed, so the warning is said once.
 :func:`write_chunk_embeddings` writes through temporary files and renames; :func:`check_cache_dir` refuses an
 unusable folder before any compute.
 """
@@ -76,10 +76,9 @@ def read_chunk_embeddings(path: str | Path, ids: torch.Tensor) -> torch.Tensor |
     if problem is None:
         return z
     print(f"memlab: warning: embedding cache {where} {problem}; rebuilding it", file=sys.stderr)
-    if problem.startswith("is damaged"):  # gone: the cache is rebuilt in its memory-mapped form, read next time
-        _remove(index)
-        _remove(path)
-        _remove_shards(path, ())
+    _remove(index)  # gone: the cache is rebuilt in its memory-mapped form, read next time (one warning, once)
+    _remove(path)
+    _remove_shards(path, ())
     return None
 
 
