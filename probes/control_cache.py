@@ -175,6 +175,8 @@ class ControlCache:
                 return None
             if info.get("format") != FORMAT or info.get("key") != where.name:
                 raise ValueError("not a control entry of this key")
+            if "digest" not in info:
+                raise ValueError("it records no digest (written by an earlier memlab)")
             if not sealed(info):
                 raise ValueError("entry.json does not match its digest")
             for name in DECODERS:
