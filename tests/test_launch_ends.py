@@ -156,3 +156,28 @@ def test_kill_9_of_memlab_launch_ends_its_processes_and_nothing_is_written_after
     time.sleep(5)
     assert {f: f.stat().st_mtime_ns for f in run.rglob("*") if f.is_file()} == files  # nothing written after
     assert not (run / "summary.json").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_whose_launcher_is_gone_ends_and_one_whose_launcher_is_further_up_is_watched(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    code = "from memlab.app import launched; launched.tie_to_launcher(every=0.1); import time; time.sleep(20)"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process id that no longer runs
+    started = time.time()
+    child = subprocess.run([sys.executable, "-c", code], env={**env, launched.LAUNCHER_ENV: str(gone.pid)},
+                           timeout=30)
+    assert child.returncode == -signal.SIGKILL and time.time() - started < 15
+    # a launcher that is not the parent (a process between them): its end is seen by the watchdog
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", code], env={**env, launched.LAUNCHER_ENV: str(launcher.pid)})
+    try:
+        time.sleep(3)
+        assert child.poll() is None  # its launcher runs: it runs
+        launcher.kill()
+        launcher.wait()
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for p in (launcher, child):
+            if p.poll() is None:
+                p.kill()

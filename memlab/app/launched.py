@@ -83,28 +83,47 @@ def _death_signal() -> bool:
         return False
 
 
-def _watch(parent: int, every: float) -> None:
+def _watch(parent: int, launcher: int, every: float) -> None:
     while True:
         time.sleep(every)
         if os.getppid() != parent:  # the launcher is gone: this process was handed to another parent
+            _end_now()
+        if parent != launcher and not _alive(launcher):  # a process between them outlived the launcher
             _end_now()
 
 
 def tie_to_launcher(every: float | None = None) -> bool:
     """Under ``memlab launch`` (:data:`LAUNCHER_ENV` set): end this process when its launcher ends, by any
-    signal. On Linux the kernel kills it the moment the launcher dies (a death signal); everywhere, a watchdog
-    thread checks every :data:`WATCH_S` seconds that the launcher is still its parent and kills it when not. A
-    launcher already gone ends it here. Returns whether it is tied (False outside ``memlab launch``)."""
+    signal. On Linux the kernel kills it the moment its parent (the launcher) dies (a death signal); everywhere, a
+    watchdog thread checks every :data:`WATCH_S` seconds that its parent is still the same process, and that the
+    launcher still runs where a process stands between them, and kills it when not. A launcher already gone ends
+    it here. Returns whether it is tied (False outside ``memlab launch``)."""
     pid = os.environ.get(LAUNCHER_ENV, "")
     if not pid.isdigit():
         return False
-    parent = int(pid)
+    launcher = int(pid)
     _death_signal()
-    if os.getppid() != parent:  # the launcher died before the death signal was set
+    parent = os.getppid()  # the launcher (accelerate starts its processes itself), set before the check below
+    if parent != launcher and not _alive(launcher):  # the launcher died before the death signal was set
         _end_now()
-    threading.Thread(target=_watch, args=(parent, WATCH_S if every is None else every), daemon=True,
+    threading.Thread(target=_watch, args=(parent, launcher, WATCH_S if every is None else every), daemon=True,
                      name="memlab-launcher-watch").start()
     return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            return "\nState:\tZ" not in fh.read()
+    except OSError:
+        return True  # no /proc: it answered the signal
 
 
 def _group_started() -> bool:
