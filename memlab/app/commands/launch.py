@@ -40,11 +40,13 @@ STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.S
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("launch", help="run a verb on several processes (accelerate launch), failures in one line",
+    p = sub.add_parser("launch", help="run train or probe on several processes (accelerate launch), failures in one "
+                                      "line",
                        description="accelerate launch's options, then a memlab verb and its arguments (e.g. "
                                    "`memlab launch --multi_gpu --num_processes 2 train CONFIG`); `--` may separate "
                                    "them. The launcher's and the collectives' tracebacks become one line naming the "
-                                   "process that failed.")
+                                   "process that failed; the processes end with the launcher. Only train and probe "
+                                   "run on several processes, data parallel (no FSDP or DeepSpeed).")
     p.add_argument("argv", nargs=argparse.REMAINDER, help="accelerate launch options, then VERB and its arguments")
     p.set_defaults(func=run)
 
