@@ -218,7 +218,12 @@ CASES = [  # (argv, phrase of the one line)
     (["invert", "--model", "m", "--layer", "1", "--states-from", "/no/such/model"], "model path '/no/such/model'"),
     (["invert", "--model", "m", "--layer", "1", "--corpus", "/no/such/corpus"], "corpus '/no/such/corpus' not found"),
     (["launch", "--multi_gpu", "--num_processes", "0", "train", TOY], "--num_processes must be a positive integer"),
-    (["launch", "--multi_gpu", "--num_processes", "2", "bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "probe", "--model", "m", "--seq-len", "8,8"], "8 is given twice"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "invert", "--model", "m", "--layer", "1"],
+     "`memlab invert` runs in one process (only train and probe run on several)"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "bench", "--mfu-steps", "0"], "`memlab bench` runs in one process"),
+    (["launch", "--use_fsdp", "--num_processes", "2", "train", TOY], "the launch asks for FSDP, which memlab does not"),
+    (["launch", "--use_deepspeed", "--num_processes", "2", "probe", "--model", "m"], "asks for DeepSpeed"),
     (["launch", "--multi_gpu", "--num_processes", "2"], "memlab launch needs a verb to run"),
 ]
 
