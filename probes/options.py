@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
+from memlab import registry
 from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
 from memlab.probes.checks import (  # noqa: F401  (the checks, also importable from here)
@@ -287,8 +288,6 @@ def parts_complete() -> bool:
     were loaded, or no installed package names a ``memlab.plugins`` entry point (memlab's own parts are registered
     by :mod:`memlab.probes.catalog` when the package is imported; a test checks that loading the plugin packages
     adds none)."""
-    from memlab import registry
-
     return registry._plugins_loaded or not list(registry.entry_points(group=registry.ENTRY_POINT_GROUP))
 
 
