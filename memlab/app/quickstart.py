@@ -30,8 +30,8 @@ reading them in its own tokens); every decoder rebuilds them in the toy BPE's
 tokens, so all rows share one control and the table's bits per chunk (what the
 embedding adds over the control, with a 95 % paired bootstrap interval) are
 counted over the same target tokens. A row may carry its own budget
-(:attr:`Entry.options`: the concat row fits its sequence decoder alone on four times the chunks, the bag row
-its read-out alone); the table's notes list them. ``--retrain``
+(:attr:`Entry.options`: the concat row fits its sequence decoder alone on eight times the chunks, the bag row
+its read-out alone on four times); the table's notes list them. ``--retrain``
 trains the memory autoencoder and the causal LM from scratch first.
 """
 
@@ -172,25 +172,27 @@ def _synthetic(kind: str):
 CALIBRATION = ("synthetic:concat", "synthetic:bag", "synthetic:constant")
 
 
-CONCAT_EPOCHS = 8
-"""The concat row's most epochs (:func:`concat_budget`; fewer when the quickstart's own are fewer)."""
+CONCAT_CHUNKS = 8
+"""The concat row's training chunks, as a multiple of the quickstart's (:func:`concat_budget`)."""
+CONCAT_EPOCHS = 5
+"""The concat row's most epochs (fewer when the quickstart's own are fewer)."""
 CONCAT_WIDTH = 64
 """The concat row's decoder width (one layer; narrower when the quickstart's own is): a third of the default
-decoder's cost per chunk, and it reads concat as fast (docs/results/quickstart.md)."""
+decoder's FLOPs per chunk, and it reads concat as fast (docs/results/quickstart.md)."""
 
 
 def concat_budget(base: dict) -> dict:
     """The concat row's own budget. Its test is the sequence decoder's token accuracy (>= 0.99), which needs nearly
-    every held-out token seen often in training: on the quickstart's chunks it is data-bound at 2,000 chunks
-    (docs/results/probes.md), so it gets four times the quickstart's chunks, at most :data:`CONCAT_EPOCHS` epochs,
-    and the decoder settings that read concat whole (no bag head, which slows a positional read-out; teacher inputs
-    with a third of them dropped while training) at a third of the default decoder's cost (one layer of
-    :data:`CONCAT_WIDTH`: a read-out of codes by position needs no depth). Its test reads no control and no
-    bag-of-words read-out (the bag row tests that), so it fits neither: the sequence decoder alone
-    (docs/results/quickstart.md: what it costs and reads)."""
+    every held-out token seen often in training: on the quickstart's chunks it is data-bound (docs/results/probes.md),
+    so it gets :data:`CONCAT_CHUNKS` times the quickstart's chunks for at most :data:`CONCAT_EPOCHS` epochs (more
+    chunks, not more epochs, is what reads concat whole: docs/results/quickstart.md), with the decoder settings that
+    read concat whole (no bag head, which slows a positional read-out; teacher inputs with a third of them dropped
+    while training) at a third of the default decoder's FLOPs (one layer of :data:`CONCAT_WIDTH`: a read-out of codes
+    by position needs no depth). Its test reads no control and no bag-of-words read-out (the bag row tests that), so
+    it fits neither: the sequence decoder alone."""
     width = min(int(base.get("hidden_size", LlamaOptions.hidden_size)), CONCAT_WIDTH)
-    return dict(n_train=4 * int(base["n_train"]), epochs=min(float(base["epochs"]), CONCAT_EPOCHS), control=False,
-                readouts=[], bag_head=False, input_dropout=0.3, hidden_size=width, num_layers=1)
+    return dict(n_train=CONCAT_CHUNKS * int(base["n_train"]), epochs=min(float(base["epochs"]), CONCAT_EPOCHS),
+                control=False, readouts=[], bag_head=False, input_dropout=0.3, hidden_size=width, num_layers=1)
 
 
 def bag_budget(base: dict) -> dict:
