@@ -30,7 +30,14 @@ COMMANDS = [
     ["generate", "--run", "r", "--prompt", "x", "--top-p", "2"],
     ["quickstart", "--threads", "0"],
     ["probe", "--model", "m", "--seq-len", "8,8"],
+    ["probe", "--model", "m", "--epochs", "0"],
+    ["probe", "--model", "m", "--lr", "nan"],
+    ["probe", "--model", "./no-such-model"],
+    ["probe", "--model", "m", "--corpus", "/no/such/corpus.txt"],
+    ["probe", "--model", "m", "--out", "README.md"],
     ["invert", "--model", "m", "--seq-len", "0"],
+    ["invert", "--model", "m", "--layer", "1", "--seed", "-1"],
+    ["invert", "--model", "m", "--layer", "1", "--cache-dir", "/proc/no-such-cache"],
 ]
 
 _CHILD = ("import sys\nfrom memlab.app.cli import main\nrc = main(sys.argv[1:])\n"

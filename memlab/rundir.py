@@ -73,10 +73,15 @@ class RunClaim:
                 owner = fh.read().strip()
                 fh.close()
                 raise MemlabError(_busy(self.run_dir, owner, hint)) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+        except OSError as e:  # a full disk: the folder named, and the claim undone by its caller
+            with contextlib.suppress(OSError):  # closing flushes the same unwritten line again
+                fh.close()
+            raise MemlabError(f"cannot write into {self.run_dir}: {storage_failure(e) or e.strerror}") from None
         self._fh = fh
         _HELD[_key(self.run_dir)] = self
         return self
@@ -158,7 +163,8 @@ def used_entries(run_dir: Path) -> list[str]:
 
 _KINDS = (("config.yaml", "a training run"), ("checkpoints", "a training run"), ("metrics.jsonl", "a training run"),
           ("eval.json", "an evaluation"), ("bench.json", "a benchmark run"), ("scaling.json", "a scaling sweep"),
-          ("report.json", "a probe"), ("table.md", "a quickstart run"))
+          ("probe.json", "a probe"), ("summary.txt", "an inversion"), ("report.json", "a probe"),
+          ("table.md", "a quickstart run"))
 """A file or folder that tells what a used folder holds, first match wins."""
 
 

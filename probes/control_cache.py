@@ -11,8 +11,10 @@ that :func:`memlab.probes.train.fit_decoders` reads and fills (``key in cache``,
         start.safetensors     the first run's weights (the decoder the contained probe starts from)
         entry.json            metrics, histories, owner, each decoder's embedding width
 
-An entry folder is written under a temporary name and renamed when whole. One that is partial, damaged or of
-another key is named in one warning line and ignored (the control is then trained again and the entry replaced);
+An entry folder is written under a temporary name and renamed when whole. ``entry.json`` records the digest of each
+weights file (of its bytes and of the entry's key: :mod:`memlab.cachecheck`) and is sealed with a digest of its own
+content; both are checked before an entry is read. One that is partial, damaged (bytes changed, numbers edited) or
+of another key is named in one warning line and ignored (the control is then trained again and the entry replaced);
 a folder that cannot be written is one warning line too, and the run goes on with the control in memory. Nothing
 is pickled: weights are safetensors, everything else JSON (per-chunk arrays as tagged lists, floats exactly).
 """
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from memlab.cachecheck import file_digest, file_matches, seal, sealed
 from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
 from memlab.probes.readings import ChunkScores, DecoderScores
@@ -172,6 +175,14 @@ class ControlCache:
                 return None
             if info.get("format") != FORMAT or info.get("key") != where.name:
                 raise ValueError("not a control entry of this key")
+            if "digest" not in info:
+                raise ValueError("it records no digest (written by an earlier memlab)")
+            if not sealed(info):
+                raise ValueError("entry.json does not match its digest")
+            for name in DECODERS:
+                if not file_matches(where / f"{name}.safetensors", (info.get("files") or {}).get(name),
+                                    {"format": FORMAT, "key": where.name, "file": name}):
+                    raise ValueError(f"{name}.safetensors does not match its digest")
             decs = []
             for name in DECODERS:
                 dec = self.build(int(info["embed_dim"][name]))
@@ -201,14 +212,17 @@ class ControlCache:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+            files = {}
             for name, dec in zip(DECODERS, (control, start)):
                 save_file(_weights(dec), str(tmp / f"{name}.safetensors"))
-            info = {"format": FORMAT, "key": final.name,
+                files[name] = file_digest(tmp / f"{name}.safetensors", {"format": FORMAT, "key": final.name,
+                                                                        "file": name})
+            info = {"format": FORMAT, "key": final.name, "files": files,
                     "embed_dim": {n: int(d.config.embed_dim) for n, d in zip(DECODERS, (control, start))},
                     "entry": encode({"metrics": _scores_as_json(entry.scores), "history": entry.history,
                                      "owner": entry.owner, "metrics_1": _scores_as_json(entry.first_scores),
                                      "history_1": entry.first_history})}
-            (tmp / "entry.json").write_text(json.dumps(info))
+            (tmp / "entry.json").write_text(json.dumps(seal(info)))
             if final.exists():
                 shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)

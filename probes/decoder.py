@@ -88,6 +88,7 @@ from memlab.probes.encoders import load_encoder, load_tokenizer
 from memlab.probes.parts import (PARTS, Conditioning, DecoderKind, InputMode, encoder_kind, get_part, own_options,
                                  part_options, reads_tokens, split_name, takes)
 from memlab.probes.readings import reconstruct_ids
+from memlab.probes.recorded import check_recorded
 from memlab.probes.sections import DecoderSection, LlamaOptions, PrefixOptions, TeacherOptions
 from memlab.rundir import write_atomic
 
@@ -598,6 +599,7 @@ def load_probe(path: str | Path | None = None, **_) -> FittedProbe:
     p = Path(path)
     if not (p / "probe.json").is_file() or not (p / "decoder" / "config.json").is_file():
         raise ModelError(f"{p}: not a probe run directory (probe.json and decoder/ expected)")
+    check_recorded(p, "the probe run")  # its files agree about how it was made, or one line
     spec = json.loads((p / "probe.json").read_text())
     saved = spec.get("part_options") or {}
     kw = {}

@@ -6,27 +6,33 @@ An option of a part that is not chosen (``prefix_len`` without ``conditioning=pr
 ``decoder=pretrained:NAME``, ``lora_r`` without it) is refused by name (:func:`memlab.probes.parts.check_parts`),
 as are ``plain_input_dropout`` with ``select_decoder=false`` and ``layers_sequence`` without ``layers``.
 :func:`validate` runs once and returns a new, resolved object (:class:`ResolvedOptions`: the device resolved, the
-options the user set, and with ``compare`` every method's resolved options); its input is not changed. A ``recipe: probe`` experiment file holds its probe in ``options:`` (flat names, or the
-sections as mappings); its ``name`` names the run; any other section is refused by name.
+options the user set, and with ``compare`` every method's resolved options); its input is not changed. A
+``recipe: probe`` experiment file holds its probe in ``options:`` (flat names, or the sections as mappings); its
+``name`` names the run; any other section is refused by name. The options' own checks (ranges, lengths, sizes) are
+:mod:`memlab.probes.checks`; :func:`precheck` runs those that need no registry of parts before torch is imported.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
-import math
+import functools
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
+from memlab import registry
 from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
-from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, get_part, unhonoured
-from memlab.probes.sections import (SECTIONS, AlignOptions, BowOptions, DecoderSection, EncoderSection, FitSection,
-                                    LlamaOptions, PrefixOptions, PretrainedOptions, ReadoutSection, RunSection,
-                                    TeacherOptions, TextSection)
+from memlab.probes.checks import (  # noqa: F401  (the checks, also importable from here)
+    CACHE_DTYPES, CHUNK_BY, check_lengths, check_range, check_together, check_model_spec, comma_items,
+    parse_lengths, parse_sizes, seq_lens, train_sizes)
+from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, chosen, get_part, split_name, unhonoured
+from memlab.probes.sections import (PART_OPTIONS, SECTIONS, AlignOptions, BowOptions, DecoderSection,
+                                    EncoderSection, FitSection, LlamaOptions, PrefixOptions, PretrainedOptions,
+                                    ReadoutSection, RunSection, TeacherOptions, TextSection)
 
-CHUNK_BY = ("words", "tokens")
-CACHE_DTYPES = ("float32", "float16", "bfloat16")  # memlab.data.mmapcache.STORAGE, named here without numpy or torch
 EXPERIMENT_KEYS = ("name", "recipe", "options")
 """The sections a ``recipe: probe`` experiment file may hold."""
 
@@ -105,122 +111,6 @@ def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple
     return out
 
 
-def train_sizes(opts) -> list[int]:
-    """``n_train`` as a list of sizes: one, or a learning curve's (its largest is the number of chunks read)."""
-    n = opts.n_train
-    return list(n) if isinstance(n, (list, tuple)) else [n]
-
-
-def parse_sizes(text) -> list[int]:
-    """``"1000,4000"`` or ``[1000, 4000]`` -> [1000, 4000] (sorted, distinct, each >= 1)."""
-    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
-    try:
-        sizes = sorted({int(x) for x in items if str(x).strip()})
-    except ValueError:
-        raise ConfigError(f"--n-train takes an integer or a comma list of integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"--n-train sizes must be >= 1, got {text!r}")
-    return sizes
-
-
-def seq_lens(opts) -> list[int]:
-    """``seq_len`` as a list of lengths: one, or a length sweep's (sorted, distinct)."""
-    n = opts.seq_len
-    return sorted(set(n)) if isinstance(n, (list, tuple)) else [n]
-
-
-def parse_lengths(value):
-    """``seq_len`` as written: ``"8,16,32"`` (``key=value``, ``--seq-len``) -> [8, 16, 32], ``"16"`` -> 16; a number
-    or a list is left to the option's type. A non-integer is refused in one line."""
-    if not isinstance(value, str):
-        return value
-    try:
-        got = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"'seq_len' takes an integer or a comma list of integers (a length sweep), "
-                          f"got {value!r}") from None
-    return got if len(got) != 1 else got[0]
-
-
-def _check_lengths(opts) -> None:
-    """A length sweep (a list of ``seq_len``) is one sweep: not with a layer sweep, a learning curve, a comparison
-    or ``max_chunk_tokens`` (one ConfigError naming the other)."""
-    if len(seq_lens(opts)) < 2:
-        return
-    other = ("'layers' (a layer sweep)" if opts.layers is not None
-             else "'compare' (a comparison)" if opts.compare is not None
-             else "a list of 'n_train' sizes (a learning curve)" if len(train_sizes(opts)) > 1 else None)
-    if other:
-        raise ConfigError(f"a list of 'seq_len' lengths (a length sweep) and {other} are separate sweeps; run them "
-                          "one at a time")
-    if opts.max_chunk_tokens is not None:
-        raise ConfigError("'max_chunk_tokens' caps a chunk of one length; a length sweep cuts every length whole: drop "
-                          "it, or sweep token lengths (chunk_by=tokens)")
-
-
-def _check_range(opts) -> None:
-    """Each option's own range (one ConfigError naming it)."""
-    if opts.chunk_by not in CHUNK_BY:
-        raise ConfigError(f"'chunk_by' must be one of {', '.join(CHUNK_BY)}, got {opts.chunk_by!r}")
-    if opts.eval_split not in ("test", "validation"):
-        raise ConfigError(f"'eval_split' must be test or validation, got {opts.eval_split!r}")
-    if opts.cache_dtype not in CACHE_DTYPES:
-        raise ConfigError(f"'cache_dtype' must be one of {', '.join(CACHE_DTYPES)}, got {opts.cache_dtype!r}")
-    for k in ("input_dropout", "cond_dropout", "plain_input_dropout", "beta1", "beta2", "warmup_fraction",
-              "val_fraction"):
-        if not 0.0 <= getattr(opts, k) < 1.0:
-            raise ConfigError(f"'{k}' must be in [0, 1), got {getattr(opts, k)}")
-    for k in ("epochs", "lr", "bow_lr", "contained_lr"):
-        v = getattr(opts, k)
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ConfigError(f"'{k}' must be a finite number > 0, got {v}")
-    if not 0.0 <= opts.min_lr_ratio <= 1.0:
-        raise ConfigError(f"'min_lr_ratio' must be in [0, 1], got {opts.min_lr_ratio}")
-    for k in ("weight_decay", "repeat_penalty", "clip_grad", "bow_weight_decay"):
-        v = getattr(opts, k)
-        if not (math.isfinite(v) and v >= 0):
-            raise ConfigError(f"'{k}' must be a finite number >= 0, got {v}")
-    if not 0.5 <= opts.ci_level < 1.0:
-        raise ConfigError(f"'ci_level' must be in [0.5, 1), got {opts.ci_level}")
-    for k in ("n_eval", "hidden_size", "num_layers", "num_heads", "batch_size", "prefix_len",
-              "patience", "ci_resamples", "encode_batch_size"):
-        if getattr(opts, k) < 1:
-            raise ConfigError(f"'{k}' must be >= 1, got {getattr(opts, k)}")
-    if opts.threads is not None and opts.threads < 1:
-        raise ConfigError(f"'threads' must be >= 1 (torch CPU threads; unset: torch's own), got {opts.threads}")
-    if not train_sizes(opts) or min(train_sizes(opts)) < 1:
-        raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
-    if "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
-        raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
-    if not seq_lens(opts) or min(seq_lens(opts)) < 2:
-        raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
-
-
-def _check_together(opts, explicit: set[str]) -> None:
-    """Options that need another option (one ConfigError naming both)."""
-    if "plain_input_dropout" in explicit and not (opts.select_decoder and opts.bag_head):
-        off = "select_decoder=false" if not opts.select_decoder else "bag_head=false (nothing to select from)"
-        raise ConfigError(f"'plain_input_dropout' applies to the plain decoder of select_decoder=true, not to "
-                          f"{off}; drop it")
-    if "contained_lr" in explicit and not (opts.sequence and opts.control and opts.val_fraction > 0):
-        off = ("sequence=false" if not opts.sequence else "control=false (--no-control)" if not opts.control
-               else "val_fraction=0")
-        raise ConfigError(f"'contained_lr' trains the probe started as its control, which {off} does not fit; "
-                          "drop it")
-    if "layers_sequence" in explicit and opts.layers is None:
-        raise ConfigError("'layers_sequence' applies to a layer sweep; set layers (all or a list) or drop it")
-    if opts.max_chunk_tokens is not None and (opts.chunk_by != "words" or opts.max_chunk_tokens < 1):
-        raise ConfigError("'max_chunk_tokens' must be >= 1 and applies to chunk_by=words")
-    if opts.chunk_tokenizer is not None and opts.max_chunk_tokens is None:
-        raise ConfigError("'chunk_tokenizer' counts max_chunk_tokens; set max_chunk_tokens too")
-    if opts.target_tokenizer is not None and opts.chunk_by != "words":
-        raise ConfigError("'target_tokenizer' rebuilds the chunk texts: it needs chunk_by=words")
-    if not opts.sequence and not opts.readouts:
-        raise ConfigError("'sequence=false' leaves only the read-outs, and 'readouts' is empty: nothing to fit")
-    if opts.layers is not None and len(train_sizes(opts)) > 1:
-        raise ConfigError("'layers' and a list of 'n_train' sizes are separate sweeps; run them one at a time")
-
-
 def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOptions:
     """Check every option (one ConfigError naming it) and return the resolved options (a new object: the device
     resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
@@ -231,7 +121,7 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
 
     if opts.pool is not None:
         get_part("pool", opts.pool)
-    _check_lengths(opts)
+    check_lengths(opts)
     given, methods = frozenset(explicit), ()
     if opts.compare is not None:  # each method checked as a probe of it alone; their part options are theirs
         if opts.layers is not None:
@@ -242,8 +132,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     off = unhonoured(opts)  # the generic settings the chosen decoder does not read, switched off (never explicit)
     if any(v is not None for v in (opts.device_map, opts.max_memory, opts.offload_dir)):  # unset: chosen at load
         placement.check(placement.Placement(opts.device_map, opts.max_memory, opts.offload_dir), opts.model)
-    _check_range(opts)
-    _check_together(opts, set(explicit))
+    check_range(opts)
+    check_together(opts, set(explicit))
     values = {f.name: copy.deepcopy(getattr(opts, f.name)) for f in fields(opts) if f.name not in RESOLVED}
     lens = seq_lens(opts)  # a length sweep's lengths sorted; a list of one is that length
     values["seq_len"] = lens if len(lens) > 1 else lens[0]
@@ -276,17 +166,26 @@ def home(name: str) -> str | None:
     return f"{them} (in the {sec} section)"
 
 
-def _flatten(data: dict, where: str) -> dict:
+def _part_option_names(kinds, light: bool) -> set[str]:
+    """The options of the parts of ``kinds``: the registered ones (``light``: only the built-in parts', read from
+    :data:`memlab.probes.sections.PART_OPTIONS` without loading the registries)."""
+    if light:
+        return {f.name for (kind, _), cls in PART_OPTIONS.items() if kind in kinds for f in fields(cls)}
+    return {o for kind in kinds for n in PARTS[kind].names() for o in PARTS[kind].get(n).option_names}
+
+
+def _flatten(data: dict, where: str, light: bool = False) -> dict:
     """Sections given as mappings (``fit: {epochs: 3}``, ``decoder: {kind: gru, hidden: 64}``) -> their flat names;
     a flat name stays as it is. A key that its section does not hold (its own fields and the options of the parts
-    it chooses) is refused with where it belongs."""
+    it chooses) is refused with where it belongs (``light``: left out, for the registries to judge later)."""
     out: dict = {}
     for k, v in data.items():
         if k in SECTIONS and isinstance(v, dict):
             own = {f.name for f in fields(SECTIONS[k])} | set(SECTION_NAMES.get(k, {}))
-            parts = {o for kind in SECTION_PARTS.get(k, ()) for n in PARTS[kind].names()
-                     for o in PARTS[kind].get(n).option_names}
+            parts = _part_option_names(SECTION_PARTS.get(k, ()), light)
             for kk, vv in v.items():
+                if kk not in own | parts and light:  # left to the registries (a plugin part's option?)
+                    continue
                 if kk not in own | parts:
                     there = home(kk)
                     raise ConfigError(f"{where}: '{k}.{kk}' is not an option of the {k} section; "
@@ -318,7 +217,7 @@ def _typed(data: dict, prefix: str) -> ProbeOptions:
     return opts
 
 
-def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
+def _read_experiment(p: Path, data: dict, overrides: list[str], light: bool = False) -> tuple[dict, list[str]]:
     """An experiment file (recipe: probe): its options section (with its ``name``), with overrides (``options.``
     optional)."""
     extra = [k for k in data if k not in EXPERIMENT_KEYS]
@@ -331,7 +230,7 @@ def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, l
     opts = data.get("options") or {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{p}: 'options' must be a mapping")
-    opts = _flatten(opts, str(p))
+    opts = _flatten(opts, str(p), light)
     if data.get("name") is not None:
         opts.setdefault("name", data["name"])
     over = [o.split("=", 1)[0].removeprefix("options.") + "=" + o.split("=", 1)[1] if "=" in o else o
@@ -339,9 +238,9 @@ def _read_experiment(p: Path, data: dict, overrides: list[str]) -> tuple[dict, l
     return opts, over
 
 
-def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ResolvedOptions:
-    """The one place a probe's options are read: a YAML file (strict keys), ``key=value`` overrides, then keyword
-    values (the CLI flags; None: unset); checked once (:func:`validate`)."""
+def _read(path, overrides, kw: dict, light: bool = False) -> tuple[dict, str]:
+    """The flat option values of a YAML file (strict keys), ``key=value`` overrides, then keyword values (None:
+    unset), and the prefix their keys are named with in errors."""
     data: dict = {}
     overrides, prefix = list(overrides or []), ""
     if path is not None:
@@ -352,19 +251,100 @@ def load_options(path: str | Path | None = None, overrides: list[str] | None = N
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: a probe config must be a YAML mapping")
         if "recipe" in data:
-            (data, overrides), prefix = _read_experiment(p, data, overrides), "options."
+            (data, overrides), prefix = _read_experiment(p, data, overrides, light), "options."
         else:
-            data = _flatten(data, str(p))
+            data = _flatten(data, str(p), light)
     apply_overrides(data, overrides)
-    data = _flatten({**data, **{k: v for k, v in kw.items() if v is not None}}, "overrides")
+    data = _flatten({**data, **{k: v for k, v in kw.items() if v is not None}}, "overrides", light)
     if "seq_len" in data:  # "8,16,32" (key=value, --seq-len): a length sweep
         data["seq_len"] = parse_lengths(data["seq_len"])
+    return data, prefix
+
+
+def load_options(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ResolvedOptions:
+    """The one place a probe's options are read: a YAML file (strict keys), ``key=value`` overrides, then keyword
+    values (the CLI flags; None: unset); checked once (:func:`validate`)."""
+    data, prefix = _read(path, overrides, kw)
     return validate(_typed(data, prefix), explicit={k for k in data if k not in ("model", "name")})
 
 
+def precheck(path: str | Path | None = None, overrides: list[str] | None = None, **kw) -> ProbeOptions:
+    """What :func:`load_options` refuses without the registries of parts, read as it reads them and importing
+    nothing heavy (neither torch nor a plugin): the options' types and ranges, the chunk lengths and sizes. The
+    options of parts are left to :func:`load_options`; so is what it alone can judge (a part's name, options that
+    go together). Returns the options read (the built-in fields only)."""
+    data, prefix = _read(path, overrides, kw, light=True)
+    names = {f.name for f in fields(ProbeOptions)} - {"part_options"}
+    opts = from_dict(ProbeOptions, {k: v for k, v in data.items() if k in names}, prefix=prefix)
+    if parts_complete():  # every part there will be is registered: unknown names are refused now too
+        check_known(data, opts, prefix)
+    check_lengths(opts)
+    check_range(opts, parts=False)
+    return opts
+
+
+def parts_complete() -> bool:
+    """Whether the parts registered so far are all the parts there will be, told without loading the plugins: they
+    were loaded, or no installed package names a ``memlab.plugins`` entry point (memlab's own parts are registered
+    by :mod:`memlab.probes.catalog` when the package is imported; a test checks that loading the plugin packages
+    adds none)."""
+    return registry._plugins_loaded or not list(registry.entry_points(group=registry.ENTRY_POINT_GROUP))
+
+
+def _registered(kind: str) -> dict:
+    """The parts of ``kind`` registered so far (the registry's own listing would load the plugins first)."""
+    return PARTS[kind]._items
+
+
+def check_known(data: dict, opts: ProbeOptions, prefix: str = "") -> None:
+    """An option name no registered part has, or a part name not registered, refused in the words of
+    :func:`load_options` (:func:`_typed`, :func:`memlab.probes.parts.get_part`), from the parts registered so far;
+    only when those are all there will be (:func:`parts_complete`)."""
+    names = {f.name for f in fields(ProbeOptions)} - {"part_options"}
+    theirs = {f.name for kind in PARTS for part in _registered(kind).values()
+              if (c := part.options) is not None for f in fields(c)}
+    for k in data:
+        if k not in names | theirs:
+            plugin = sorted(theirs - names)
+            raise ConfigError(f"unknown config key '{prefix}{k}'; valid keys: {', '.join(sorted(names))}"
+                              + (f", and the parts' {', '.join(plugin)}" if plugin else ""))
+    for kind in SELECTED_BY:
+        for name in chosen(opts, kind):
+            if split_name(name)[0] not in _registered(kind):
+                raise ConfigError(f"unknown probe {kind} '{name}'; registered: {', '.join(sorted(_registered(kind)))}")
+
+
+@functools.lru_cache(maxsize=None)
+def _module_docs(module: str) -> dict[str, dict[str, str]]:
+    """Class name -> field -> docstring of every top-level class of ``module``, its source parsed once."""
+    try:
+        tree = ast.parse(Path(sys.modules[module].__file__).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, KeyError, AttributeError, TypeError):
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            body, got = node.body, {}
+            for a, b in zip(body, body[1:]):
+                if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                        and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                    got[a.target.id] = " ".join(b.value.value.split())
+            out[node.name] = got
+    return out
+
+
+def class_docs(cls: type) -> dict[str, str]:
+    """Field -> docstring of the dataclass ``cls`` itself (its module's source parsed once for all its classes)."""
+    if "__dataclass_fields__" not in vars(cls):
+        return {}
+    found = _module_docs(cls.__module__).get(cls.__qualname__)
+    return found if found is not None else field_docs(cls)
+
+
 def docs(cls: type) -> dict[str, str]:
-    """Field -> docstring of an options class and of every options class it is made of."""
+    """Field -> docstring of an options class and of every options class it is made of (each class's source read
+    once: ``memlab probe --help`` and its refusals answer in well under a second)."""
     out: dict[str, str] = {}
     for base in reversed(cls.__mro__):
-        out.update(field_docs(base) if "__dataclass_fields__" in vars(base) else {})
+        out.update(class_docs(base))
     return out

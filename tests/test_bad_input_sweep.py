@@ -126,6 +126,7 @@ BAD_FOR_TYPE = {
     cmd.positive_float: ["0", "-1e-3", "nan", "x"],
     cmd.fraction: ["0", "1.5", "x"],
     cmd.int_list: ["0", "-64", "8,8", "8,,16", "x"],
+    cmd.int_list_text: ["0", "-64", "8,8", "8,,16", "x"],
     int: ["x", "1.5"],
     float: ["x"],
 }
@@ -187,8 +188,42 @@ CASES = [  # (argv, phrase of the one line)
     (["list", "--bogus"], "unrecognized arguments: --bogus (see memlab list --help)"),
     (["probe", "--model", "m", "--seq-len", "8,8"], "8 is given twice"),
     (["probe", "--model", "m", "--n-train", "100,200,100"], "100 is given twice"),
+    (["probe", "--model", "m", "--n-train", "8,,16"], "--n-train: an empty item in '8,,16'"),
+    (["probe", "--model", "m", "--seq-len", "8,,16"], "'seq_len': an empty item in '8,,16'"),
+    (["probe", "--model", "m", "--n-train", "64,"], "--n-train: an empty item in '64,'"),
+    (["probe", "--model", "m", "--seq-len", ",8"], "'seq_len': an empty item in ',8'"),
+    (["probe", "--model", "m", "--seq-len", "8,1"], "'seq_len' must be >= 2"),
+    (["probe", "--model", "m", "seq_len=8,,16"], "'seq_len': an empty item in '8,,16'"),
+    (["probe", "--model", "m", "seq_len=8,8"], "'seq_len': 8 is given twice"),
+    (["probe", "--model", "m", "--seed", "-1"], "'seed' must be an integer in [0, 2**32), got -1"),
+    (["probe", "--model", "m", "--epochs", "0"], "'epochs' must be a finite number > 0, got 0"),
+    (["probe", "--model", "m", "--lr", "nan"], "'lr' must be a finite number > 0, got nan"),
+    (["probe", "--model", "m", "--cache-dtype", "bogus"], "'cache_dtype' must be one of float32, float16, bfloat16"),
+    (["probe", "--model", "m", "epochs=0"], "'epochs' must be a finite number > 0"),
+    (["probe", "--model", "m", "fit.lr=nan"], "'lr' must be a finite number > 0"),
+    (["probe", "--model", "./no-such-model"], "model path './no-such-model' does not exist"),
+    (["probe", "--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
+    (["probe", "--model", "m", "--corpus", "/no/such/corpus.txt"], "corpus '/no/such/corpus.txt' not found"),
+    (["probe", "--model", "m", "--corpus", "no-such-corpus.jsonl"], "corpus 'no-such-corpus.jsonl' not found"),
+    (["probe", "--model", "m", "--cache-dir", "/proc/no-such-cache"], "--cache-dir /proc/no-such-cache cannot be "
+                                                                      "created"),
+    (["invert", "--model", "m", "--layer", "1", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["invert", "--model", "m", "--layer", "1", "--noise", "inf"], "--noise takes a finite number, got 'inf'"),
+    (["invert", "--model", "m", "--layer", "1", "--noise", "nan"], "--noise takes a finite number, got 'nan'"),
+    (["invert", "--model", "m", "--layer", "1", "--n", "1e20"], "--n takes an integer, got '1e20'"),
+    (["invert", "--model", "m", "--layer", "1", "--n", "300"], "--n 300 is more than the --n-eval 256 chunks"),
+    (["invert", "--model", "m", "--layer", "1", "--cache-dir", "/proc/no-such-cache"], "--cache-dir "
+                                                                                        "/proc/no-such-cache cannot"),
+    (["invert", "--model", "./no-such-model", "--layer", "1"], "model path './no-such-model' does not exist"),
+    (["invert", "--model", "m", "--layer", "1", "--states-from", "/no/such/model"], "model path '/no/such/model'"),
+    (["invert", "--model", "m", "--layer", "1", "--corpus", "/no/such/corpus"], "corpus '/no/such/corpus' not found"),
     (["launch", "--multi_gpu", "--num_processes", "0", "train", TOY], "--num_processes must be a positive integer"),
-    (["launch", "--multi_gpu", "--num_processes", "2", "bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "probe", "--model", "m", "--seq-len", "8,8"], "8 is given twice"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "invert", "--model", "m", "--layer", "1"],
+     "`memlab invert` runs in one process (only train and probe run on several)"),
+    (["launch", "--multi_gpu", "--num_processes", "2", "bench", "--mfu-steps", "0"], "`memlab bench` runs in one process"),
+    (["launch", "--use_fsdp", "--num_processes", "2", "train", TOY], "the launch asks for FSDP, which memlab does not"),
+    (["launch", "--use_deepspeed", "--num_processes", "2", "probe", "--model", "m"], "asks for DeepSpeed"),
     (["launch", "--multi_gpu", "--num_processes", "2"], "memlab launch needs a verb to run"),
 ]
 
@@ -290,3 +325,58 @@ def test_the_bench_api_refuses_what_its_flags_refuse(kw, tmp_path):
     with pytest.raises(MemlabError, match="must be a positive integer"):
         run_bench(tmp_path / "b", ["flops"], **kw)
     assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------------------------------------- probe and invert
+
+
+@pytest.mark.parametrize("verb", ["probe", "invert"])
+def test_an_out_already_used_is_refused_before_torch_and_kept(verb, tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "report.json").write_text("{}\n")
+    (used / "probe.json").write_text("{}\n")
+    before = sorted((p.name, p.read_text()) for p in used.iterdir())
+    rc, _, err, torch_loaded, seconds = fresh(command(verb, "--out", str(used)))
+    assert_one_line(rc, err, f"directory {used} already holds files (a probe); choose another --out")
+    no_torch(verb, torch_loaded, seconds)
+    assert sorted((p.name, p.read_text()) for p in used.iterdir()) == before
+
+
+def test_an_inversions_folder_is_called_an_inversion(tmp_path):
+    used = tmp_path / "inv"
+    used.mkdir()
+    for name in ("report.json", "summary.txt"):
+        (used / name).write_text("x\n")
+    rc, _, err, torch_loaded, _ = fresh(command("invert", "--out", str(used)))
+    assert_one_line(rc, err, "already holds files (an inversion)")
+    assert not torch_loaded
+
+
+def test_a_probe_config_with_bad_values_is_refused_before_torch(tmp_path):
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text("model: m\nfit:\n  epochs: 0\n")
+    rc, _, err, torch_loaded, seconds = fresh(["probe", "--config", str(cfg)])
+    assert_one_line(rc, err, "'epochs' must be a finite number > 0")
+    no_torch("probe", torch_loaded, seconds)
+    cfg.write_text("recipe: probe\noptions:\n  model: m\n  seed: -3\n")
+    rc, _, err, torch_loaded, seconds = fresh(["probe", "--config", str(cfg)])
+    assert_one_line(rc, err, "'seed' must be an integer in [0, 2**32), got -3")
+    no_torch("probe", torch_loaded, seconds)
+
+
+@pytest.mark.parametrize("verb", ["probe", "invert"])
+def test_a_full_disk_at_out_is_one_line_naming_the_folder(verb, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from memlab.app import commands
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(commands.os, "write", full)
+    out = tmp_path / "run"
+    assert cli.main(command(verb, "--out", str(out))) == 2
+    line = assert_one_line(2, capsys.readouterr().err)
+    assert f"--out {out}: cannot write into {tmp_path} (the disk is full)" in line
+    assert sorted(tmp_path.iterdir()) == []

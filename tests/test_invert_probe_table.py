@@ -141,7 +141,7 @@ def test_poolings_and_folders(probe_run, tmp_path, capsys):
     with pytest.raises(ConfigError, match="--states positions"):
         reconcile(vals, set(), first)
     assert reconcile(InvertOptions(model=ModelOptions(states="positions")), {"states"}, first).model.states == "positions"
-    normed = _copy(probe_run, tmp_path / "norm")
+    normed = _copy(probe_run, tmp_path / "norm", options__final_norm=True)  # both files: a run read after the norm
     spec = json.loads((normed / "probe.json").read_text())
     (normed / "probe.json").write_text(json.dumps(dict(spec, final_norm=True)))
     with pytest.raises(ConfigError, match="final norm"):

@@ -96,18 +96,55 @@ def test_rows_share_target_tokens_and_one_control(tiny_llama, tmp_path):
     assert "synthetic:bag: n_train=256, sequence=False" in (tmp_path / "qs" / "table.md").read_text()
 
 
-def test_a_row_that_cannot_pass_here_is_not_run_and_says_where_it_runs(tmp_path, capsys):
-    """The concat positive control needs more chunks than the quickstart gives: a default run does not fit it (no
-    failed calibration in the table) and names the config that runs it; asked for by name, it runs."""
+def test_the_concat_control_runs_at_its_own_budget(tmp_path, capsys):
+    """The sequence decoder's positive control runs in a default quickstart, at a budget of its own: more chunks,
+    fewer epochs, a narrower decoder with the settings that read concat whole, neither a control nor a bag-of-words
+    read-out (its test reads neither); the row, the printed line, the table and the plot hold a probe without a
+    control."""
+    from memlab.app.quickstart import CONCAT_CHUNKS, CONCAT_EPOCHS, CONCAT_WIDTH, concat_budget
+
     entries = [e for e in default_entries() if e.name in ("synthetic:concat", "synthetic:constant")]
-    assert entries[0].elsewhere and "configs/probes/calibration.yaml" in entries[0].elsewhere
+    assert entries[0].elsewhere is None and entries[0].options is concat_budget
+    full = concat_budget({"n_train": 2000, "epochs": 16})
+    assert full["n_train"] == CONCAT_CHUNKS * 2000 > 2000 and full["epochs"] == CONCAT_EPOCHS < 16
+    assert full["control"] is False
+    assert full["readouts"] == [] and full["bag_head"] is False and full["input_dropout"] > 0
+    assert full["hidden_size"] == CONCAT_WIDTH < 128 and full["num_layers"] == 1
+    tiny = concat_budget({"n_train": 64, "epochs": 1, "hidden_size": 32})
+    assert tiny["epochs"] == 1 and tiny["hidden_size"] == 32  # never more epochs, nor a wider decoder, than asked
     summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries)
     rows = {r["name"]: r for r in summary["rows"]}
-    assert rows["synthetic:concat"] == {"name": "synthetic:concat", "not_run": entries[0].elsewhere}
-    assert not (tmp_path / "qs" / "entries" / "synthetic-concat").exists()
+    concat = rows["synthetic:concat"]
+    assert "not_run" not in concat and concat["calibration"] in ("passed", "failed")
+    assert concat["own_budget"]["n_train"] == CONCAT_CHUNKS * summary["options"]["n_train"]
+    assert concat["own_budget"]["control"] is False and concat["own_budget"]["readouts"] == []
+    assert 0 <= concat["token_accuracy"] <= 1 and concat["control_accuracy"] is None
+    assert concat["bow_recovered"] is None and concat["bits_per_chunk"] is None
+    rep = json.loads((tmp_path / "qs" / "entries" / "synthetic-concat" / "report.json").read_text())
+    assert rep["control"] is None and rep["n_train"] == CONCAT_CHUNKS * summary["options"]["n_train"]
+    # the constant row keeps its control: the concat row's budget is its own
+    assert rows["synthetic:constant"]["control_accuracy"] is not None
     printed = capsys.readouterr().out
-    assert "[synthetic:concat] not run here:" in printed and "calibration failed" not in printed
-    assert "| synthetic:concat | not run here:" in format_table(summary["rows"])
-    asked = run_quickstart(out=tmp_path / "qs2", fast=True, entries=entries, only=["synthetic:concat"])
-    assert [r["name"] for r in asked["rows"]] == ["synthetic:concat"] and "not_run" not in asked["rows"][0]
-    assert (tmp_path / "qs2" / "entries" / "synthetic-concat" / "report.json").is_file()
+    assert "[synthetic:concat] not run here" not in printed
+    line = next(x for x in printed.splitlines() if x.startswith("| synthetic:concat |"))
+    assert line.split("|")[4].strip() == ""  # no control: no bits per chunk, and no invented figure
+    assert f"synthetic:concat: n_train={CONCAT_CHUNKS * 64}" in (tmp_path / "qs" / "table.md").read_text()
+    assert (tmp_path / "qs" / "quickstart.png").stat().st_size > 1000
+
+
+def test_a_row_that_cannot_pass_here_is_not_run_and_says_where_it_runs(tmp_path, capsys):
+    """An entry marked ``elsewhere`` is not run by a default quickstart (no failed calibration in the table) and
+    names where it runs; asked for by name, it runs."""
+    const = next(e for e in default_entries() if e.name == "synthetic:constant")
+    far = Entry("far", "runs elsewhere", const.load, elsewhere="`memlab probe --config X` runs it")
+    entries = [far, const]
+    summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries)
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert rows["far"] == {"name": "far", "not_run": far.elsewhere}
+    assert not (tmp_path / "qs" / "entries" / "far").exists()
+    printed = capsys.readouterr().out
+    assert "[far] not run here:" in printed and "calibration failed" not in printed
+    assert "| far | not run here:" in format_table(summary["rows"])
+    asked = run_quickstart(out=tmp_path / "qs2", fast=True, entries=entries, only=["far"])
+    assert [r["name"] for r in asked["rows"]] == ["far"] and "not_run" not in asked["rows"][0]
+    assert (tmp_path / "qs2" / "entries" / "far" / "report.json").is_file()

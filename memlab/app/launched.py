@@ -10,6 +10,8 @@ when it fails.
   prints each distinct line once (:func:`collected`), so an error that every
   process meets after the process group started (a bad ``init_from``, an empty
   corpus, damaged weights) is one line too.
+* Every process ``memlab launch`` starts ends with its launcher (:func:`tie_to_launcher`): a launcher that is
+  killed (``kill -9`` included) takes its processes with it within a second, and they write nothing after.
 * A process that loses another one (gloo's "Connection closed by peer", an
   NCCL error) says so in one line and exits :data:`PEER_LOST`; under
   ``memlab launch`` (:data:`WRAPPED_ENV` set) it stays quiet, because the
@@ -19,6 +21,9 @@ when it fails.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 import time
 
 PEER_LOST = 3
@@ -26,6 +31,12 @@ PEER_LOST = 3
 
 WRAPPED_ENV = "MEMLAB_LAUNCH"
 """Set by ``memlab launch`` in every process it starts."""
+
+LAUNCHER_ENV = "MEMLAB_LAUNCHER_PID"
+"""Set by ``memlab launch``: its process id, the parent of every process it starts."""
+
+WATCH_S = 0.5
+"""How often a launched process checks that its launcher is still its parent (where no death signal is set)."""
 
 ERRORS_ENV = "MEMLAB_LAUNCH_ERRORS"
 """Set by ``memlab launch``: the folder where each process leaves its error line (``rank-N.txt``)."""
@@ -51,6 +62,68 @@ def world() -> int:
 def wrapped() -> bool:
     """Whether ``memlab launch`` started this process."""
     return os.environ.get(WRAPPED_ENV) == "1"
+
+
+def _end_now() -> None:
+    """End this process at once: no clean-up, no exit hook, nothing written."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(128 + signal.SIGKILL)  # pragma: no cover - where SIGKILL cannot be sent
+
+
+def _death_signal() -> bool:
+    """Linux: have the kernel send SIGKILL to this process when its parent ends (``prctl(PR_SET_PDEATHSIG)``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(parent: int, launcher: int, every: float) -> None:
+    while True:
+        time.sleep(every)
+        if os.getppid() != parent:  # the launcher is gone: this process was handed to another parent
+            _end_now()
+        if parent != launcher and not _alive(launcher):  # a process between them outlived the launcher
+            _end_now()
+
+
+def tie_to_launcher(every: float | None = None) -> bool:
+    """Under ``memlab launch`` (:data:`LAUNCHER_ENV` set): end this process when its launcher ends, by any
+    signal. On Linux the kernel kills it the moment its parent (the launcher) dies (a death signal); everywhere, a
+    watchdog thread checks every :data:`WATCH_S` seconds that its parent is still the same process, and that the
+    launcher still runs where a process stands between them, and kills it when not. A launcher already gone ends
+    it here. Returns whether it is tied (False outside ``memlab launch``)."""
+    pid = os.environ.get(LAUNCHER_ENV, "")
+    if not pid.isdigit():
+        return False
+    launcher = int(pid)
+    _death_signal()
+    parent = os.getppid()  # the launcher (accelerate starts its processes itself), set before the check below
+    if parent != launcher and not _alive(launcher):  # the launcher died before the death signal was set
+        _end_now()
+    threading.Thread(target=_watch, args=(parent, launcher, WATCH_S if every is None else every), daemon=True,
+                     name="memlab-launcher-watch").start()
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            return "\nState:\tZ" not in fh.read()
+    except OSError:
+        return True  # no /proc: it answered the signal
 
 
 def _group_started() -> bool:

@@ -11,7 +11,11 @@ written as shards of at most :data:`SHARD_BYTES` each, ``emb-<hash>-00001-of-000
 
 :func:`read_chunk_embeddings` reads the shards one at a time into the one ``(N, D)`` tensor it returns (no
 second full copy) and takes the cache only when it is whole and holds the same chunks: an index or shard that
-is missing, truncated or of other chunks is named in one warning line and the cache rebuilt.
+is missing, truncated or of other chunks is named in one warning line and the cache rebuilt. Each file records in
+its safetensors metadata a digest (:mod:`memlab.cachecheck`) of its bytes and of what made them (the format, its
+name, its shapes and dtype), and the index is sealed with one of its own: rows swapped, scaled or flipped are found
+as a file cut short is, and a file without a digest (an earlier memlab's) is rebuilt too. A cache found damaged or
+of other chunks is removed, so the warning is said once.
 :func:`write_chunk_embeddings` writes through temporary files and renames; :func:`check_cache_dir` refuses an
 unusable folder before any compute.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from memlab.cachecheck import digest, matches, seal, sealed
 from memlab.errors import DataError
 
 SHARD_BYTES = 1 << 30
@@ -71,7 +76,25 @@ def read_chunk_embeddings(path: str | Path, ids: torch.Tensor) -> torch.Tensor |
     if problem is None:
         return z
     print(f"memlab: warning: embedding cache {where} {problem}; rebuilding it", file=sys.stderr)
+    _remove(index)  # gone: the cache is rebuilt in its memory-mapped form, read next time (one warning, once)
+    _remove(path)
+    _remove_shards(path, ())
     return None
+
+
+def _made(name: str, z: torch.Tensor, ids: torch.Tensor) -> dict:
+    """What made one file's bytes (hashed with them into its digest)."""
+    return {"format": FORMAT, "file": name, "z_shape": list(z.shape), "z_dtype": str(z.dtype),
+            "ids_shape": list(ids.shape), "ids_dtype": str(ids.dtype)}
+
+
+def _bytes(t: torch.Tensor):
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _file_digest(name: str, z: torch.Tensor, ids: torch.Tensor) -> dict[str, str]:
+    """The safetensors metadata of one file: the digest of its tensors' bytes and what made them."""
+    return {"digest": digest(_made(name, z, ids), _bytes(z), _bytes(ids))}
 
 
 def _read_file(path: Path, ids: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
@@ -85,6 +108,7 @@ def _read_file(path: Path, ids: torch.Tensor) -> tuple[torch.Tensor | None, str 
             if tuple(got.shape) != tuple(ids.shape) or not torch.equal(got, ids):
                 return None, f"holds other chunks ({tuple(got.shape)} token ids, these are {tuple(ids.shape)})"
             z = f.get_tensor("z")  # (n, D)
+            recorded = (f.metadata() or {}).get("digest")
     except Exception as e:  # SafetensorError (truncated, bad header, no such tensor), OSError
         from memlab.errors import is_read_error
 
@@ -93,6 +117,10 @@ def _read_file(path: Path, ids: torch.Tensor) -> tuple[torch.Tensor | None, str 
         return None, f"is damaged ({' '.join(str(e).split())[:100]})"
     if z.ndim < 2 or z.shape[0] != ids.shape[0] or not torch.isfinite(z).all():
         return None, f"is damaged (embeddings of shape {tuple(z.shape)} for {ids.shape[0]} chunks)"
+    if recorded is None:
+        return None, "is damaged (it records no digest of its bytes: written by an earlier memlab)"
+    if not matches(recorded, _made(path.name, z, got), _bytes(z), _bytes(got)):
+        return None, "is damaged (its bytes do not match their digest)"
     return z, None
 
 
@@ -104,6 +132,8 @@ def _read_sharded(index: Path, ids: torch.Tensor) -> tuple[torch.Tensor | None, 
         z_shape, z_dtype = [int(x) for x in info["z_shape"]], getattr(torch, info["z_dtype"])
         if info.get("format") != FORMAT or not isinstance(z_dtype, torch.dtype) or len(z_shape) < 2:
             raise ValueError("not the index of a chunk-embedding cache")
+        if not sealed(info):
+            raise ValueError("its content does not match its digest")
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         return None, f"is damaged ({' '.join(str(e).split())[:100]})"
     if info.get("ids_shape") != list(ids.shape) or info.get("chunks") != chunks_fingerprint(ids):
@@ -140,9 +170,9 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
     pid = os.getpid()
     if n <= per:  # one file, as a small cache always was
         tmp = path.with_name(f"{path.stem}.tmp{pid}{path.suffix}")
-        with guarded(f"embedding cache {path}", tmp):
+        with guarded(f"the embedding cache in {path.parent}", tmp):
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp))
+            save_file({"z": z.contiguous(), "ids": ids.contiguous()}, str(tmp), _file_digest(path.name, z, ids))
             _remove(index)  # an earlier sharded cache of this name would be read first
             os.replace(tmp, path)
             _remove_shards(path, ())
@@ -150,19 +180,20 @@ def write_chunk_embeddings(path: str | Path, z: torch.Tensor, ids: torch.Tensor)
     k = -(-n // per)
     names = [f"{path.stem}-{i + 1:05d}-of-{k:05d}{path.suffix}" for i in range(k)]
     tmps = [path.with_name(f"{name}.tmp{pid}") for name in names] + [index.with_name(f"{index.name}.tmp{pid}")]
-    with guarded(f"embedding cache {index}", *tmps):
+    with guarded(f"the embedding cache in {path.parent}", *tmps):
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(index)  # no index names a half-written set of shards
         shards = []
         for i, name in enumerate(names):
             lo, hi = i * per, min(n, (i + 1) * per)
-            save_file({"z": z[lo:hi].contiguous(), "ids": ids[lo:hi].contiguous()}, str(tmps[i]))  # (b, D), (b, T)
+            save_file({"z": z[lo:hi].contiguous(), "ids": ids[lo:hi].contiguous()}, str(tmps[i]),  # (b, D), (b, T)
+                      _file_digest(name, z[lo:hi], ids[lo:hi]))
             os.replace(tmps[i], path.with_name(name))
             shards.append({"file": name, "rows": [lo, hi]})
         info = {"format": FORMAT, "chunks": chunks_fingerprint(ids), "ids_shape": list(ids.shape),
                 "ids_dtype": str(ids.dtype).removeprefix("torch."), "z_shape": list(z.shape),
                 "z_dtype": str(z.dtype).removeprefix("torch."), "shards": shards}
-        tmps[-1].write_text(json.dumps(info, indent=1))
+        tmps[-1].write_text(json.dumps(seal(info), indent=1))
         os.replace(tmps[-1], index)
         _remove(path)  # a single file of this name from a smaller shard size
         _remove_shards(path, names)

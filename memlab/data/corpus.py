@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 from memlab.data.splits import (  # noqa: F401  (the held-out splits, also importable from here)
     BLOCK_ID, SplitPlan, UnitCounts, describe_splits, describe_units, make_splits, require_split,
 )
+from memlab.data.corpus_errors import bad_json_line, library_errors_quiet, readable_rows
 from memlab.errors import DataError
 from memlab.registry import CORPORA
 
@@ -86,11 +87,12 @@ def _read_file(f: Path, kind: str):
     if f.stat().st_size == 0:
         raise DataError(f"{f}: the file is empty")
     try:
-        if kind == "text":
-            return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
-        if kind == "arrow":
-            return _arrow_file(f)
-        return datasets.load_dataset(kind, data_files=[str(f)], split="train")
+        with library_errors_quiet():  # the reason is memlab's one line below, not the library's log line too
+            if kind == "text":
+                return datasets.load_dataset("text", data_files=[str(f)], sample_by="document", split="train")
+            if kind == "arrow":
+                return _arrow_file(f)
+            return datasets.load_dataset(kind, data_files=[str(f)], split="train")
     except UnicodeDecodeError as e:
         raise DataError(f"{f}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
     except DataError:
@@ -104,6 +106,9 @@ def _read_file(f: Path, kind: str):
             cause = nxt
         if isinstance(cause, UnicodeDecodeError):
             raise DataError(f"{f}: not valid UTF-8 text ({cause.reason} at byte {cause.start})") from None
+        bad = bad_json_line(f) if kind == "json" else None
+        if bad is not None:
+            raise DataError(f"{f}: {bad}") from None
         raise DataError(f"{f}: could not be read as {kind} ({type(cause).__name__}: {cause})") from None
 
 
@@ -129,7 +134,7 @@ def _dataset_documents(ds, field: str, where: str, stem: str, fill: bool = False
         raise DataError(f"{where}: no field '{field}' (fields: {', '.join(ds.column_names)}); "
                         "set the text field (--text-field, data.text_field)")
     n = len(ds)
-    for i, rec in enumerate(ds.select_columns([field])):
+    for i, rec in enumerate(readable_rows(ds.select_columns([field]), where)):
         text = rec[field]
         if text is None and not fill:  # datasets fills a field that a record lacks with None
             raise DataError(f"{where}: missing field '{field}' in row {i + 1}; every record needs it "
@@ -161,6 +166,9 @@ def saved_dataset(p: Path) -> str | None:
         return "dict"
     if (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
         return "dataset"
+    if (p / "dataset_info.json").is_file() and any(p.glob("data-*.arrow")):
+        raise DataError(f"{p}: a folder saved with datasets' save_to_disk whose state.json is missing (a partial "
+                        "copy or an interrupted save?); save the dataset again or copy the whole folder")
     return None
 
 
@@ -216,6 +224,19 @@ def _iter_hub(spec: str, text_field: str, split: str, streaming: bool, max_docum
 def load_austen(**_: object) -> list[Document]:
     files = sorted(bundled_corpus_dir("austen").glob("*.txt.gz"))
     return _load_files(files, "text")
+
+
+def check_corpus_spec(spec: str | None) -> None:
+    """A corpus ``spec`` that names a local path (it starts with ``.``, ``/`` or ``~``, holds a ``/`` or ends in a
+    corpus file's suffix) which is not there: one DataError line, told without reading anything (a command checks
+    it before it imports torch). A registered name and ``hf:NAME`` are left to :func:`iter_documents`."""
+    s = str(spec or "")
+    if not s or s.startswith("hf:") or Path(os.path.expanduser(s)).exists():
+        return
+    suffixes = (*TEXT_SUFFIXES, *JSON_SUFFIXES, *PARQUET_SUFFIXES, *ARROW_SUFFIXES)
+    if s.startswith((".", "/", "~")) or "/" in s or os.sep in s or _suffix(Path(s)) in suffixes:
+        raise DataError(f"corpus '{spec}' not found: no such file or folder (a bundled corpus is named without a "
+                        "path; use hf:NAME for a hub dataset)")
 
 
 def local_files(spec: str) -> tuple[list[Path], Path | None]:

@@ -18,9 +18,13 @@ Layout of one cache folder::
 Embeddings are stored flat: an embedding of shape ``(K, D)`` (K memory
 vectors) is stored as ``E = K * D`` numbers and ``meta.json`` keeps the shape.
 
-A damaged cache (a truncated ``meta.json`` or Arrow file) is named in one
-line: under its fingerprinted folder it is rebuilt, at a folder the user
-named (``path``) it is refused and left as it is.
+``meta.json`` records the digest of every file under ``data/`` (of its bytes and
+of the description itself: :mod:`memlab.cachecheck`) and is sealed with a digest of
+its own content; both are checked before a cache is read. A damaged cache (a
+truncated ``meta.json`` or Arrow file, bytes changed, a description edited, a
+cache of an earlier memlab without digests) is named in one line: under its
+fingerprinted folder it is rebuilt, at a folder the user named (``path``) it is
+refused and left as it is.
 
 The probe's embedding cache (``--cache-dir``: chunk embeddings, one file or
 shards) is :mod:`memlab.data.chunkcache`.
@@ -210,12 +214,14 @@ def _save_split(folder: Path, ident: dict[str, Any], documents: list[list[str]],
     meta = dict(ident, split=split, max_tokens=max_tokens, docs=documents_hash(documents), documents=len(documents),
                 sentences=len(rows), unique_sentences=len(unique), truncated_sentences=truncated)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    from memlab.cachecheck import files_digests, seal
     from memlab.rundir import guarded
 
-    with guarded(f"embedding cache {folder}", tmp):
+    with guarded(f"the embedding cache in {folder.parent}", tmp):
         shutil.rmtree(tmp, ignore_errors=True)
         ds.save_to_disk(str(tmp / "data"))
-        (tmp / "meta.json").write_text(json.dumps(meta))
+        meta["files"] = files_digests(tmp / "data", _made(meta))
+        (tmp / "meta.json").write_text(json.dumps(seal(meta)))
         folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(tmp, folder)
@@ -226,6 +232,11 @@ def _save_split(folder: Path, ident: dict[str, Any], documents: list[list[str]],
 
 class CacheDamaged(DataError):
     """An embedding cache whose files cannot be read back (truncated, or not what a cache holds)."""
+
+
+def _made(meta: dict) -> dict:
+    """What made a cache's files (hashed with each file's bytes): its description, less the digests."""
+    return {"format": "memlab-sentence-embeddings", **{k: v for k, v in meta.items() if k not in ("files", "digest")}}
 
 
 def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> SentenceSplit:
@@ -241,6 +252,13 @@ def load_split(folder: str | Path, ident: dict[str, Any] | None = None) -> Sente
             raise ValueError("meta.json is not a cache's description")
     except (OSError, ValueError) as e:
         raise CacheDamaged(f"embedding cache {folder} is damaged ({' '.join(str(e).split())[:100]})") from None
+    from memlab.cachecheck import files_problem, sealed
+
+    problem = files_problem(folder / "data", meta.get("files"), _made(meta))
+    if problem is None and not sealed(meta):
+        problem = "its meta.json does not match its digest"
+    if problem is not None:
+        raise CacheDamaged(f"embedding cache {folder} is damaged ({problem})")
     if ident is not None:
         check_identity(meta, ident, str(folder))
     try:

@@ -10,13 +10,16 @@ as the in-memory :func:`memlab.data.views.split_corpus`, in the same order, beca
 It reads the corpus a few times: a few documents to decide how units are cut, one pass for the
 split plan, one to train a BPE (when ``data.tokenizer: bpe``), one to tokenize. :func:`token_file`
 writes a split's token ids once to ``$MEMLAB_CACHE/tokens`` (``uint16`` when the vocabulary fits, else
-``uint32``), under a file lock so that of several processes one writes and the others wait and read;
+``uint32``), with a digest of its bytes checked whenever it is reused (:mod:`memlab.cachecheck`; about 80 ms for
+150M tokens in the page cache), under a file lock so that of several processes one writes and the others wait
+and read;
 :meth:`CorpusStream.chunks` maps it as an ``(N, T)`` array, from which each process reads only the rows
 of its own share of a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -158,28 +161,56 @@ def token_dtype(tokenizer) -> np.dtype:
 def written_once(stem: Path, suffixes: tuple[str, ...], write) -> dict:
     """Files ``stem<suffix>`` written once by ``write({suffix: temporary path}) -> info`` (a JSON-able dict).
 
-    A finished set is named by ``stem.json`` (written last, with each file's size); a process that finds it,
-    with every file present at its size, reuses the files and gets the same ``info``. Several processes asking
-    at once take turns on ``stem.lock``: one writes, the others then reuse."""
+    A finished set is named by ``stem.json`` (written last, sealed with a digest of its content, with each file's
+    size and the digest of its bytes and of ``info``: :mod:`memlab.cachecheck`); a process that finds it, with
+    every file present at its size and matching its digest, reuses the files and gets the same ``info``. A set
+    that does not match is named in one warning line and written again. Several processes asking at once take
+    turns on ``stem.lock`` (removed when released): one writes, the others then reuse. A full disk is one line
+    naming the cache, and nothing of it is left."""
+    from memlab.cachecheck import file_digest, file_matches, locked, seal, sealed
+
     meta, lock = stem.with_suffix(".json"), stem.with_suffix(".lock")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as held:
-        _lock(held)
+    with locked(lock):
         info = _finished(meta)
-        sizes = info.get("bytes", {})
-        if info and all(stem.with_suffix(x).is_file() and stem.with_suffix(x).stat().st_size == sizes.get(x)
-                        for x in suffixes):
-            return info
+        if info:
+            problem = _files_problem(stem, suffixes, info, sealed, file_matches)
+            if problem is None:
+                return info
+            import sys
+
+            print(f"memlab: warning: token cache {meta} is damaged ({problem}); rebuilding it", file=sys.stderr)
         from memlab.rundir import guarded
 
         tmp = {x: stem.with_name(f"{stem.name}{x}.tmp{os.getpid()}") for x in suffixes}
-        with guarded(f"token files {stem}", *tmp.values()):  # a failed write leaves no temporary file
+        meta_tmp = meta.with_name(f"{meta.name}.tmp{os.getpid()}")
+        with guarded(f"the token cache in {stem.parent}", *tmp.values(), meta_tmp):  # a failed write leaves nothing
+            with contextlib.suppress(FileNotFoundError):
+                meta.unlink()  # no description names files half replaced
             info = write(tmp)
+            made = {k: v for k, v in info.items() if k not in ("bytes", "digests")}
             info["bytes"] = {x: tmp[x].stat().st_size for x in suffixes}
+            info["digests"] = {x: file_digest(tmp[x], {**made, "file": stem.name + x}) for x in suffixes}
+            info = seal(info)
             for x in suffixes:
                 os.replace(tmp[x], stem.with_suffix(x))
-            meta.write_text(json.dumps(info))
+            meta_tmp.write_text(json.dumps(info))
+            os.replace(meta_tmp, meta)
     return info
+
+
+def _files_problem(stem: Path, suffixes, info: dict, sealed, file_matches) -> str | None:
+    """Why the files a finished set's ``info`` names are not usable (None: they are)."""
+    if not sealed(info) or not isinstance(info.get("digests"), dict):
+        return "its description records no digest, or was changed"
+    made = {k: v for k, v in info.items() if k not in ("bytes", "digests", "digest")}
+    for x in suffixes:
+        f = stem.with_suffix(x)
+        if not f.is_file() or f.stat().st_size != info.get("bytes", {}).get(x):
+            return f"{f.name} is missing or of the wrong size"
+        if not file_matches(f, info["digests"].get(x), {**made, "file": stem.name + x}):
+            return f"{f.name} does not match its digest"
+    return None
 
 
 def _finished(meta: Path) -> dict:
@@ -224,15 +255,6 @@ def sentence_file(units, tokenizer, max_len: int, stem: Path) -> tuple[Path, dic
         return {"sentences": kept, "seen": seen, "dtype": dtype.name}
 
     return stem, written_once(stem, (".bin", ".len"), write)
-
-
-def _lock(f) -> None:
-    try:
-        import fcntl
-
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes
-    except ImportError:  # no fcntl (Windows): processes may write the same file twice, each atomically
-        pass
 
 
 def _key(obj: dict) -> str:

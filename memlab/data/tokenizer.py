@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable
 
+from memlab.cachecheck import folder_problem, seal_folder
 from memlab.errors import DataError
 from memlab.outdir import save_files, save_folder
 
@@ -44,6 +45,13 @@ def train_bpe(texts: list[str] | Callable[[], Iterable[str]], vocab_size: int, o
         raise DataError("cannot train a tokenizer on an empty corpus")
     key = h.hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{key}"
+    made = {"format": "memlab-bpe-tokenizer", "name": cached.name}
+    if (cached / "tokenizer.json").is_file() and (problem := folder_problem(cached, made)) is not None:
+        import shutil
+        import sys
+
+        print(f"memlab: warning: tokenizer cache {cached} is damaged ({problem}); rebuilding it", file=sys.stderr)
+        shutil.rmtree(cached, ignore_errors=True)
     if not (cached / "tokenizer.json").is_file():
         tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,7 +65,8 @@ def train_bpe(texts: list[str] | Callable[[], Iterable[str]], vocab_size: int, o
         tok.train_from_iterator(read(), trainer=trainer)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
         # whole or not at all: a temporary folder renamed into the cache (another process's copy wins a race)
-        save_folder(cached, lambda tmp: fast.save_pretrained(str(tmp)), f"the tokenizer cache {cached}")
+        save_folder(cached, lambda tmp: (fast.save_pretrained(str(tmp)), seal_folder(tmp, made)),
+                    f"the tokenizer cache {cached}")
     tok = load_tokenizer(str(cached))
     if out_dir is not None:
         save_tokenizer(tok, out_dir)

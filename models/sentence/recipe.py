@@ -55,7 +55,8 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
     """Split -> documents (windows, each ending with the end sentence), and units dropped per split.
 
     Punkt over a whole corpus is slow on a busy machine, so the result is cached (JSON under
-    ``$MEMLAB_CACHE/sentences/``) by a hash of the split units' text and the windowing options.
+    ``$MEMLAB_CACHE/sentences/``) by a hash of the split units' text and the windowing options, sealed with a
+    digest of its content (:mod:`memlab.cachecheck`): a damaged one is named in one warning line and rebuilt.
     """
     import hashlib
 
@@ -68,9 +69,19 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
         for u in splits[name]:
             h.update(hashlib.sha256(u.text.encode()).digest())
     cached = cache_dir() / "sentences" / f"{h.hexdigest()[:20]}.json"
+    from memlab.cachecheck import seal, sealed
+
     if cached.is_file():
-        got = json.loads(cached.read_text())
-        return got["docs"], got["dropped"]
+        try:
+            got = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            got = None
+        if sealed(got):
+            return got["docs"], got["dropped"]
+        import sys
+
+        print(f"memlab: warning: sentence cache {cached} is damaged (it does not match its digest); rebuilding it",
+              file=sys.stderr)
     out, dropped = {}, {}
     for name, part in splits.items():
         if not part:
@@ -79,8 +90,11 @@ def corpus_documents(cfg, opts: SentenceOptions) -> tuple[dict[str, list[list[st
                                                   opts.short_documents)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"docs": out, "dropped": dropped}))
-    os.replace(tmp, cached)
+    from memlab.rundir import guarded
+
+    with guarded(f"the sentence cache in {cached.parent}", tmp):  # a full disk: one line, no temporary file
+        tmp.write_text(json.dumps(seal({"docs": out, "dropped": dropped})))
+        os.replace(tmp, cached)
     return out, dropped
 
 

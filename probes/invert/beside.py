@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memlab.errors import DataError, ModelError
+from memlab.errors import ConfigError, DataError, ModelError
 from memlab.probes.chunks import rows
 from memlab.probes.decoder import load_probe
 from memlab.probes.options import ProbeOptions, load_options
+from memlab.probes.parts import GENERIC, encoder_kind, get_part
 from memlab.probes.readings import free_running_hits, reconstruct_ids, token_set_f1_per_chunk
 from memlab.probes.run import control_key, cut_text, disk_controls, encode_all
 from memlab.probes.train import evaluate
@@ -66,16 +67,26 @@ class ProbeSide:
     """The probe's setting: model, layer, pooling, encoder dtype, decoder kind, training chunks."""
 
 
-def run_options(report: dict):
+def run_options(report: dict, run: str = "the probe run"):
     """The run's options as :func:`memlab.probes.options.load_options` gives them: the values its report records
-    that differ from the defaults (a part's options at their defaults are what an unchosen part has)."""
+    that differ from the defaults (a part's options at their defaults are what an unchosen part has). A generic
+    setting that the run's decoder or encoder part does not honour is left out: the probe switched it off itself
+    (:func:`memlab.probes.parts.unhonoured`), and given back it would read as set by the user and be refused."""
     saved = dict(report["options"])
     saved.update(saved.pop("part_options", None) or {})
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
                 (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
                 for f in dataclasses.fields(ProbeOptions)}
     keep = {k: v for k, v in saved.items() if k not in defaults or v != defaults[k] or k in ("model", "seq_len")}
-    return load_options(None, **keep)
+    try:
+        parts = [("decoder", get_part("decoder", str(saved.get("decoder", defaults["decoder"]))))]
+    except ConfigError:
+        raise ModelError(f"--probe {run}: its decoder part '{saved.get('decoder')}' is not registered: install (or "
+                         "import) the package that registers it") from None
+    kind = encoder_kind(str(saved.get("model", defaults["model"])))
+    parts += [("encoder", kind)] if kind is not None else []
+    off = {k for what, part in parts for k in set(GENERIC[what]) - set(part.honoured(what))}
+    return load_options(None, **{k: v for k, v in keep.items() if k not in off})
 
 
 def _reads(dec, z: torch.Tensor, ids: torch.Tensor) -> DecoderReads:
@@ -114,7 +125,7 @@ def read_probe_side(run: str, n: int, device: str = "cpu") -> ProbeSide:
     """The first ``n`` held-out chunks of the probe run in ``run`` and the probe's (and its control's) reading of
     them; one ModelError/DataError line when the run cannot be read beside an inversion."""
     report = json.loads((Path(run) / "report.json").read_text())
-    opts = run_options(report)
+    opts = run_options(report, run)
     fitted = load_probe(run)
     _, eval_ids, text, tg = cut_text(opts, fitted.encoder)
     shown = [e.get("input") for e in report.get("examples") or []]

@@ -10,11 +10,11 @@ Only JSON is read here (no torch): the command checks its flags before it import
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from memlab.errors import ConfigError
+from memlab.probes.recorded import check_recorded, read_json, resolved_layer
 
 POOL_TO_STATES = {"last": "last", "mean": "mean"}
 """The probe's pooling -> the inversion's ``--states`` that reads the same vector."""
@@ -42,26 +42,18 @@ class ProbeRunSettings:
     """Where the run kept its control (None: it kept none on disk)."""
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--probe {path.parent}: not a probe run folder ({path.name} missing; give the --out "
-                          "folder of memlab probe)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--probe: {path} cannot be read ({' '.join(str(e).split())[:100]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--probe: {path} is not {what}")
-    return data
+NO_WEIGHTS = ("synthetic:", "space:")
+"""Model specs whose encoder is no transformers model: nothing for a white-box inversion to search with."""
 
 
 def read_probe_run(folder: str) -> ProbeRunSettings:
-    """The settings of the probe run in ``folder`` (one ConfigError line when it is not a single probe's run)."""
+    """The settings of the probe run in ``folder`` (one ConfigError line when it is not a single probe's run, when
+    its files disagree about its settings, or when its encoder is not a model the inversion can search)."""
     p = Path(folder)
     if not p.is_dir():
         raise ConfigError(f"--probe {folder}: no such folder (give the --out folder of a memlab probe run)")
-    spec = _read_json(p / "probe.json", "a probe's encoder description")
-    rep = _read_json(p / "report.json", "a probe report")
+    spec = read_json(p / "probe.json", "a probe's encoder description")
+    rep = read_json(p / "report.json", "a probe report")
     opts, enc = rep.get("options"), rep.get("encoder")
     if not isinstance(opts, dict) or not isinstance(enc, dict) or "model" not in spec:
         raise ConfigError(f"--probe {folder}: report.json is not a single probe's report (a sweep's folder? give "
@@ -70,18 +62,20 @@ def read_probe_run(folder: str) -> ProbeRunSettings:
         raise ConfigError(f"--probe {folder}: a length sweep; give the run folder of one of its lengths")
     if not (p / "decoder").is_dir():
         raise ConfigError(f"--probe {folder}: the run kept no decoder (run memlab probe with a sequence decoder)")
+    check_recorded(p)
+    model = str(spec["model"])
+    if model.startswith(NO_WEIGHTS) or enc.get("layer") is None or enc.get("num_layers") is None:
+        raise ConfigError(f"--probe {folder}: the run read {model!r}, an encoder without a transformers model's "
+                          "layers; the inversion searches with the model's own weights (give a run of a transformers "
+                          "model)")
     try:
         return ProbeRunSettings(
-            path=str(p), model=str(spec["model"]), layer=int(enc["layer"]), num_layers=int(enc["num_layers"]),
+            path=str(p), model=model, layer=int(enc["layer"]), num_layers=int(enc["num_layers"]),
             pool=str(enc["pool"]), final_norm=bool(spec.get("final_norm", False)),
             random_init=bool(spec.get("random_init", False)), encoder_dtype=str(spec.get("dtype", "float32")),
             text={k: opts[k] for k in TEXT_FLAGS}, cache_dir=opts.get("cache_dir"))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"--probe {folder}: its report lacks a setting the inversion needs ({e})") from None
-
-
-def _layer(value: int, num_layers: int) -> int:
-    return value + num_layers + 1 if value < 0 else value
 
 
 def reconcile(opts, given: set[str], run: ProbeRunSettings):
@@ -100,7 +94,7 @@ def reconcile(opts, given: set[str], run: ProbeRunSettings):
                           "(run the probe without --final-norm)")
     if "model" in given and model.model != run.model:
         raise ConfigError(f"--model {model.model} contradicts {where} (model {run.model}); leave --model out")
-    if "layer" in given and _layer(model.layer, run.num_layers) != run.layer:
+    if "layer" in given and resolved_layer(model.layer, run.num_layers) != run.layer:
         raise ConfigError(f"--layer {model.layer} contradicts {where} (layer {run.layer} of {run.num_layers}); "
                           "leave --layer out")
     states = POOL_TO_STATES.get(run.pool)

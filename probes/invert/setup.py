@@ -88,4 +88,9 @@ def setup(opts):
         texts, chunks = chunk_ids(opts.text, enc.tokenizer)
     if not chunks:
         raise DataError("no chunk to invert")
+    if len(chunks) < opts.text.n:  # never fewer chunks than asked for without a word
+        t = opts.text
+        where = f"the probe run {opts.model.probe}" if opts.model.probe else f"the {t.eval_split} split of '{t.corpus}'"
+        raise DataError(f"--n {t.n} is more than the {len(chunks)} held-out chunks of {t.seq_len} {t.chunk_by} that "
+                        f"{where} gives; give --n {len(chunks)} or fewer")
     return device, enc, reader, texts, chunks, side

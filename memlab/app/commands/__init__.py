@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from memlab.errors import ConfigError
 
@@ -135,3 +137,88 @@ def check_device(name: str | None) -> None:
     kind, _, index = str(name).partition(":")
     if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
         raise ConfigError(f"--device {name}: not a device (use auto, cpu, cuda, cuda:N or mps)")
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` that does not exist yet (None when it exists)."""
+    missing = None
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """A folder a verb will write into (``--cache-dir``): a file there, a parent that is a file, or a place where
+    no folder can be made or written is one ConfigError line now, before anything is loaded. Nothing is left
+    behind: a folder made to try it is removed."""
+    from memlab.rundir import check_path
+
+    check_path(path, flag)  # a name too long: ENAMETOOLONG, before the path is looked up
+    p = Path(os.path.expanduser(path))
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a folder")
+    missing = _first_missing(p)
+    if missing is None:
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: cannot write into it (permission denied)")
+        return
+    if missing.parent.exists() and not missing.parent.is_dir():
+        raise ConfigError(f"{flag} {path} cannot be created: {missing.parent} is a file")
+    try:
+        os.mkdir(missing)
+    except FileExistsError:  # another process (of a launch) made it meanwhile
+        return
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be created ({e.strerror})") from None
+    try:
+        os.rmdir(missing)
+    except OSError:  # another process wrote into it meanwhile: it is theirs now
+        pass
+
+
+def check_new_out(path: str | None, what: str) -> None:
+    """``--out`` of a new run: a file, or a folder that already holds files, is one line now, before anything is
+    loaded (the run claims the folder later and checks it again)."""
+    if not path:
+        return
+    from memlab.rundir import check_path, describe, used_entries
+
+    check_path(path, "--out")
+    p = Path(os.path.normpath(path))
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {p} is a file, not a directory")
+    if p.is_dir() and used_entries(p):
+        raise ConfigError(f"{what} directory {p} already holds files ({describe(p)}); choose another --out")
+    base = next((q for q in [p, *p.parents] if q.exists()), Path("."))
+    if not base.is_dir():
+        raise ConfigError(f"cannot create {what} directory {p}: {base} is a file, not a folder")
+    _try_write(base, f"--out {p}")
+
+
+def _try_write(folder: Path, what: str) -> None:
+    """One byte written into ``folder`` and removed: a read-only folder or a full disk is one line now, naming
+    ``what`` and the folder, rather than after the model has loaded."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".memlab-write-check.", dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write into {folder} ({_why(e)})") from None
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write into {folder} ({_why(e)})") from None
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def _why(e: OSError) -> str:
+    import errno
+
+    return {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up", errno.EROFS:
+            "the file system is read-only", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}.get(
+        e.errno, e.strerror or str(e))

@@ -9,6 +9,7 @@ imported; :func:`memlab.probes.invert.run.run_invert` does the work.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import fields
 
 SHARED_TITLE = "both searches"
@@ -28,11 +29,18 @@ def _shared() -> set[str]:
     return {f.name for f in fields(PositionsOptions)} & {f.name for f in fields(PooledOptions)}
 
 
+@functools.lru_cache(maxsize=None)
+def _docs(section: str) -> dict[str, str]:
+    """A section's field docstrings, read from its source once (not once per flag: the parser answers in time)."""
+    from memlab.probes.options import class_docs
+
+    return class_docs(_sections()[section])
+
+
 def _help(section: str, name: str) -> str:
-    from memlab.config import field_docs
     from memlab.probes.invert.options import default_text
 
-    text = field_docs(_sections()[section]).get(name, "").rstrip(".")
+    text = _docs(section).get(name, "").rstrip(".")
     return f"{text} (default {default_text(section, name)})".replace("%", "%%")
 
 
@@ -170,9 +178,21 @@ def _resumed(given: dict):
 
 def check(args: argparse.Namespace) -> None:
     """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli); the folders
-    and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``)."""
+    and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``); a model
+    or corpus path that is not there, a --cache-dir that cannot be made or written and an --out already used,
+    refused now rather than after the model loads."""
+    from memlab.app.commands import check_new_out, check_writable_dir
+    from memlab.data.corpus import check_corpus_spec
+    from memlab.probes.options import check_model_spec
+
     opts = options(args)
     args.out, args.cache_dir, args.threads = opts.output.out, opts.positions.cache_dir, opts.model.threads
+    for spec in (opts.model.model, opts.model.states_from):  # a path that is not there, before the model loads
+        check_model_spec(spec)
+    check_corpus_spec(opts.text.corpus)
+    if opts.positions.cache_dir:
+        check_writable_dir(opts.positions.cache_dir, "--cache-dir")
+    check_new_out(opts.output.out, "inversion")
 
 
 def run(args) -> int:

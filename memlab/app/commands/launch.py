@@ -3,13 +3,22 @@
     memlab launch --multi_gpu --num_processes 2 train configs/lcm/mse_toy.yaml --out runs/x
     memlab launch --config_file my_accelerate.yaml -- train configs/x.yaml train.lr=1e-3
 
-It is ``accelerate launch ... -m memlab.app.cli VERB ...`` (every launcher option
-works; ``--`` may separate them from the verb), run in this process so that
-a failure comes back as data rather than as the launcher's traceback: for the
-process that failed first, one line says which one and why (killed by a
+It is ``accelerate launch ... -m memlab.app.worker VERB ...`` (every launcher
+option works; ``--`` may separate them from the verb), run in this process so
+that a failure comes back as data rather than as the launcher's traceback: for
+the process that failed first, one line says which one and why (killed by a
 signal, stopped, an exit status), and the command exits non-zero. A process
 that failed with memlab's own one-line error has printed it already; the
 processes the launcher stopped because of it print nothing more.
+
+Refused in one line before any process starts: a verb that does not run on
+several processes (:data:`MULTI_PROCESS`: every verb but ``train`` and
+``probe``; each would run whole on every process), and a sharded or offloaded
+engine (FSDP, DeepSpeed, Megatron-LM, TPU or SageMaker launches, asked by a
+flag or by an accelerate config file): memlab trains data-parallel (DDP)
+replicas only. The processes end with the launcher: one that is killed, by any
+signal, ``kill -9`` included, takes them with it within a second
+(:func:`memlab.app.launched.tie_to_launcher`), and they write nothing after.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-from memlab.app.launched import ERRORS_ENV, PEER_LOST, WRAPPED_ENV, collected
+from memlab.app.launched import ERRORS_ENV, LAUNCHER_ENV, PEER_LOST, WRAPPED_ENV, collected
 from memlab.errors import MemlabError
 
 STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT)
@@ -31,11 +40,13 @@ STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.S
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("launch", help="run a verb on several processes (accelerate launch), failures in one line",
+    p = sub.add_parser("launch", help="run train or probe on several processes (accelerate launch), failures in one "
+                                      "line",
                        description="accelerate launch's options, then a memlab verb and its arguments (e.g. "
                                    "`memlab launch --multi_gpu --num_processes 2 train CONFIG`); `--` may separate "
                                    "them. The launcher's and the collectives' tracebacks become one line naming the "
-                                   "process that failed.")
+                                   "process that failed; the processes end with the launcher. Only train and probe "
+                                   "run on several processes, data parallel (no FSDP or DeepSpeed).")
     p.add_argument("argv", nargs=argparse.REMAINDER, help="accelerate launch options, then VERB and its arguments")
     p.set_defaults(func=run)
 
@@ -92,6 +103,39 @@ def quiet_launcher_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+MULTI_PROCESS = ("train", "probe")
+"""The verbs that run on several processes (``train``: data-parallel replicas; ``probe``: the encoder pass shared
+out). Every other verb is refused under ``memlab launch``: it would run whole on every process."""
+
+ENGINE_OPTIONS = {"--use_fsdp": "FSDP", "--fsdp_": "FSDP", "--use_deepspeed": "DeepSpeed", "--deepspeed_": "DeepSpeed",
+                  "--zero_stage": "DeepSpeed", "--zero3_": "DeepSpeed", "--offload_": "DeepSpeed",
+                  "--use_megatron_lm": "Megatron-LM", "--megatron_lm_": "Megatron-LM", "--tpu": "a TPU launch",
+                  "--tpu_": "a TPU launch"}
+"""Launcher options (or their prefixes) that ask for an engine memlab does not run under."""
+
+
+def engine_refused(name: str) -> MemlabError:
+    return MemlabError(f"memlab launch: the launch asks for {name}, which memlab does not support (its verbs run "
+                       "data-parallel replicas, and its checkpoints hold full replicas); launch with --multi_gpu "
+                       "(data parallel; it starts the processes on the CPU too where there is no GPU) or one process")
+
+
+def check_verb(verb: list[str]) -> None:
+    """A verb that does not run on several processes, refused before any process starts."""
+    if verb and verb[0] not in MULTI_PROCESS and verb[0] not in ("-h", "--help"):
+        raise MemlabError(f"memlab launch: `memlab {verb[0]}` runs in one process (only "
+                          f"{' and '.join(MULTI_PROCESS)} run on several): run it without memlab launch")
+
+
+def check_engine(launcher: list[str]) -> None:
+    """A sharded or offloaded engine asked by a launcher option, refused before any process starts."""
+    for a in launcher:
+        flag = a.split("=", 1)[0]
+        for option, name in ENGINE_OPTIONS.items():
+            if flag == option or (option.endswith("_") and flag.startswith(option)):
+                raise engine_refused(name)
+
+
 COUNT_OPTIONS = ("--num_processes", "--num_machines", "--num_cpu_threads_per_process")
 """Launcher options that take a count (at least 1)."""
 
@@ -112,6 +156,8 @@ def check(args) -> None:
     from memlab.app import cli
 
     launcher, verb = split_argv(list(args.argv))
+    check_verb(verb)
+    check_engine(launcher)
     for name in COUNT_OPTIONS:
         for value in _option_values(launcher, name):
             if not value.strip().isdigit() or int(value) < 1:
@@ -128,6 +174,38 @@ def check(args) -> None:
     verb_check = getattr(sys.modules[cli.module_name(verb_args.verb)], "check", None)
     if verb_check is not None:
         verb_check(verb_args)
+
+
+@contextlib.contextmanager
+def engines_refused(launcher_module):
+    """An engine that an accelerate config file asks for (its ``distributed_type``), refused by the launcher
+    before it starts a process: accelerate reads the file and then calls the engine's launcher, replaced here."""
+    names = {"deepspeed_launcher": "DeepSpeed", "tpu_launcher": "a TPU launch", "tpu_pod_launcher": "a TPU launch",
+             "sagemaker_launcher": "a SageMaker launch"}
+    real = {name: getattr(launcher_module, name) for name in [*names, "multi_gpu_launcher", "simple_launcher"]
+            if hasattr(launcher_module, name)}
+
+    def refuse(name):
+        def refused(*a, **k):
+            raise engine_refused(names[name])
+        return refused
+
+    def checked(name):
+        def launcher(args):
+            for attr, engine in (("use_fsdp", "FSDP"), ("use_deepspeed", "DeepSpeed"), ("use_megatron_lm", "Megatron-LM")):
+                if getattr(args, attr, False):
+                    raise engine_refused(engine)
+            return real[name](args)
+        return launcher
+
+    for name in real:
+        setattr(launcher_module, name, checked(name) if name.endswith(("multi_gpu_launcher", "simple_launcher"))
+                else refuse(name))
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(launcher_module, name, fn)
 
 
 @contextlib.contextmanager
@@ -165,10 +243,13 @@ def run(args) -> int:
 
     quiet_launcher_logs()  # again, for the loggers that the imports above made
     launcher, verb = split_argv(list(args.argv))
+    check_verb(verb)
+    check_engine(launcher)
     parser = launch_command_parser()
     parser.error = _refuse  # an unknown or malformed launcher option: one line, not the launcher's usage
-    parsed = parser.parse_args([*launcher, "-m", "memlab.app.cli", *verb])
+    parsed = parser.parse_args([*launcher, "-m", "memlab.app.worker", *verb])
     os.environ[WRAPPED_ENV] = "1"  # the processes leave naming the failed one to this launcher
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # the processes end with this one (memlab.app.launched)
     quiet_launcher_logs()
     with tempfile.TemporaryDirectory(prefix="memlab-launch-") as errors:
         os.environ[ERRORS_ENV] = errors  # each process leaves its error line here; each distinct line is printed once
@@ -176,11 +257,12 @@ def run(args) -> int:
             return _launch(parsed, launch_command, accelerate_launch, errors, ChildFailedError, SignalException)
         finally:
             os.environ.pop(ERRORS_ENV, None)
+            os.environ.pop(LAUNCHER_ENV, None)
 
 
 def _launch(parsed, launch_command, accelerate_launch, errors: str, child_failed, signal_exception) -> int:
     try:
-        with one_process_refused(accelerate_launch):
+        with one_process_refused(accelerate_launch), engines_refused(accelerate_launch):
             launch_command(parsed)
     except ValueError as e:  # accelerate's checks of its options ("at least 2 processes to use --multi_gpu")
         raise MemlabError(f"memlab launch: {' '.join(str(e).split())}") from None

@@ -174,21 +174,11 @@ def run(args) -> int:
     from memlab.probes.report import format_summary
 
     from memlab.probes.lengths import run_length_sweep
-    from memlab.probes.options import seq_lens
-    from memlab.probes.options import parse_sizes
+    from memlab.probes.options import parse_sizes, seq_lens
     from memlab.probes.sweep import run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
-    kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
-    kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress,
-              calibrate=args.calibrate, layers=args.layers, layers_sequence=args.layers_sequence or None)
-    if kw["n_train"] is not None:
-        sizes = parse_sizes(kw["n_train"])
-        kw["n_train"] = sizes if len(sizes) > 1 else sizes[0]
-    if args.no_control:
-        kw["control"] = False
-    if args.no_bow:
-        kw["readouts"] = []
+    kw = flag_values(args)
     if not args.model and not args.config:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
     opts = load_options(args.config, [*args.overrides, *flag_overrides(args)], **kw)
@@ -257,14 +247,44 @@ def abandon_out(out: Path, e: BaseException, held_before=None) -> None:
         raise MemlabError(f"could not write the probe into {out} ({reason}); nothing of it was kept") from None
 
 
-def check(args) -> None:
-    """A length or size given twice, refused before the probe loads anything (a sweep would run it once and say
-    nothing). Ranges, types and placements are the options' own checks (:mod:`memlab.probes.options`)."""
-    from memlab.errors import ConfigError
+def flag_values(args) -> dict:
+    """The options the hand-written flags set (None: unset), as :func:`memlab.probes.options.load_options` takes
+    them."""
+    from memlab.probes.options import parse_sizes
 
-    for flag in ("--seq-len", "--n-train"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        items = [x.strip() for x in str(value or "").split(",") if x.strip()]
-        twice = sorted({x for x in items if items.count(x) > 1})
-        if twice:
-            raise ConfigError(f"argument {flag}: {twice[0]} is given twice in {value!r}")
+    kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in FLAGS.items()}
+    kw.update(model=args.model, final_norm=args.final_norm, random_init=args.random_init, progress=args.progress,
+              calibrate=args.calibrate, layers=args.layers, layers_sequence=args.layers_sequence or None)
+    if kw["n_train"] is not None:
+        sizes = parse_sizes(kw["n_train"])
+        kw["n_train"] = sizes if len(sizes) > 1 else sizes[0]
+    if args.no_control:
+        kw["control"] = False
+    if args.no_bow:
+        kw["readouts"] = []
+    return kw
+
+
+def check(args) -> None:
+    """Every refusal that needs no model, before anything heavy is imported (under a second): the options' types
+    and ranges as the config, ``key=value`` and the flags give them (:func:`memlab.probes.options.precheck`), a
+    model or corpus path that is not there, a --cache-dir that cannot be written, an --out already used. The
+    options of parts and what only the loaded registries can judge are checked when the probe runs."""
+    from memlab.app.commands import check_new_out, check_writable_dir
+    from memlab.app.launched import rank
+    from memlab.data.corpus import check_corpus_spec
+    from memlab.errors import ConfigError
+    from memlab.probes.options import check_model_spec, precheck
+
+    check_threads(args.threads)
+    kw = flag_values(args)
+    if not args.model and not args.config:
+        raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
+    opts = precheck(args.config, [*args.overrides, *flag_overrides(args)], **kw)
+    check_model_spec(opts.model)
+    check_corpus_spec(opts.corpus)
+    for flag, value in (("--cache-dir", opts.cache_dir), ("--offload-dir", opts.offload_dir)):
+        if value:
+            check_writable_dir(value, flag)
+    if rank() == 0:  # the other processes of a launch find the folder the first one is filling
+        check_new_out(args.out, "probe")
