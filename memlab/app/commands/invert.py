@@ -192,7 +192,8 @@ def check(args: argparse.Namespace) -> None:
     check_corpus_spec(opts.text.corpus)
     if opts.positions.cache_dir:
         check_writable_dir(opts.positions.cache_dir, "--cache-dir")
-    check_new_out(opts.output.out, "inversion")
+    if not opts.output.resume:  # a resumed run writes into its own folder, which holds files
+        check_new_out(opts.output.out, "inversion")
 
 
 def run(args) -> int:
