@@ -134,7 +134,7 @@ def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
 
 
-def _first_missing(path: Path) -> Path | None:
+def first_missing(path: Path) -> Path | None:
     """The topmost folder of ``path`` that does not exist yet (None when it exists)."""
     missing = None
     for p in [path, *path.parents]:
@@ -203,7 +203,7 @@ def claim(run_dir: str | Path, fresh: bool, what: str = "run", busy_hint: str | 
         if run_dir.is_dir() and used_entries(run_dir):
             hint = "resume it with --resume or choose --out" if what == "run" else "choose another --out"
             raise _holds_files(what, run_dir, hint)
-        made = _first_missing(run_dir)
+        made = first_missing(run_dir)
         created = made is not None
         try:
             run_dir.mkdir(parents=True, exist_ok=True)

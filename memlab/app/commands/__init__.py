@@ -139,16 +139,6 @@ def check_device(name: str | None) -> None:
         raise ConfigError(f"--device {name}: not a device (use auto, cpu, cuda, cuda:N or mps)")
 
 
-def _first_missing(path: Path) -> Path | None:
-    """The topmost folder of ``path`` that does not exist yet (None when it exists)."""
-    missing = None
-    for p in [path, *path.parents]:
-        if p.exists():
-            break
-        missing = p
-    return missing
-
-
 def check_writable_dir(path: str, flag: str) -> None:
     """A folder a verb will write into (``--cache-dir``): a file there, a parent that is a file, or a place where
     no folder can be made or written is one ConfigError line now, before anything is loaded. Nothing is left
@@ -159,7 +149,9 @@ def check_writable_dir(path: str, flag: str) -> None:
     p = Path(os.path.expanduser(path))
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {path} is a file, not a folder")
-    missing = _first_missing(p)
+    from memlab.rundir import first_missing  # torch-free, as this module must stay
+
+    missing = first_missing(p)
     if missing is None:
         if not os.access(p, os.W_OK | os.X_OK):
             raise ConfigError(f"{flag} {path}: cannot write into it (permission denied)")
