@@ -170,6 +170,14 @@ class PooledSearcher:
         cur = r.embedding[ids.to(r.device)].float()  # (T, D_e)
         return (g @ r.embedding.float().T - (g * cur).sum(-1, keepdim=True)).cpu()  # (T, V)
 
+    def objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)`` (every candidate verified exactly)."""
+        return self._objective(ids, target)
+
+    def scores(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """First-order change of the objective's distance ``(T, V)`` for every token at every position."""
+        return self._scores(ids, target)
+
     def _start(self, k: int, length: int, gen: torch.Generator) -> torch.Tensor:
         init = self.opt.init if k == 0 else ("sample" if self.opt.init != "random" else "random")
         if init != "random" and self.head is not None:
