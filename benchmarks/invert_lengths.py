@@ -106,21 +106,22 @@ def measure_positions(args, res: dict) -> None:
     """Per-position inversion of the first ``--n`` chunks at each of ``--lengths`` (into ``res["positions"]``)."""
     import torch
 
-    from memlab.probes.invert.positions import SearchOptions, Searcher
+    from memlab.probes.invert.options import PositionsOptions, TextOptions
+    from memlab.probes.invert.positions import Searcher
     from memlab.probes.invert.report import chunk_result, totals
-    from memlab.probes.invert.run import chunk_ids, first_table, load, machine_facts, observed_states
+    from memlab.probes.invert.run_positions import first_table, observed_states
+    from memlab.probes.invert.setup import chunk_ids, load, machine_facts
 
     torch.set_num_threads(args.threads)
     enc, reader = load(args.model, args.layer, "cpu")
-    searcher = Searcher(reader, SearchOptions())
+    searcher = Searcher(reader, PositionsOptions())
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     table = first_table(searcher, enc.prefix, args.cache_dir, None)
     res.update(layer=reader.layer, machine=machine_facts(), table_seconds=time.perf_counter() - t0)
     for length in [int(x) for x in args.lengths.split(",") if x]:
-        vals = {"n": args.n, "n_eval": 200, "eval_split": "test", "corpus": "austen", "seed": 0,
-                "chunk_by": "tokens", "seq_len": length}
-        texts, chunks = chunk_ids(vals, enc.tokenizer)
+        text = TextOptions(n=args.n, n_eval=200, chunk_by="tokens", seq_len=length)
+        texts, chunks = chunk_ids(text, enc.tokenizer)
         states = [observed_states(reader, enc.prefix, c, 0.0, gen) for c in chunks]
         firsts = searcher.first_positions(enc.prefix, torch.stack([s[0] for s in states]), table=table)
         results = []

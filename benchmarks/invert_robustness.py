@@ -36,19 +36,19 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
     import torch
 
-    from memlab.probes.invert.positions import SearchOptions, Searcher
+    from memlab.probes.invert.options import PositionsOptions, TextOptions
+    from memlab.probes.invert.positions import Searcher
     from memlab.probes.invert.robust import quantized_copy, recovery, relative_error
-    from memlab.probes.invert.run import chunk_ids, first_table, load, machine_facts, observed_states
+    from memlab.probes.invert.run_positions import first_table, observed_states
+    from memlab.probes.invert.setup import chunk_ids, load, machine_facts
     from memlab.probes.invert.states import LayerReader
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     enc, reader = load(args.model, args.layer, "cpu")
-    vals = {"n": args.n, "n_eval": 256, "eval_split": "test", "corpus": "austen", "seed": 0, "chunk_by": "words",
-            "seq_len": args.seq_len}
-    _, chunks = chunk_ids(vals, enc.tokenizer)
-    prefix, opts = enc.prefix, SearchOptions()
+    _, chunks = chunk_ids(TextOptions(n=args.n, n_eval=256, seq_len=args.seq_len), enc.tokenizer)
+    prefix, opts = enc.prefix, PositionsOptions()
     gen = torch.Generator().manual_seed(0)
     rows = {"machine": machine_facts(), "command": " ".join(["python", "benchmarks/invert_robustness.py", *sys.argv[1:]]),
             "model": args.model, "layer": reader.layer, "chunks": len(chunks),

@@ -13,8 +13,9 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from memlab.errors import ModelError
-from memlab.probes.invert.positions import SearchOptions, Searcher
-from memlab.probes.invert.run import check_applies
+from memlab.probes.invert.options import PositionsOptions
+from memlab.probes.invert.positions import Searcher
+from memlab.probes.invert.run_positions import check_applies
 from memlab.probes.invert.states import LayerReader
 
 V = 211
@@ -31,7 +32,7 @@ FAMILIES = {  # model_type -> tiny config (3 blocks, width 32)
     "bloom": dict(hidden_size=32, n_layer=3, n_head=4),
     "gpt_neo": dict(hidden_size=32, num_layers=3, num_heads=4, attention_types=[[["global", "local", "global"], 1]]),
 }
-FAST = SearchOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=float("inf"))
+FAST = PositionsOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=float("inf"))
 
 
 def tiny(model_type: str, seed: int = 0):
@@ -87,7 +88,7 @@ def test_ranking_alone_without_exhaustive_fallback():
     """The gradient ranking finds the true token within the ranked budget (no exhaustive pass needed)."""
     reader = LayerReader(tiny("qwen2"), 2)
     seqs = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(3))
-    got = Searcher(reader, SearchOptions(batch_size=16, budget=96, exhaustive=False)).chunk(
+    got = Searcher(reader, PositionsOptions(batch_size=16, budget=96, exhaustive=False)).chunk(
         reader.full_states(seqs)[0], [], seqs[0].tolist())
     assert sum(p.token == t for p, t in zip(got[1:], seqs[0, 1:].tolist())) >= 6
     assert all(p.true_rank is not None for p in got)
@@ -135,7 +136,11 @@ def _cli(*argv, capsys):
     (["--model", "memlab-lm"], "--layer"),
     (["--model", "memlab-lm", "--layer", "x"], "--layer takes an integer"),
     (["--model", "memlab-lm", "--layer", "2", "--n", "0"], "--n must be >= 1"),
-    (["--model", "memlab-lm", "--layer", "2", "--tol", "nan"], "--tol takes a number"),
+    (["--model", "memlab-lm", "--layer", "2", "--tol", "nan"], "--tol takes a finite number"),
+    (["--model", "memlab-lm", "--layer", "2", "--noise", "inf"], "--noise takes a finite number"),
+    (["--model", "memlab-lm", "--layer", "2", "--seed", "-1"], "--seed must be >= 0"),
+    (["--model", "memlab-lm", "--layer", "2", "--forwards", "8"], "--forwards applies to --states last or mean"),
+    (["--model", "memlab-lm", "--layer", "2", "--states", "mean", "--budget", "8"], "--budget applies to --states positions"),
     (["--model", "memlab-lm", "--layer", "2", "--states", "pooled"], "--states takes positions, last or mean"),
     (["--model", "memlab-lm", "--layer", "2", "--chunk-by", "lines"], "--chunk-by"),
     (["--model", "memlab-lm", "--layer", "99"], "out of range"),
@@ -186,7 +191,7 @@ def test_noisy_states_separated_without_exhaustive_search():
     seqs = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(6))
     states = reader.full_states(seqs)
     noisy = states + 0.01 * states.norm(dim=-1, keepdim=True) * torch.randn(states.shape) / states.shape[-1] ** 0.5
-    s = Searcher(reader, SearchOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=5.0))
+    s = Searcher(reader, PositionsOptions(batch_size=32, budget=96, exhaustive_batch=V, accept_gap=5.0))
     got = s.chunk(noisy[0], [], first=s.first_positions([], noisy[:, 0])[0])
     assert [p.token for p in got] == seqs[0].tolist()
     assert all(p.certificate == "separated" and not p.exhaustive for p in got[1:])
@@ -208,7 +213,7 @@ def test_exhaustive_fallback_stops_at_a_match():
     """A ranked budget of one candidate: the fallback goes on down the ranking and stops at the match."""
     reader = LayerReader(tiny("gpt_neox"), 2)
     seqs = torch.randint(0, V, (1, 6), generator=torch.Generator().manual_seed(8))
-    s = Searcher(reader, SearchOptions(batch_size=1, budget=1, exhaustive_batch=8))
+    s = Searcher(reader, PositionsOptions(batch_size=1, budget=1, exhaustive_batch=8))
     got = s.chunk(reader.full_states(seqs)[0], [], seqs[0].tolist())
     assert [p.token for p in got] == seqs[0].tolist() and all(p.certificate == "match" for p in got)
     fell_back = [p for p in got if p.exhaustive]

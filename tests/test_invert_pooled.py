@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from memlab.probes.invert.pooled import LanguageHead, PooledOptions, PooledSearcher
+from memlab.probes.invert.options import PooledOptions
+from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
 from memlab.probes.invert.states import LayerReader
 from memlab.probes.readings import set_f1
 

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from memlab.errors import ConfigError
+from memlab.probes.invert.options import InvertOptions, ModelOptions
 from memlab.probes.invert.probe_run import read_probe_run, reconcile
 
 N_EVAL = 8
@@ -127,22 +128,19 @@ def test_a_contradicting_flag_is_refused_in_one_line(probe_run, tmp_path, capsys
 
 def test_the_same_layer_by_another_name_is_not_a_contradiction(probe_run):
     s = read_probe_run(str(probe_run))
-    vals = {"model": None, "layer": -1, "states": "positions", "n": 16, "seq_len": 16, "chunk_by": "words",
-            "corpus": "austen", "eval_split": "test", "seed": 0, "n_eval": 256}
-    got = reconcile(vals, {"layer"}, s)
-    assert got["layer"] == s.layer == s.num_layers and got["states"] == "last" and got["n"] == N_EVAL
-    assert got["seq_len"] == 4 and got["chunk_by"] == "tokens" and got["model"] == "memlab-lm"
+    got = reconcile(InvertOptions(model=ModelOptions(layer=-1)), {"layer"}, s)
+    assert got.model.layer == s.layer == s.num_layers and got.model.states == "last" and got.text.n == N_EVAL
+    assert got.text.seq_len == 4 and got.text.chunk_by == "tokens" and got.model.model == "memlab-lm"
 
 
 def test_poolings_and_folders(probe_run, tmp_path, capsys):
     mean = read_probe_run(str(_copy(probe_run, tmp_path / "mean", encoder__pool="mean")))
-    vals = {"model": None, "layer": None, "states": "positions", "n": 16, "seq_len": 16, "chunk_by": "words",
-            "corpus": "austen", "eval_split": "test", "seed": 0, "n_eval": 256}
-    assert reconcile(vals, set(), mean)["states"] == "mean"
+    vals = InvertOptions()
+    assert reconcile(vals, set(), mean).model.states == "mean"
     first = read_probe_run(str(_copy(probe_run, tmp_path / "first", encoder__pool="first")))
     with pytest.raises(ConfigError, match="--states positions"):
         reconcile(vals, set(), first)
-    assert reconcile(vals, {"states"}, first)["states"] == "positions"
+    assert reconcile(InvertOptions(model=ModelOptions(states="positions")), {"states"}, first).model.states == "positions"
     normed = _copy(probe_run, tmp_path / "norm")
     spec = json.loads((normed / "probe.json").read_text())
     (normed / "probe.json").write_text(json.dumps(dict(spec, final_norm=True)))

@@ -34,32 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.states import LayerReader
 
 POOLS = ("last", "mean")
 INITS = ("greedy", "sample", "random")
-
-
-@dataclass
-class PooledOptions:
-    """How a pooled state is searched (``memlab invert --states last|mean`` flags of the same names)."""
-
-    forwards: int = 2048
-    """Candidate sequences evaluated per chunk (the compute budget; each is one sequence through ``L`` blocks)."""
-    seconds: float = math.inf
-    """Wall-time budget per chunk (whichever budget runs out first stops the search)."""
-    batch_size: int = 64
-    """Single-token swaps evaluated per step (one batched forward pass)."""
-    topk: int = 64
-    """Tokens kept per position from the gradient ranking."""
-    restarts: int = 2
-    """Searches from different starts sharing the budget; the best is kept."""
-    prior_weight: float = 0.0
-    """Weight of the model's mean negative log-probability (nats per token) in the objective (causal models)."""
-    init: str = "greedy"
-    """First start: greedy text from the model, sampled text, or random tokens (later restarts: sampled/random)."""
-    tol: float = 1e-4
-    """Stop once the relative distance is within this."""
 
 
 @dataclass

@@ -37,32 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from memlab.probes.invert.options import PositionsOptions
 from memlab.probes.invert.states import LayerReader, Prefix
-
-
-@dataclass
-class SearchOptions:
-    """How each position is searched (``memlab invert`` flags of the same names)."""
-
-    batch_size: int = 64
-    """Ranked candidates verified per batch (one batched pass through the first ``layer`` blocks)."""
-    budget: int = 2048
-    """Ranked candidates tried at a position before the exhaustive search."""
-    exhaustive: bool = True
-    """Search the whole vocabulary when no ranked candidate gives a ``match`` (off: keep the best ranked one)."""
-    exhaustive_batch: int = 512
-    """Candidates per batch of the exhaustive search."""
-    tol: float = 1e-3
-    """Relative distance ``|h - h*| / |h*|`` within which a candidate matches."""
-    min_gap: float = 2.0
-    """Least ratio of the runner-up's distance to the best one's for a certificate."""
-    accept_gap: float = 10.0
-    """Accept a best candidate outside ``tol`` without the exhaustive search when every other verified candidate
-    is this many times farther (certificate ``separated``; ``inf``: never)."""
-    separation_min: int = 32
-    """Candidates verified before a ``separated`` certificate is considered (a gap over a few is no evidence)."""
-    relinearize: bool = True
-    """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
 
 
 @dataclass
@@ -106,10 +82,10 @@ class _Best:
             elif v < self.d2:
                 self.d2 = v
 
-    def matched(self, opts: SearchOptions) -> bool:
+    def matched(self, opts: PositionsOptions) -> bool:
         return self.d1 <= opts.tol and self.d2 >= opts.min_gap * self.d1
 
-    def separated(self, opts: SearchOptions) -> bool:
+    def separated(self, opts: PositionsOptions) -> bool:
         return self.d1 > opts.tol and self.d2 >= opts.accept_gap * self.d1 and self.seen >= opts.separation_min
 
 
@@ -118,7 +94,7 @@ class Searcher:
     """Searches each position of a chunk against ``reader`` (a :class:`LayerReader`)."""
 
     reader: LayerReader
-    opts: SearchOptions = field(default_factory=SearchOptions)
+    opts: PositionsOptions = field(default_factory=PositionsOptions)
 
     def __post_init__(self):
         self.mean_row = self.reader.embedding.float().mean(0)  # (D_e,)

@@ -84,37 +84,41 @@ def _layer(value: int, num_layers: int) -> int:
     return value + num_layers + 1 if value < 0 else value
 
 
-def reconcile(vals: dict, given: set[str], run: ProbeRunSettings) -> dict:
-    """``vals`` (the inversion's checked flags; ``given``: the names the user set) with the run's settings filled
-    in; one ConfigError line for a flag that contradicts the run or a run the inversion cannot read beside."""
+def reconcile(opts, given: set[str], run: ProbeRunSettings):
+    """``opts`` (the inversion's checked :class:`~memlab.probes.invert.options.InvertOptions`; ``given``: the field
+    names the user set) with the run's settings filled in; one ConfigError line for a flag that contradicts the
+    run or a run the inversion cannot read beside."""
+    from dataclasses import replace
+
     where = f"the probe run {run.path}"
+    model, text = opts.model, opts.text
     if run.random_init:
         raise ConfigError(f"{where} read a randomly initialised model; the inversion searches with the model's own "
                           "weights, so its states are not these")
     if run.final_norm:
         raise ConfigError(f"{where} read its layer after the final norm; the inversion reads the raw block output "
                           "(run the probe without --final-norm)")
-    if "model" in given and vals["model"] != run.model:
-        raise ConfigError(f"--model {vals['model']} contradicts {where} (model {run.model}); leave --model out")
-    if "layer" in given and _layer(vals["layer"], run.num_layers) != run.layer:
-        raise ConfigError(f"--layer {vals['layer']} contradicts {where} (layer {run.layer} of {run.num_layers}); "
+    if "model" in given and model.model != run.model:
+        raise ConfigError(f"--model {model.model} contradicts {where} (model {run.model}); leave --model out")
+    if "layer" in given and _layer(model.layer, run.num_layers) != run.layer:
+        raise ConfigError(f"--layer {model.layer} contradicts {where} (layer {run.layer} of {run.num_layers}); "
                           "leave --layer out")
     states = POOL_TO_STATES.get(run.pool)
-    if "states" in given and vals["states"] != "positions" and vals["states"] != states:
-        raise ConfigError(f"--states {vals['states']} contradicts {where} (pooling {run.pool}: --states "
+    if "states" in given and model.states != "positions" and model.states != states:
+        raise ConfigError(f"--states {model.states} contradicts {where} (pooling {run.pool}: --states "
                           f"{states or 'positions'} reads the same chunks)")
     if "states" not in given and states is None:
         raise ConfigError(f"{where} pools by '{run.pool}', which no pooled search reads; give --states positions "
                           "to invert the same chunks from their per-position states")
     for k in TEXT_FLAGS:
-        if k in given and vals[k] != run.text[k]:
+        if k in given and getattr(text, k) != run.text[k]:
             flag = "--" + k.replace("_", "-")
-            raise ConfigError(f"{flag} {vals[k]} contradicts {where} ({k} {run.text[k]}); leave {flag} out")
-    out = dict(vals, model=run.model, layer=run.layer, **run.text)
-    if "states" not in given:
-        out["states"] = states
+            raise ConfigError(f"{flag} {getattr(text, k)} contradicts {where} ({k} {run.text[k]}); leave {flag} out")
+    n = text.n
     if "n" not in given:
-        out["n"] = min(vals["n"], run.text["n_eval"])
-    elif vals["n"] > run.text["n_eval"]:
-        raise ConfigError(f"--n {vals['n']} is more than the {run.text['n_eval']} held-out chunks of {where}")
-    return out
+        n = min(text.n, run.text["n_eval"])
+    elif text.n > run.text["n_eval"]:
+        raise ConfigError(f"--n {text.n} is more than the {run.text['n_eval']} held-out chunks of {where}")
+    model = replace(model, model=run.model, layer=run.layer,
+                    states=model.states if "states" in given else states)
+    return replace(opts, model=model, text=replace(text, n=n, **run.text))

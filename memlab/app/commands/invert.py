@@ -1,47 +1,60 @@
 """memlab invert --model NAME --layer L --states positions|last|mean: recover the input from a model's states.
 
-argparse only at import time: the flags are read as text and checked (types, ranges) before anything heavy is
+The flags are made from the option dataclasses of :mod:`memlab.probes.invert.options` (one section each: model,
+text, the per-position search, the pooled search, output; a flag the two searches share is one flag), read as text
+and checked (types, ranges, the search they belong to, a ``--probe`` run's settings) before anything heavy is
 imported; :func:`memlab.probes.invert.run.run_invert` does the work.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
-STATES = ("positions", "last", "mean")
-"""What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
-pooled state per chunk (the last position's state, or the mean over positions)."""
+SHARED_TITLE = "both searches"
+"""The help group of the flags both searches take (the chosen search reads them)."""
 
-POOLED_ONLY = ("--forwards", "--seconds", "--topk", "--restarts", "--prior-weight", "--init", "--no-control")
-POSITIONS_ONLY = ("--budget", "--exhaustive-batch", "--tol", "--min-gap", "--accept-gap", "--cache-dir",
-                  "--no-exhaustive", "--no-relinearize")
 
-# flag -> (type, least value or None, default, help)
-NUMBERS = {
-    "--layer": (int, None, None, "hidden state: 0 = embeddings, k = output of block k-1, negative from the end "
-                                 "(the probe's numbering); required"),
-    "--seq-len": (int, 2, 16, "words per chunk (chunk_by=words, as memlab probe cuts them) or tokens (chunk_by=tokens)"),
-    "--n": (int, 1, 16, "chunks inverted: the first N of the probe's held-out chunks"),
-    "--n-eval": (int, 1, 256, "held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first "
-                              "of them, so both instruments read the same chunks"),
-    "--seed": (int, None, 0, "seed of the chunk draw (memlab probe's seed)"),
-    "--batch-size": (int, 1, 64, "ranked candidates verified per batch (positions); token swaps evaluated per step "
-                                 "(last, mean)"),
-    "--forwards": (int, 1, 2048, "last/mean: candidate sequences evaluated per chunk (the compute budget)"),
-    "--seconds": (float, 0.0, None, "last/mean: wall-time budget per chunk in seconds (unset: none)"),
-    "--topk": (int, 1, 64, "last/mean: tokens per position kept from the gradient ranking"),
-    "--restarts": (int, 1, 2, "last/mean: searches from different starts sharing the budget"),
-    "--prior-weight": (float, 0.0, 0.0, "last/mean: weight of the model's mean next-token NLL (nats per token) in "
-                                        "the objective (causal models)"),
-    "--budget": (int, 1, 2048, "ranked candidates tried at a position before the exhaustive search"),
-    "--exhaustive-batch": (int, 1, 512, "candidates per batch of the exhaustive search"),
-    "--tol": (float, 0.0, 1e-3, "relative distance |h - h*| / |h*| within which a candidate matches"),
-    "--min-gap": (float, 1.0, 2.0, "least ratio of the runner-up's distance to the best one's for a certificate"),
-    "--accept-gap": (float, 1.0, 10.0, "accept a best candidate outside --tol without the exhaustive search when "
-                                       "every other verified one is this many times farther (inf: never)"),
-    "--noise": (float, 0.0, 0.0, "Gaussian noise added to each observed state, its norm this share of the state's"),
-    "--threads": (int, 1, None, "torch CPU threads (unset: torch's)"),
-}
+def _sections():
+    from memlab.probes.invert.options import SECTIONS
+
+    return SECTIONS
+
+
+def _shared() -> set[str]:
+    """Field names both searches have: one flag each, read by the chosen search."""
+    from memlab.probes.invert.options import PooledOptions, PositionsOptions
+
+    return {f.name for f in fields(PositionsOptions)} & {f.name for f in fields(PooledOptions)}
+
+
+def _help(section: str, name: str) -> str:
+    from memlab.config import field_docs
+    from memlab.probes.invert.options import default_text
+
+    text = field_docs(_sections()[section]).get(name, "").rstrip(".")
+    return f"{text} (default {default_text(section, name)})".replace("%", "%%")
+
+
+def _add(group, section: str, f, dest: str, hlp: str) -> None:
+    from memlab.probes.invert.options import flag_name
+
+    flag = flag_name(section, f.name)
+    if f.default is True:
+        group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=hlp)
+    elif f.default is False:
+        group.add_argument(flag, dest=dest, action="store_true", default=None, help=hlp)
+    else:
+        group.add_argument(flag, dest=dest, default=None, metavar=_metavar(f), help=hlp)
+
+
+def _metavar(f) -> str:
+    """N for an integer, X for a number, {a,b} for a choice, the field's name for the rest."""
+    if f.metadata.get("choices"):
+        return "{" + ",".join(f.metadata["choices"]) + "}"
+    kind = str(f.type)
+    return "N" if kind.startswith("int") else "X" if kind.startswith("float") else {
+        "out": "DIR", "probe": "RUN", "cache_dir": "DIR", "states_from": "MODEL"}.get(f.name, f.name.upper())
 
 
 def add_parser(sub) -> None:
@@ -51,127 +64,95 @@ def add_parser(sub) -> None:
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
                     "vocabulary when no ranked candidate matches. With --states last or mean, search the token "
-                    "sequence whose pooled state matches by gradient-guided token swaps within a budget, beside a control search "
-                    "from another chunk's state. Writes report.json into --out and prints a summary.")
-    p.add_argument("--model", help="causal model: shortcut (smollm2, memlab-lm), local folder/run, FILE.gguf or hub "
-                                   "name")
-    p.add_argument("--states", default=None,
-                   help="which states are inverted: positions (every position's state at the layer, a causal "
-                        "model; default), last (the last position's state) or mean (the mean over positions; for "
-                        "bidirectional encoders, last and mean are the settings that apply); with --probe, the "
-                        "probe's pooling unless positions is given")
-    p.add_argument("--probe", default=None, metavar="RUN",
-                   help="a trained probe's run folder (memlab probe --out RUN): invert the first --n of its held-out "
-                        "chunks with its model, layer and pooling, read the same chunks with its saved decoder (and "
-                        "its control, when the run kept one in its --cache-dir), and report both instruments in one "
-                        "table; a flag that contradicts the run is refused")
-    p.add_argument("--init", default=None,
-                   help="last/mean: first start of the search: greedy (the model's own text; default), sample, or "
-                        "random (bidirectional models: random)")
-    p.add_argument("--no-control", action="store_true",
-                   help="last/mean: skip the control search (from the next chunk's pooled state)")
-    p.add_argument("--states-from", default=None,
-                   help="take the states from this model instead (same tokenizer and width): other weights, e.g. a "
-                        "float copy of a quantised model; the certificate then shows the mismatch")
-    for flag, (_, _, default, hlp) in NUMBERS.items():
-        p.add_argument(flag, default=None, help=hlp + (f" (default {default})" if default is not None else ""))
-    p.add_argument("--chunk-by", default=None, help="words (default, the probe's) or tokens")
-    p.add_argument("--corpus", default=None, help="corpus of the held-out text (default austen)")
-    p.add_argument("--eval-split", default=None, help="test (default) or validation")
-    p.add_argument("--no-exhaustive", action="store_true",
-                   help="never search the whole vocabulary: keep the best ranked candidate (uncertified)")
-    p.add_argument("--no-relinearize", action="store_true",
-                   help="rank once at the mean embedding instead of re-ranking from the best verified token")
-    p.add_argument("--cache-dir", default=None,
-                   help="keep the first-position states of every token here (keyed by the weights, layer and prefix) "
-                        "and reuse them: later runs skip the first position's pass over the vocabulary")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
-    p.add_argument("--progress", action="store_true", help="progress bar even when not on a TTY")
-    p.add_argument("--out", help="run directory (default runs/invert-MODEL-TIMESTAMP); must be new or empty")
+                    "sequence whose pooled state matches, beside a control search from another chunk's state. "
+                    "Writes report.json into --out and prints a summary.")
+    shared = _shared()
+    for section, cls in _sections().items():
+        group = p.add_argument_group(f"{section} options", (cls.__doc__ or "").strip().replace("%", "%%"))
+        for f in fields(cls):
+            if section in ("positions", "pooled") and f.name in shared:
+                continue
+            _add(group, section, f, f"{section}.{f.name}", _help(section, f.name))
+        if section == "pooled":
+            both = p.add_argument_group(f"{SHARED_TITLE} options", "read by the search --states chooses")
+            for f in fields(cls):
+                if f.name in shared:
+                    _add(both, section, f, f"search.{f.name}",
+                         f"positions: {_help('positions', f.name)}; last/mean: {_help('pooled', f.name)}")
     p.set_defaults(func=run)
 
 
-def _number(flag: str, text: str | None):
-    """A flag's value, typed and range-checked, or its default; a bad one is one ConfigError line."""
+def _given(args: argparse.Namespace) -> dict[tuple[str, str], object]:
+    """(section, field) -> the text (or switch) given on the command line, for every flag that was given."""
+    out = {}
+    for dest, value in vars(args).items():
+        if "." in dest and value is not None:
+            section, name = dest.split(".", 1)
+            out[(section, name)] = value
+    return out
+
+
+def options(args: argparse.Namespace):
+    """The flags as one checked :class:`~memlab.probes.invert.options.InvertOptions` (no heavy import): one
+    ConfigError line for the first bad flag."""
     from memlab.errors import ConfigError
+    from memlab.probes.invert.options import InvertOptions, flag_name, parse_value
 
-    tp, least, default, _ = NUMBERS[flag]
-    if text is None:
-        return default
-    try:
-        value = tp(text)
-    except ValueError:
-        kind = "an integer" if tp is int else "a number"
-        raise ConfigError(f"{flag} takes {kind}, got {text!r}") from None
-    if tp is float and value != value:
-        raise ConfigError(f"{flag} takes a number, got {text!r}")
-    if least is not None and value < least:
-        raise ConfigError(f"{flag} must be >= {least}, got {text}")
-    return value
-
-
-def options(args: argparse.Namespace) -> dict:
-    """The flags as checked values (no heavy import): one ConfigError line for the first bad one."""
-    from memlab.errors import ConfigError
-
-    vals = {flag[2:].replace("-", "_"): _number(flag, getattr(args, flag[2:].replace("-", "_")))
-            for flag in NUMBERS}
-    given = {k for k in (*vals, "model", "states", "chunk_by", "corpus", "eval_split")
-             if getattr(args, k, None) is not None}
-    if args.states is not None and args.states not in STATES:
-        raise ConfigError(f"--states takes positions, last or mean, got {args.states!r}")
-    vals.update(model=args.model, states=args.states or "positions", chunk_by=args.chunk_by or "words",
-                corpus=args.corpus or "austen", eval_split=args.eval_split or "test", probe=args.probe)
-    if args.probe is not None:  # the run's model, layer, pooling and chunks (JSON only: no torch yet)
+    given = _given(args)
+    opts = InvertOptions()
+    for (section, name), value in given.items():  # what is inverted, the chunks, the output
+        if section in ("model", "text", "output"):
+            setattr(getattr(opts, section), name, value if isinstance(value, bool) else
+                    parse_value(section, name, value))
+    names = {name for (_, name) in given}
+    if opts.model.probe is not None:  # the run's model, layer, pooling and chunks (JSON only: no torch yet)
         from memlab.probes.invert.probe_run import read_probe_run, reconcile
 
-        vals = reconcile(vals, given, read_probe_run(args.probe))
-        for flag, value in (("--states-from", args.states_from), ("--noise", vals["noise"])):
+        opts = reconcile(opts, names, read_probe_run(opts.model.probe))
+        for flag, value in (("--states-from", opts.model.states_from), ("--noise", opts.model.noise)):
             if value:
                 raise ConfigError(f"{flag} does not go with --probe: the table reads both instruments on the "
                                   "states the probe read")
-    if not vals["model"]:
+    chosen = "pooled" if opts.pooled_search else "positions"
+    for (section, name), value in given.items():  # the chosen search's flags; the other's are refused
+        if section in ("positions", "pooled") and section != chosen:
+            raise ConfigError(f"{flag_name(section, name)} applies to --states "
+                              f"{'positions' if section == 'positions' else 'last or mean'}, not to --states "
+                              f"{opts.model.states}")
+        if section in ("positions", "pooled", "search"):
+            setattr(getattr(opts, chosen), name, value if isinstance(value, bool) else
+                    parse_value(chosen, name, value))
+    if not opts.model.model:
         raise ConfigError("give --model NAME_OR_PATH (a causal model), or --probe RUN")
-    if vals["layer"] is None:
+    if opts.model.layer is None:
         raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
-    pooled = vals["states"] != "positions"
-    for flag in POSITIONS_ONLY if pooled else POOLED_ONLY:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value not in (None, False):
-            raise ConfigError(f"{flag} applies to --states {'positions' if pooled else 'last or mean'}, not to "
-                              f"--states {vals['states']}")
-    init = args.init or "greedy"
-    if init not in ("greedy", "sample", "random"):
-        raise ConfigError(f"--init takes greedy, sample or random, got {args.init!r}")
-    if vals["chunk_by"] not in ("words", "tokens"):
-        raise ConfigError(f"--chunk-by takes words or tokens, got {vals['chunk_by']!r}")
-    if vals["eval_split"] not in ("test", "validation"):
-        raise ConfigError(f"--eval-split takes test or validation, got {vals['eval_split']!r}")
-    if vals["n"] > vals["n_eval"]:
-        raise ConfigError(f"--n {vals['n']} is more than the --n-eval {vals['n_eval']} chunks it is drawn from")
-    vals.update(states_from=args.states_from, exhaustive=not args.no_exhaustive,
-                relinearize=not args.no_relinearize, init=init, control=not args.no_control,
-                device=args.device, cache_dir=args.cache_dir,
-                progress=args.progress or None)
-    return vals
+    if opts.text.n > opts.text.n_eval:
+        raise ConfigError(f"--n {opts.text.n} is more than the --n-eval {opts.text.n_eval} chunks it is drawn from")
+    from memlab.app.commands import check_threads
+
+    check_threads(opts.model.threads)
+    return opts
 
 
 def check(args: argparse.Namespace) -> None:
-    """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli)."""
-    options(args)
+    """Every flag checked while the arguments are read, before torch is imported (memlab.app.cli); the folders
+    and threads as the CLI's generic checks read them (``args.out``, ``args.cache_dir``, ``args.threads``)."""
+    opts = options(args)
+    args.out, args.cache_dir, args.threads = opts.output.out, opts.positions.cache_dir, opts.model.threads
 
 
 def run(args) -> int:
     import time
     from pathlib import Path
 
-    vals = options(args)  # every flag checked before torch is imported
+    opts = options(args)  # every flag checked before torch is imported
     from memlab.probes.invert.run import run_invert
     from memlab.rundir import safe_name
 
-    out = Path(args.out) if args.out else Path("runs") / (
-        f"invert-{safe_name(Path(vals['model']).name or vals['model'])}-{time.strftime('%Y%m%d-%H%M%S')}")
-    report, lines = run_invert(vals, out)
+    model = opts.model.model
+    out = Path(opts.output.out) if opts.output.out else Path("runs") / (
+        f"invert-{safe_name(Path(model).name or model)}-{time.strftime('%Y%m%d-%H%M%S')}")
+    report, lines = run_invert(opts, out)
     for line in lines:
         print(line)
     print(f"run: {out}")

@@ -1,0 +1,221 @@
+"""``memlab invert``'s options: one dataclass per section, defaults written once (no torch here).
+
+The command builds its grouped ``--help`` from these classes (each field one flag, its docstring the help), checks
+every flag while the arguments are read, before torch is imported, and hands the typed :class:`InvertOptions` to
+:func:`memlab.probes.invert.run.run_invert`. The searches take their own section (:class:`PositionsOptions`,
+:class:`PooledOptions`); a flag of the search that was not chosen is refused in one line.
+
+A field's ``metadata`` carries what its flag needs beyond its type: ``least`` (the smallest value taken),
+``inf`` (whether infinity is taken), ``choices`` (the words taken), ``flag`` (a flag name other than the field's),
+``required``/``shown`` (how the docs and ``--help`` show its default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields
+
+STATES = ("positions", "last", "mean")
+"""What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
+pooled state per chunk (the last position's state, or the mean over positions)."""
+
+POOLED = ("last", "mean")
+"""The ``--states`` read by the pooled search."""
+
+
+def _opt(default, *, least=None, inf=False, choices=None, flag=None, shown=None):
+    meta = {"least": least, "inf": inf, "choices": choices, "flag": flag, "shown": shown}
+    return field(default=default, metadata={k: v for k, v in meta.items() if v is not None and v is not False})
+
+
+@dataclass
+class ModelOptions:
+    """What is inverted: the model, its layer, which states, and where they are computed."""
+
+    model: str | None = _opt(None, shown="required; with --probe: the run's")
+    """Causal model: shortcut (smollm2, memlab-lm), local folder or memlab run, FILE.gguf or hub name (offline: the
+    HF cache); for --states last or mean, any encoder memlab loads."""
+    layer: int | None = _opt(None, shown="required; with --probe: the run's")
+    """Hidden state: 0 = embeddings, k = output of block k-1, negative from the end (the probe's numbering)."""
+    states: str = _opt("positions", choices=STATES, shown="positions; with --probe: the probe's pooling")
+    """Which states are inverted: positions (every position's state at the layer, a causal model), last (the last
+    position's state) or mean (the mean over positions; for bidirectional encoders, last and mean apply)."""
+    probe: str | None = None
+    """A trained probe's run folder (memlab probe --out RUN): invert the first --n of its held-out chunks with its
+    model, layer and pooling, read the same chunks with its saved decoder (and its control, when the run kept one
+    in its --cache-dir), and report both instruments in one table; a flag that contradicts the run is refused."""
+    states_from: str | None = _opt(None, shown="the model")
+    """Take the states from this model instead (same tokenizer and width): other weights, e.g. a float copy of a
+    quantised model; the certificate then shows the mismatch."""
+    noise: float = _opt(0.0, least=0.0)
+    """Gaussian noise added to each observed state, its expected norm this share of the state's norm."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N, mps or auto."""
+    threads: int | None = _opt(None, least=1, shown="torch's")
+    """Torch CPU threads."""
+
+
+@dataclass
+class TextOptions:
+    """Which chunks: the probe's held-out chunks (the same settings give the same chunk texts)."""
+
+    seq_len: int = _opt(16, least=2)
+    """Words per chunk (chunk_by=words, as memlab probe cuts them) or tokens (chunk_by=tokens)."""
+    chunk_by: str = _opt("words", choices=("words", "tokens"))
+    """Cut chunks by words (the probe's default) or by the model's tokens."""
+    n: int = _opt(16, least=1)
+    """Chunks inverted: the first N of the probe's held-out chunks."""
+    n_eval: int = _opt(256, least=1)
+    """Held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first of them, so both
+    instruments read the same chunks."""
+    corpus: str = "austen"
+    """Corpus of the held-out text: austen (bundled), a local file or folder, or hf:NAME."""
+    eval_split: str = _opt("test", choices=("test", "validation"))
+    """The held-out split the chunks come from."""
+    seed: int = _opt(0, least=0)
+    """Seed of the chunk draw (memlab probe's seed)."""
+
+
+@dataclass
+class PositionsOptions:
+    """The per-position search (--states positions): rank candidates, verify them through the blocks with the
+    prefix's key-value cache, search the whole vocabulary when no ranked candidate matches."""
+
+    batch_size: int = _opt(64, least=1)
+    """Ranked candidates verified per batch (one batched pass through the first layer blocks)."""
+    budget: int = _opt(2048, least=1)
+    """Ranked candidates tried at a position before the exhaustive search."""
+    exhaustive: bool = True
+    """Search the whole vocabulary when no ranked candidate gives a match (off: keep the best ranked one,
+    uncertified)."""
+    exhaustive_batch: int = _opt(512, least=1)
+    """Candidates per batch of the exhaustive search."""
+    tol: float = _opt(1e-3, least=0.0)
+    """Relative distance |h - h*| / |h*| within which a candidate matches."""
+    min_gap: float = _opt(2.0, least=1.0)
+    """Least ratio of the runner-up's distance to the best one's for a certificate."""
+    accept_gap: float = _opt(10.0, least=1.0, inf=True)
+    """Accept a best candidate outside --tol without the exhaustive search when every other verified candidate is
+    this many times farther (certificate separated; inf: never)."""
+    separation_min: int = _opt(32, least=1)
+    """Candidates verified before a separated certificate is considered (a gap over a few is no evidence)."""
+    relinearize: bool = True
+    """Re-rank from the best verified token after each batch (off: one ranking at the mean embedding)."""
+    cache_dir: str | None = None
+    """Keep the first-position states of every token here (keyed by the weights, layer and prefix) and reuse them:
+    later runs skip the first position's pass over the vocabulary."""
+
+
+@dataclass
+class PooledOptions:
+    """The pooled search (--states last or mean): token sequences whose pooled state matches, searched by
+    gradient-guided token swaps within a budget, beside a control search from another chunk's state."""
+
+    forwards: int = _opt(2048, least=1)
+    """Candidate sequences evaluated per chunk (the compute budget; each is one sequence through the layer's
+    blocks)."""
+    seconds: float = _opt(math.inf, least=0.0, inf=True, shown="none")
+    """Wall-time budget per chunk in seconds (whichever budget runs out first stops the search)."""
+    batch_size: int = _opt(64, least=1)
+    """Single-token swaps evaluated per step (one batched forward pass)."""
+    topk: int = _opt(64, least=1)
+    """Tokens kept per position from the gradient ranking."""
+    restarts: int = _opt(2, least=1)
+    """Searches from different starts sharing the budget; the best is kept."""
+    prior_weight: float = _opt(0.0, least=0.0)
+    """Weight of the model's mean next-token negative log-probability (nats per token) in the objective (causal
+    models with a readable head)."""
+    init: str = _opt("greedy", choices=("greedy", "sample", "random"), shown="greedy; bidirectional models: random")
+    """First start: greedy text from the model, sampled text, or random tokens (later restarts: sampled/random)."""
+    tol: float = _opt(1e-4, least=0.0)
+    """Stop once the relative distance is within this."""
+    control: bool = True
+    """Run the control search (from the next chunk's pooled state, scored against the true chunk)."""
+
+
+@dataclass
+class OutputOptions:
+    """Where the run is written and how it shows progress."""
+
+    out: str | None = _opt(None, shown="runs/invert-MODEL-TIME")
+    """Run directory; must be new or empty."""
+    progress: bool = _opt(False, shown="off a TTY: log lines")
+    """Progress bars even when not on a TTY."""
+
+
+SECTIONS: dict[str, type] = {"model": ModelOptions, "text": TextOptions, "positions": PositionsOptions,
+                             "pooled": PooledOptions, "output": OutputOptions}
+"""Section name -> its options class, in the order ``--help`` and the docs show them."""
+
+SEARCH_SECTIONS = {"positions": ("positions",), "pooled": POOLED}
+"""A search's section -> the ``--states`` it runs for (its flags are refused with any other)."""
+
+
+@dataclass
+class InvertOptions:
+    """Every option of one ``memlab invert`` run, by section."""
+
+    model: ModelOptions = field(default_factory=ModelOptions)
+    text: TextOptions = field(default_factory=TextOptions)
+    positions: PositionsOptions = field(default_factory=PositionsOptions)
+    pooled: PooledOptions = field(default_factory=PooledOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+
+    @property
+    def pooled_search(self) -> bool:
+        """Whether the pooled search runs (``--states last|mean``), else the per-position one."""
+        return self.model.states in POOLED
+
+    def search(self):
+        """The chosen search's options."""
+        return self.pooled if self.pooled_search else self.positions
+
+
+def flag_name(section: str, name: str) -> str:
+    """The flag of a field (``--no-X`` is the off switch of a boolean ``X`` whose default is on)."""
+    f = next(f for f in fields(SECTIONS[section]) if f.name == name)
+    return f.metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def default_text(section: str, name: str) -> str:
+    """A field's default as ``--help`` and the docs show it."""
+    f = next(f for f in fields(SECTIONS[section]) if f.name == name)
+    if "shown" in f.metadata:
+        return f.metadata["shown"]
+    d = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    if d is None:
+        return "none"
+    if isinstance(d, bool):
+        return "on" if d else "off"
+    if isinstance(d, float):
+        return f"{d:g}"
+    return str(d)
+
+
+def parse_value(section: str, name: str, text: str):
+    """A flag's text as its field's type, range-checked; one ConfigError line for a bad one."""
+    from memlab.errors import ConfigError
+
+    f = next(f for f in fields(SECTIONS[section]) if f.name == name)
+    flag, meta, kind = flag_name(section, name), f.metadata, str(f.type)
+    if "choices" in meta:
+        if text not in meta["choices"]:
+            raise ConfigError(f"{flag} takes {', '.join(meta['choices'][:-1])} or {meta['choices'][-1]}, got {text!r}")
+        return text
+    if kind.startswith("int"):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{flag} takes an integer, got {text!r}") from None
+    elif kind.startswith("float"):
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{flag} takes a number, got {text!r}") from None
+        if math.isnan(value) or (math.isinf(value) and not meta.get("inf")):
+            raise ConfigError(f"{flag} takes a finite number, got {text!r}")
+    else:
+        return text
+    if meta.get("least") is not None and value < meta["least"]:
+        raise ConfigError(f"{flag} must be >= {meta['least']:g}, got {text}")
+    return value

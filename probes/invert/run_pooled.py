@@ -1,0 +1,76 @@
+"""The pooled search in ``memlab invert``'s run (``--states last|mean``): each chunk searched from its pooled
+state, and the same search from the next chunk's pooled state (the control, scored against the true chunk)
+(:mod:`memlab.probes.invert.pooled`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import torch
+
+from memlab.errors import ModelError
+from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
+from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
+from memlab.probes.invert.setup import is_causal, states_source
+from memlab.probes.invert.states import LayerReader
+
+
+class PooledRun:
+    """``--states last|mean`` as the run's sequence drives it (:func:`memlab.probes.invert.run.run_invert`)."""
+
+    label = "pooled search"
+
+    def __init__(self, opts, enc, reader: LayerReader, device: str, chunks: list[list[int]]):
+        self.opts, self.enc = opts, enc
+        name, states = opts.model.model, opts.model.states
+        self.prefix, self.suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
+        self.causal = is_causal(reader, self.prefix + chunks[0] + self.suffix, name)
+        self.src, src_reader = states_source(opts.model, enc, reader, device)
+        head = LanguageHead.of(reader) if self.causal else None
+        if opts.pooled.prior_weight and head is None:
+            raise ModelError(f"--prior-weight needs a causal model whose next-token head can be read; {name} is "
+                             f"{'causal without tied output embeddings' if self.causal else 'bidirectional'}: use "
+                             "--prior-weight 0")
+        self.search_opts = replace(opts.pooled, init=opts.pooled.init if head is not None else "random")
+        self.head = head
+        self.searcher = PooledSearcher(reader, states, self.search_opts, head, self.prefix, self.suffix)
+        self.target_of = PooledSearcher(src_reader, states, self.search_opts, None, self.prefix, self.suffix)
+        self.gen = torch.Generator().manual_seed(opts.text.seed)
+
+    @staticmethod
+    def check(opts) -> None:
+        """Nothing to check before the model loads."""
+
+    def units(self, chunks: list[list[int]]) -> int:
+        return len(chunks) * (2 if self.opts.pooled.control and len(chunks) > 1 else 1)
+
+    def targets(self, chunks: list[list[int]]) -> list[torch.Tensor]:
+        noise, out = self.opts.model.noise, []
+        for ids in chunks:
+            z = self.target_of.pooled(torch.tensor([ids]))[0]  # (D,)
+            if noise:
+                z = z + torch.randn(z.shape, generator=self.gen) * (noise * z.norm() / z.shape[-1] ** 0.5)
+            out.append(z)
+        return out
+
+    def prepare(self, targets: list[torch.Tensor]) -> None:
+        """Nothing shared across chunks."""
+
+    def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
+        seed = self.opts.text.seed + i
+        got = self.searcher.search(targets[i], len(ids), seed=seed)
+        step()
+        ctrl, j = None, None
+        if self.opts.pooled.control and len(targets) > 1:
+            j = (i + 1) % len(targets)
+            ctrl = self.searcher.search(targets[j], len(ids), seed=seed)
+            step()
+        return pooled_chunk(i, text, ids, got, self.enc.tokenizer.decode, ctrl, j)
+
+    def report(self, results: list, common: dict):
+        common = dict(common, text=common["text"] | {"suffix": self.suffix})
+        return PooledReport(**common, search=asdict(self.search_opts) | {"causal": self.causal},
+                            prior=self.head is not None, totals=pooled_totals(results), chunks=results)
+
+    def summary(self, report) -> list[str]:
+        return pooled_summary(report)
