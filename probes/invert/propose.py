@@ -17,6 +17,7 @@ target without any training).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -80,10 +81,11 @@ class Proposer:
         return torch.log_softmax(h @ self.head.weight.float().T, -1)  # (B, V_lm)
 
     def propose(self, searcher, target: torch.Tensor, length: int, bow: torch.Tensor | None = None,
-                steps: int | None = None) -> Proposal:
+                steps: int | None = None, forwards: int = 10**9, deadline: float = math.inf) -> Proposal | None:
         """The nearest text of ``length`` encoder tokens to ``target`` ``(D,)``; ``searcher`` pools encoder ids
         (``objective(ids (B, t), target)``); ``bow`` ``(V_enc,)``: the encoder tokens' first-order scores (lower is
-        better) for the bias."""
+        better) for the bias; None when no text was proposed. At most ``forwards`` encoder forwards (one kept for a padded fallback) and no new
+        step after ``deadline`` (``time.perf_counter()``)."""
         o = self.opt
         steps = steps or length + 6
         bias = None
@@ -95,8 +97,10 @@ class Proposer:
         beams: list[tuple[list[int], float]] = [([], 0.0)]  # (lm tokens after the prefix, lm log-probability)
         best = (math.inf, None, "")  # (distance, encoder ids, text) of the nearest done text
         nearest = (math.inf, None, "")  # of any text (for the padding fallback)
-        forwards = lm_tokens = 0
+        spent = lm_tokens = 0
         for _ in range(steps):
+            if forwards - spent < 2 or time.perf_counter() >= deadline:
+                break
             lp = self._next_logprobs([self.lm_prefix + b for b, _ in beams])  # (B, V_lm)
             lm_tokens += sum(len(self.lm_prefix) + len(b) for b, _ in beams)
             ranked = lp if bias is None else lp + bias
@@ -110,6 +114,10 @@ class Proposer:
                     if not e:
                         continue
                     cands.append(seq), lps.append(blp + float(lp[bi, v])), texts.append(text), encs.append(e)
+            room = forwards - 1 - spent
+            if len(cands) > room:  # the budget's last forwards: the language model's likeliest first
+                keep = sorted(range(len(cands)), key=lambda i: -lps[i])[:room]
+                cands, lps, texts, encs = ([x[i] for i in keep] for x in (cands, lps, texts, encs))
             if not cands:
                 break
             dist = torch.full((len(cands),), math.inf)
@@ -119,7 +127,7 @@ class Proposer:
             for n, idx in by_len.items():
                 _, d = searcher.objective(torch.tensor([encs[i] for i in idx]), target)  # (b,)
                 dist[idx] = d
-                forwards += len(idx)
+                spent += len(idx)
             rank = dist - o.lm_weight * torch.tensor(lps) / torch.tensor([len(c) for c in cands])
             order = rank.argsort().tolist()
             for i in order:
@@ -130,10 +138,12 @@ class Proposer:
             beams = [(cands[i], lps[i]) for i in order if len(encs[i]) < length][: o.beams]
             if not beams:
                 break
+        if nearest[1] is None:  # no step ran (no budget, or no text the encoder's tokenizer reads)
+            return None
         if best[1] is None:  # nothing reached the length: the nearest text, padded with its own last token
             d, e, text = nearest
             e = (e + [e[-1]] * length)[:length]
             _, dd = searcher.objective(torch.tensor([e]), target)
-            forwards += 1
+            spent += 1
             best = (float(dd[0]), e, text)
-        return Proposal(list(best[1]), best[2], best[0], forwards, lm_tokens)
+        return Proposal(list(best[1]), best[2], best[0], spent, lm_tokens)

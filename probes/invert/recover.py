@@ -65,21 +65,24 @@ class Recoverer:
 
     def __init__(self, searcher, correct_opt: CorrectOptions, proposer=None, method: str = "propose-correct",
                  seconds: float = math.inf, forwards: int = 10**9, perturb_edits: int = 3,
-                 pad_id: int | None = None):
+                 pad_id: int | None = None, propose_share: float = 0.5):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.s, self.copt, self.proposer, self.method = searcher, correct_opt, proposer, method
         self.seconds, self.forwards, self.perturb_edits, self.pad_id = seconds, forwards, perturb_edits, pad_id
+        self.propose_share = propose_share
 
-    def _start(self, target: torch.Tensor, length: int, gen: torch.Generator) -> tuple[torch.Tensor, int, str]:
+    def _start(self, target: torch.Tensor, length: int, gen: torch.Generator,
+                deadline: float) -> tuple[torch.Tensor, int, str]:
         """The first hypothesis ``(T,)``, the forwards it cost, the proposal's text."""
         if self.proposer is not None and self.method != "correct":
             bow = None
             if self.proposer.opt.bow_weight:
                 blank = torch.full((length,), self.pad_id if self.pad_id is not None else 0)
                 bow = self.s.scores(blank, target).min(0).values  # (V,)
-            p = self.proposer.propose(self.s, target, length, bow)
-            return torch.tensor(p.ids), p.forwards + (1 if bow is not None else 0), p.text
+            p = self.proposer.propose(self.s, target, length, bow, forwards=self.forwards - 1, deadline=deadline)
+            if p is not None:
+                return torch.tensor(p.ids), p.forwards, p.text
         if self.s.head is not None:  # a causal encoder without a proposer: its own greedy text
             return torch.tensor(self.s.head.continue_text(self.s.prefix or [0], length, None)), 0, ""
         fill = self.pad_id if self.pad_id is not None else int(torch.randint(0, self.s.reader.vocab_size, (1,),
@@ -92,7 +95,9 @@ class Recoverer:
         target = target.float().cpu()
         began = time.perf_counter()
         deadline = began + self.seconds
-        cur, used, text = self._start(target, length, gen)
+        # the proposal may take the whole budget alone, else at most this share of the time
+        share = 1.0 if self.method == "propose" else self.propose_share
+        cur, used, text = self._start(target, length, gen, began + share * self.seconds)
         obj, d = self.s.objective(cur[None], target)
         used += 1
         best, best_obj, best_d, start_d = cur, float(obj[0]), float(d[0]), float(d[0])
