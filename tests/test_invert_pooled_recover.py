@@ -107,3 +107,57 @@ def test_proposer_works_in_text_and_retokenises_for_the_encoder(encoder):
     assert got.ids == p.ids and got.steps == 0 and got.proposal == p.text
     both = Recoverer(encoder, CorrectOptions(batch_size=32), prop, forwards=3000, pad_id=1).search(z, T)
     assert both.distance <= p.distance and both.steps > 0
+
+
+def _cli(*argv, capsys):
+    from memlab.app.cli import main
+
+    code = main(["invert", *argv])
+    return code, capsys.readouterr()
+
+
+def test_cli_default_is_propose_correct_with_its_readings_and_control(capsys, tmp_path):
+    """memlab-lm (causal, tied head) proposes for itself; the report has the certificate, exact text, BLEU and the
+    control, whose readings are those of its ids against the TRUE chunk."""
+    import json
+
+    out = tmp_path / "run"
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--states", "mean", "--seq-len", "4", "--n", "2",
+                     "--forwards", "300", "--batch-size", "16", "--threads", "1", "--out", str(out), capsys=capsys)
+    assert code == 0, cap.err
+    rep = json.loads((out / "report.json").read_text())
+    s = rep["search"]
+    assert s["method"] == "propose-correct" and s["proposer"] == "memlab-lm" and s["budget_seconds"] > 0
+    for c in rep["chunks"]:
+        assert c["forwards"] <= 300 and c["proposal"] and c["certified"] == (c["distance"] <= s["tol"])
+        true, ctrl = c["true_ids"], c["control_ids"]
+        assert c["control_token_accuracy"] == sum(a == b for a, b in zip(ctrl, true)) / len(true)
+        assert c["control_exact"] == (ctrl == true)
+    for key in ("exact_text", "certified", "bleu", "token_f1_over_control", "control_bleu"):
+        assert key in rep["totals"], key
+    assert "BLEU" in cap.out and "certified" in cap.out and "propose-correct" in cap.out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--method", "beam"], "--method takes propose-correct, propose, correct or swap"),
+    (["--gflops", "-1"], "--gflops must be >= 0"),
+    (["--branch", "0"], "--branch must be >= 1"),
+])
+def test_cli_bad_pooled_setting_one_line(argv, says, capsys, tmp_path):
+    out = tmp_path / "run"
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--states", "mean", *argv, "--out", str(out),
+                     capsys=capsys)
+    lines = cap.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and says in lines[0], cap.err
+    assert not out.exists()
+
+
+def test_cli_proposer_that_is_not_causal_is_refused(capsys, tmp_path):
+    from memlab import assets
+
+    if not assets.is_installed("minilm"):
+        pytest.skip("the minilm asset is not installed")
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--states", "mean", "--proposer", "minilm", "--n", "1",
+                     "--seq-len", "4", "--out", str(tmp_path / "p"), capsys=capsys)
+    lines = cap.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--proposer minilm" in lines[0], cap.err

@@ -59,7 +59,8 @@ class PooledRun:
 
         lm, lm_reader = load(name, -1, device)
         lm_head = LanguageHead.of(LayerReader(lm.model, lm_reader.num_layers))
-        if lm_head is None:
+        probe = list(lm.prefix) + lm.tokenizer("a short test", add_special_tokens=False)["input_ids"]
+        if lm_head is None or not is_causal(lm_reader, probe, name):
             raise ModelError(f"--proposer {name}: not a causal model whose next-token head can be read (tied output "
                              "embeddings); name another or use --proposer none")
         return name, Proposer(lm_head, lm.tokenizer, list(lm.prefix), enc.tokenizer, popt)
