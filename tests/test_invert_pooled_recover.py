@@ -102,6 +102,8 @@ def test_proposer_works_in_text_and_retokenises_for_the_encoder(encoder):
     assert enc_tok(p.text, add_special_tokens=False)["input_ids"][:T] == p.ids  # re-tokenised, not copied
     zz = encoder.pooled(torch.tensor([p.ids]))[0]
     assert abs(float((zz - z).norm() / z.norm()) - p.distance) < 1e-5
+    short = prop.propose(encoder, z, T, forwards=10)  # one step's worth: finished greedily by the model
+    assert len(short.ids) == T and short.forwards <= 10
     rec = Recoverer(encoder, CorrectOptions(), prop, method="propose", pad_id=1)
     got = rec.search(z, T)
     assert got.ids == p.ids and got.steps == 0 and got.proposal == p.text

@@ -4,8 +4,8 @@ The zero-shot loop of embedding inversion without training: ``beams`` texts grow
 ``branch`` most likely next tokens under the language model (any causal model memlab loads; its tokenizer may
 differ from the encoder's) give ``beams * branch`` texts, each re-tokenised by the encoder's tokenizer and pooled
 by the encoder; the ``beams`` nearest to the target survive. A text is done once it holds the chunk's ``T``
-encoder tokens; the proposal is the nearest done text, cut to ``T`` tokens (or the nearest text padded when none is
-done in ``steps`` steps).
+encoder tokens; the proposal is the nearest done text, cut to ``T`` tokens (when none is done within
+``steps`` steps or the budget: the nearest text, continued greedily by the language model).
 
 With ``bow_weight > 0`` the language model's log-probabilities are biased toward the tokens the target vector
 favours: each language-model token is mapped to the encoder token its text starts with, and gets
@@ -96,7 +96,7 @@ class Proposer:
             bias = torch.where(first >= 0, s[first.clamp_min(0)], torch.zeros(())) * o.bow_weight  # (V_lm,)
         beams: list[tuple[list[int], float]] = [([], 0.0)]  # (lm tokens after the prefix, lm log-probability)
         best = (math.inf, None, "")  # (distance, encoder ids, text) of the nearest done text
-        nearest = (math.inf, None, "")  # of any text (for the padding fallback)
+        nearest, nearest_seq = (math.inf, None, ""), []  # of any text (for the fallback), and its model tokens
         spent = lm_tokens = 0
         for _ in range(steps):
             if forwards - spent < 2 or time.perf_counter() >= deadline:
@@ -134,15 +134,24 @@ class Proposer:
                 if len(encs[i]) == length and float(dist[i]) < best[0]:
                     best = (float(dist[i]), encs[i], texts[i])
                 if float(dist[i]) < nearest[0]:
-                    nearest = (float(dist[i]), encs[i], texts[i])
+                    nearest, nearest_seq = (float(dist[i]), encs[i], texts[i]), cands[i]
             beams = [(cands[i], lps[i]) for i in order if len(encs[i]) < length][: o.beams]
             if not beams:
                 break
         if nearest[1] is None:  # no step ran (no budget, or no text the encoder's tokenizer reads)
             return None
-        if best[1] is None:  # nothing reached the length: the nearest text, padded with its own last token
+        if best[1] is None:  # nothing reached the length: the nearest text, continued greedily by the model
             d, e, text = nearest
-            e = (e + [e[-1]] * length)[:length]
+            seq = nearest_seq
+            for _ in range(2 * length):
+                if len(e) >= length:
+                    break
+                lp = self._next_logprobs([self.lm_prefix + seq])[0]  # (V_lm,)
+                seq = seq + [int(lp.argmax())]
+                lm_tokens += len(self.lm_prefix) + len(seq)
+                text = self.lm_tok.decode(seq, skip_special_tokens=True)
+                e = self.enc_tok(text, add_special_tokens=False)["input_ids"][:length] or e
+            e = (e + [e[-1]] * length)[:length]  # still short: its own last token repeated
             _, dd = searcher.objective(torch.tensor([e]), target)
             spent += 1
             best = (float(dd[0]), e, text)
