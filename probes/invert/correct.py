@@ -132,10 +132,10 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
         order = sv.flatten().argsort()  # best-ranked swaps over all positions first
         n_move = int(b * opt.move_share) if T > 1 else 0
         n_ins = int(b * opt.insert_share) if T > 1 else 0
-        kinds = (["move"] * len(m := _moves(cur, n_move, gen)) + ["insert_delete"] * len(i := _insdels(cur, top, n_ins, gen)))
-        n_swap = b - len(kinds)
-        cands = _swaps(cur, top, order, n_swap, gen) + m + i
-        kinds = ["swap"] * (len(cands) - len(kinds)) + kinds
+        moves, insdels = _moves(cur, n_move, gen), _insdels(cur, top, n_ins, gen)
+        swaps = _swaps(cur, top, order, b - len(moves) - len(insdels), gen)
+        cands = swaps + moves + insdels
+        kinds = ["swap"] * len(swaps) + ["move"] * len(moves) + ["insert_delete"] * len(insdels)
         seen, keep = {tuple(cur.tolist())}, []
         for c, kind in zip(cands, kinds):
             key = tuple(c.tolist())

@@ -84,8 +84,8 @@ class Proposer:
                 steps: int | None = None, forwards: int = 10**9, deadline: float = math.inf) -> Proposal | None:
         """The nearest text of ``length`` encoder tokens to ``target`` ``(D,)``; ``searcher`` pools encoder ids
         (``objective(ids (B, t), target)``); ``bow`` ``(V_enc,)``: the encoder tokens' first-order scores (lower is
-        better) for the bias; None when no text was proposed. At most ``forwards`` encoder forwards (one kept for a padded fallback) and no new
-        step after ``deadline`` (``time.perf_counter()``)."""
+        better) for the bias; None when no text was proposed. At most ``forwards`` encoder forwards (one kept for
+        the fallback) and no new step after ``deadline`` (``time.perf_counter()``)."""
         o = self.opt
         steps = steps or length + 6
         bias = None
