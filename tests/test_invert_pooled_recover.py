@@ -163,3 +163,17 @@ def test_cli_proposer_that_is_not_causal_is_refused(capsys, tmp_path):
                      "--seq-len", "4", "--out", str(tmp_path / "p"), capsys=capsys)
     lines = cap.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--proposer minilm" in lines[0], cap.err
+
+
+@pytest.mark.parametrize("argv", [["--method", "correct"], ["--proposer", "none"]])
+def test_cli_no_proposer_when_none_is_asked(argv, capsys, tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    code, cap = _cli("--model", "memlab-lm", "--layer", "2", "--states", "last", "--seq-len", "4", "--n", "1",
+                     "--forwards", "50", "--batch-size", "16", "--threads", "1", *argv, "--out", str(out),
+                     capsys=capsys)
+    assert code == 0, cap.err
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["search"]["proposer"] is None and rep["chunks"][0]["proposal"] == ""
+    assert rep["chunks"][0]["forwards"] <= 50
