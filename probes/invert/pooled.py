@@ -1,5 +1,9 @@
 """Inversion from a pooled state: search for the token sequence whose pooled state at layer ``L`` matches.
 
+This module holds the pooled searcher (the encoder side every pooled search uses: pooling, exact objectives,
+gradient rankings) and the single-token swap search, ``memlab invert --method swap``; the default search
+(propose, correct, certify) is :mod:`memlab.probes.invert.recover`.
+
 With one vector per chunk (the last token's state, ``pool="last"``, or the mean over positions, ``pool="mean"``)
 the per-position search does not apply; this module searches all positions at once, with the model itself and no
 training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
