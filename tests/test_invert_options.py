@@ -48,7 +48,7 @@ def test_help_is_grouped_by_section():
     positions = out[out.index("positions options:"):out.index("pooled options:")]
     assert "--budget" in positions and "--forwards" not in positions
     both = out[out.index("both searches options:"):out.index("output options:")]
-    assert "--batch-size" in both and "--tol" in both and "default 0.001" in both and "default 0.0001" in both
+    assert "--batch-size" in both and "--tol" in both and "default 0.001" in both and "default 1e-05" in both
 
 
 def test_defaults_are_written_once():

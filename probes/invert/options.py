@@ -123,27 +123,52 @@ class PositionsOptions:
 
 @dataclass
 class PooledOptions:
-    """The pooled search (--states last or mean): token sequences whose pooled state matches, searched by
-    gradient-guided token swaps within a budget, beside a control search from another chunk's state."""
+    """The pooled search (--states last or mean): text proposed by a language model and kept by the encoder's
+    pooled distance, then corrected by gradient-ranked edits each verified exactly, within a budget, beside a
+    control search from another chunk's state."""
 
-    forwards: int = _opt(2048, least=1)
-    """Candidate sequences evaluated per chunk (the compute budget; each is one sequence through the layer's
+    method: str = _opt("propose-correct", choices=("propose-correct", "propose", "correct", "swap"))
+    """propose-correct: proposals, then corrections; propose or correct: one stage alone; swap: the
+    gradient-guided single-token swap search alone (restarts from the model's own text)."""
+    gflops: float = _opt(20000.0, least=0.0, inf=True)
+    """Budget per chunk in GFLOP-equivalents (seconds x the matmul rate measured in the run); inf: none."""
+    forwards: int = _opt(200000, least=1)
+    """At most this many candidate sequences evaluated per chunk (each one sequence through the layer's
     blocks)."""
     seconds: float = _opt(math.inf, least=0.0, inf=True, shown="none")
     """Wall-time budget per chunk in seconds (whichever budget runs out first stops the search)."""
-    batch_size: int = _opt(64, least=1)
-    """Single-token swaps evaluated per step (one batched forward pass)."""
-    topk: int = _opt(64, least=1)
-    """Tokens kept per position from the gradient ranking."""
+    proposer: str = _opt("auto", shown="auto: the model itself if causal with a readable head, else smollm2")
+    """Causal language model that proposes text (any model memlab loads; its tokenizer may differ), or none."""
+    beams: int = _opt(8, least=1)
+    """Proposal texts kept after each step (the nearest to the target)."""
+    branch: int = _opt(16, least=1)
+    """Next tokens the proposer offers per beam and step."""
+    bow_weight: float = _opt(0.0, least=0.0)
+    """Bias of the proposals toward the tokens the target's first-order scores favour (0: off)."""
+    batch_size: int = _opt(128, least=1)
+    """Edits (swaps, moves, insert/deletes) verified per step (one batched forward pass)."""
+    topk: int = _opt(32, least=1)
+    """Tokens kept per position from the gradient ranking (for swaps and insertions)."""
+    move_share: float = _opt(0.25, least=0.0)
+    """Share of each batch of edits spent on moving a token to another position (word order)."""
+    insert_share: float = _opt(0.25, least=0.0)
+    """Share of each batch of edits spent on an insertion at one position and a deletion at another."""
+    patience: int = _opt(6, least=1)
+    """Steps without a fall of the objective after which a correction round ends (the best is perturbed and
+    corrected again while the budget lasts)."""
+    perturb: int = _opt(3, least=0)
+    """Random edits applied to the best sequence before each further correction round."""
     restarts: int = _opt(2, least=1)
-    """Searches from different starts sharing the budget; the best is kept."""
+    """--method swap: searches from different starts sharing the budget; the best is kept."""
     prior_weight: float = _opt(0.0, least=0.0)
     """Weight of the model's mean next-token negative log-probability (nats per token) in the objective (causal
     models with a readable head)."""
     init: str = _opt("greedy", choices=("greedy", "sample", "random"), shown="greedy; bidirectional models: random")
-    """First start: greedy text from the model, sampled text, or random tokens (later restarts: sampled/random)."""
-    tol: float = _opt(1e-4, least=0.0)
-    """Stop once the relative distance is within this."""
+    """--method swap: first start: greedy text from the model, sampled text, or random tokens (later restarts:
+    sampled/random)."""
+    tol: float = _opt(1e-5, least=0.0)
+    """Stop once the relative distance is within this: the recovered text's pooled state matches the target to
+    float noise (the certificate)."""
     control: bool = True
     """Run the control search (from the next chunk's pooled state, scored against the true chunk)."""
 

@@ -1,5 +1,9 @@
 """Inversion from a pooled state: search for the token sequence whose pooled state at layer ``L`` matches.
 
+This module holds the pooled searcher (the encoder side every pooled search uses: pooling, exact objectives,
+gradient rankings) and the single-token swap search, ``memlab invert --method swap``; the default search
+(propose, correct, certify) is :mod:`memlab.probes.invert.recover`.
+
 With one vector per chunk (the last token's state, ``pool="last"``, or the mean over positions, ``pool="mean"``)
 the per-position search does not apply; this module searches all positions at once, with the model itself and no
 training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
@@ -148,6 +152,14 @@ class PooledSearcher:
         g = g[0, p : p + len(ids)].float()  # (T, D_e)
         cur = r.embedding[ids.to(r.device)].float()  # (T, D_e)
         return (g @ r.embedding.float().T - (g * cur).sum(-1, keepdim=True)).cpu()  # (T, V)
+
+    def objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)`` (every candidate verified exactly)."""
+        return self._objective(ids, target)
+
+    def scores(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """First-order change of the objective's distance ``(T, V)`` for every token at every position."""
+        return self._scores(ids, target)
 
     def _start(self, k: int, length: int, gen: torch.Generator) -> torch.Tensor:
         init = self.opt.init if k == 0 else ("sample" if self.opt.init != "random" else "random")

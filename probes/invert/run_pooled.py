@@ -9,9 +9,11 @@ from dataclasses import asdict, replace
 import torch
 
 from memlab.errors import ModelError
+from memlab.probes.invert.correct import CorrectOptions
 from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
 from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
-from memlab.probes.invert.setup import is_causal, states_source
+from memlab.probes.invert.recover import Recoverer
+from memlab.probes.invert.setup import is_causal, machine_facts, states_source
 from memlab.probes.invert.states import LayerReader
 
 
@@ -36,6 +38,32 @@ class PooledRun:
         self.searcher = PooledSearcher(reader, states, self.search_opts, head, self.prefix, self.suffix)
         self.target_of = PooledSearcher(src_reader, states, self.search_opts, None, self.prefix, self.suffix)
         self.gen = torch.Generator().manual_seed(opts.text.seed)
+        self.proposer_name, self.proposer = self._proposer(opts, enc, head, device)
+        self.recoverer = None  # made in prepare(), once the matmul rate that turns the budget into seconds is known
+
+    def _proposer(self, opts, enc, head, device):
+        """(name, :class:`~memlab.probes.invert.propose.Proposer`) of ``--proposer`` (``auto``: the model itself
+        when causal with a readable head, else smollm2); (None, None) when no stage proposes."""
+        o = opts.pooled
+        if o.method in ("swap", "correct") or o.proposer == "none":
+            return None, None
+        from memlab.probes.invert.propose import ProposeOptions, Proposer
+
+        popt = ProposeOptions(beams=o.beams, branch=o.branch, bow_weight=o.bow_weight,
+                              lm_weight=o.prior_weight)
+        name = o.proposer
+        if name == "auto" and head is not None:
+            return opts.model.model, Proposer(head, enc.tokenizer, self.prefix, enc.tokenizer, popt)
+        name = "smollm2" if name == "auto" else name
+        from memlab.probes.invert.setup import load
+
+        lm, lm_reader = load(name, -1, device)
+        lm_head = LanguageHead.of(LayerReader(lm.model, lm_reader.num_layers))
+        probe = list(lm.prefix) + lm.tokenizer("a short test", add_special_tokens=False)["input_ids"]
+        if lm_head is None or not is_causal(lm_reader, probe, name):
+            raise ModelError(f"--proposer {name}: not a causal model whose next-token head can be read (tied output "
+                             "embeddings); name another or use --proposer none")
+        return name, Proposer(lm_head, lm.tokenizer, list(lm.prefix), enc.tokenizer, popt)
 
     @staticmethod
     def check(opts) -> None:
@@ -54,22 +82,37 @@ class PooledRun:
         return out
 
     def prepare(self, targets: list[torch.Tensor], todo: list[int] | None = None) -> None:
-        """Nothing shared across chunks."""
+        """The budget in seconds (``--gflops`` over the matmul rate measured now, or ``--seconds`` if sooner) and
+        the propose-correct search (unless ``--method swap``)."""
+        o = self.opts.pooled
+        self.rate = machine_facts()["matmul_gflops"]
+        self.budget_s = min(o.seconds, o.gflops / self.rate)
+        if o.method == "swap":
+            self.searcher.opt = replace(self.search_opts, seconds=self.budget_s)
+            return
+        copt = CorrectOptions(batch_size=o.batch_size, topk=o.topk, move_share=o.move_share,
+                              insert_share=o.insert_share, patience=o.patience, tol=o.tol)
+        tok = self.enc.tokenizer
+        pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
+        self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
+                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad)
 
     def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
         seed = self.opts.text.seed + i
-        got = self.searcher.search(targets[i], len(ids), seed=seed)
+        search = self.recoverer.search if self.recoverer is not None else self.searcher.search
+        got = search(targets[i], len(ids), seed=seed)
         step()
         ctrl, j = None, None
         if self.opts.pooled.control and len(targets) > 1:
             j = (i + 1) % len(targets)
-            ctrl = self.searcher.search(targets[j], len(ids), seed=seed)
+            ctrl = search(targets[j], len(ids), seed=seed)
             step()
-        return pooled_chunk(i, text, ids, got, self.enc.tokenizer.decode, ctrl, j)
+        return pooled_chunk(i, text, ids, got, self.enc.tokenizer.decode, ctrl, j, tol=self.opts.pooled.tol)
 
     def report(self, results: list, common: dict):
         common = dict(common, text=common["text"] | {"suffix": self.suffix})
-        return PooledReport(**common, search=asdict(self.search_opts) | {"causal": self.causal},
+        extra = {"causal": self.causal, "proposer": self.proposer_name, "budget_seconds": self.budget_s}
+        return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)
 
     def summary(self, report) -> list[str]:
