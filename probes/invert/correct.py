@@ -25,27 +25,35 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+
+from memlab.probes.invert.options import PooledOptions
 
 
 @dataclass
 class CorrectOptions:
-    """How a hypothesis is corrected (the pooled search's correction step)."""
+    """How a hypothesis is corrected (the pooled search's correction step); the defaults are the pooled search's
+    (:class:`~memlab.probes.invert.options.PooledOptions`, whose fields of the same names the command hands on)."""
 
-    batch_size: int = 128
+    batch_size: int = PooledOptions.batch_size
     """Edits verified per step (one batched forward pass of that many sequences)."""
-    topk: int = 32
+    topk: int = PooledOptions.topk
     """Tokens kept per position from the gradient ranking, for swaps and insertions."""
-    move_share: float = 0.25
+    move_share: float = PooledOptions.move_share
     """Share of each batch spent on moves of a token to another position."""
-    insert_share: float = 0.25
+    insert_share: float = PooledOptions.insert_share
     """Share of each batch spent on an insertion at one position and a deletion at another."""
-    patience: int = 6
+    patience: int = PooledOptions.patience
     """Steps without a fall of the objective after which the correction stops."""
-    tol: float = 1e-5
+    tol: float = PooledOptions.tol
     """Stop once the relative distance is within this (the pooled state matches to float noise)."""
+
+    @classmethod
+    def of(cls, pooled: PooledOptions) -> "CorrectOptions":
+        """The correction's share of the pooled search's options."""
+        return cls(**{f.name: getattr(pooled, f.name) for f in fields(cls)})
 
 
 @dataclass

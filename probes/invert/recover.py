@@ -22,21 +22,16 @@ from dataclasses import dataclass, field
 import torch
 
 from memlab.probes.invert.correct import CorrectOptions, correct
+from memlab.probes.invert.pooled import PooledResult
 
 METHODS = ("propose-correct", "propose", "correct", "swap")
 
 
 @dataclass
-class RecoverResult:
-    """The search of one pooled state (the fields :class:`~memlab.probes.invert.pooled.PooledResult` has, and
-    what the stages reached)."""
+class RecoverResult(PooledResult):
+    """The search of one pooled state: :class:`~memlab.probes.invert.pooled.PooledResult`'s fields and what the
+    stages reached."""
 
-    ids: list[int]
-    distance: float
-    start_distance: float
-    forwards: int
-    seconds: float
-    steps: int
     runner_up: float = math.inf
     """Relative distance of the nearest evaluated sequence other than ``ids``."""
     proposal: str = ""

@@ -90,8 +90,7 @@ class PooledRun:
         if o.method == "swap":
             self.searcher.opt = replace(self.search_opts, seconds=self.budget_s)
             return
-        copt = CorrectOptions(batch_size=o.batch_size, topk=o.topk, move_share=o.move_share,
-                              insert_share=o.insert_share, patience=o.patience, tol=o.tol)
+        copt = CorrectOptions.of(o)
         tok = self.enc.tokenizer
         pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
         self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
