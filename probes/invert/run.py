@@ -9,7 +9,8 @@ before it, e.g. a BOS token, are the fixed prefix the search starts from).
 
 The searches (:class:`~memlab.probes.invert.run_positions.PositionsRun` for ``--states positions``,
 :class:`~memlab.probes.invert.run_pooled.PooledRun` for ``--states last|mean``) each provide ``check(opts)``
-(before the model loads), ``units``, ``targets``, ``prepare``, ``chunk``, ``report`` and ``summary``.
+(before the model loads), ``units``, ``targets``, ``prepare`` (given the chunks to do and the machine's facts,
+measured once), ``chunk``, ``report`` and ``summary``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         if not resume:
             write_settings(folder, asdict(opts))
         targets = search.targets(chunks)
-        search.prepare(targets, todo)
+        search.prepare(targets, todo, machine)
         total = search.units(chunks)
         log = ChunkLog(out, total, 0, len(chunks))
         done_units = sum(log.units(r) for r in kept.values())

@@ -81,11 +81,11 @@ class PooledRun:
             out.append(z)
         return out
 
-    def prepare(self, targets: list[torch.Tensor], todo: list[int] | None = None) -> None:
-        """The budget in seconds (``--gflops`` over the matmul rate measured now, or ``--seconds`` if sooner) and
-        the propose-correct search (unless ``--method swap``)."""
+    def prepare(self, targets: list[torch.Tensor], todo: list[int] | None = None, machine: dict | None = None) -> None:
+        """The budget in seconds (``--gflops`` over the run's measured matmul rate, ``machine``, or ``--seconds`` if
+        sooner) and the propose-correct search (unless ``--method swap``)."""
         o = self.opts.pooled
-        self.rate = machine_facts()["matmul_gflops"]
+        self.rate = (machine or machine_facts())["matmul_gflops"]
         self.budget_s = min(o.seconds, o.gflops / self.rate)
         if o.method == "swap":
             self.searcher.opt = replace(self.search_opts, seconds=self.budget_s)

@@ -117,10 +117,10 @@ class PositionsRun:
             return [observed_states(self.src_reader, self.enc.prefix, ids, self.opts.model.noise, self.gen)
                     for ids in chunks]
 
-    def prepare(self, targets: list[torch.Tensor], todo: list[int]) -> None:
+    def prepare(self, targets: list[torch.Tensor], todo: list[int], machine: dict | None = None) -> None:
         """The first position of the chunks ``todo`` after an empty prefix (a model that reads no BOS): one
         exhaustive pass shared by them (from the kept table when ``--cache-dir`` has one). After a BOS nothing is
-        shared: the first position is searched as any other."""
+        shared: the first position is searched as any other. ``machine`` is not read here."""
         from memlab.progress import progress_bar
 
         self.firsts = {}
