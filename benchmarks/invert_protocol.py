@@ -40,6 +40,8 @@ def parse(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--no-prior", action="store_true")
+    p.add_argument("--no-secant", action="store_true")
+    p.add_argument("--secant-after", type=int, default=120)
     p.add_argument("--chunk-batch", type=int, default=20)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--device", default="cpu")
@@ -81,7 +83,8 @@ def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
     reader = LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
     check_applies(reader, enc.prefix + seqs[0], args.model)
     opts = LockstepOptions(first_batch=args.first_batch, batch_size=args.batch_size, budget=args.budget,
-                           prior=not args.no_prior, chunk_batch=args.chunk_batch, exhaustive_batch=512)
+                           prior=not args.no_prior, chunk_batch=args.chunk_batch, exhaustive_batch=512,
+                           secant=not args.no_secant, secant_after=args.secant_after)
     search = Lockstep(reader, opts)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -121,6 +124,8 @@ def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
             "tried": spread(tried), "found_at": spread([p.found_at for _, _, p in after]),
             "prior_rank": spread([p.prior_rank for _, _, p in after]),
             "grad_rank": spread([p.grad_rank for _, _, p in after]),
+            "secant_rank": spread([p.secant_rank for _, _, p in after]),
+            "secant_positions": sum(p.secant_rank is not None for _, _, p in after),
             "seconds_per_token": sum(p.seconds for _, _, p in pos) / n_tok,
         }
         out["kinds"][kind]["gflop_eq_per_token"] = out["kinds"][kind]["seconds_per_token"] * gflops

@@ -8,9 +8,11 @@ length and their caches stack along the batch):
    distribution from the recovered prefix (the prior; none for a model whose head cannot be read, or with
    ``prior=False``) and the first-order score twice: linearised at the mean embedding row (once per position) and
    at the best verified token (re-linearised whenever it changes; near the answer it is the sharper of the two,
-   at a wrong token far away the blunter), and the product of the three rankings' ranks. The four are taken in
-   turn. With a prior the first round is the prior's alone (natural text is mostly settled there, and the
-   gradient passes are saved).
+   at a wrong token far away the blunter), once ``secant_after`` candidates were verified the secant order (a
+   linear map from embedding rows to states fitted to the verified candidates, :mod:`memlab.probes.invert.secant`,
+   refitted as they grow by half), and the product of all these rankings' ranks. They are taken in turn. With a
+   prior the first round is the prior's alone (natural text is mostly settled there, and the gradient passes are
+   saved).
 2. **Verify** the next untried candidates of every unsettled chunk in one batched pass through the first ``L``
    blocks: ``first_batch`` in the first round, twice as many each round after, at most ``batch_size``; past
    ``budget`` ranked candidates the position is *exhaustive* and rounds of ``exhaustive_batch`` continue the same
@@ -37,11 +39,19 @@ import torch
 from memlab.probes.invert.options import PositionsOptions
 from memlab.probes.invert.positions import Position, Searcher, _Best
 from memlab.probes.invert.ranking import NextTokenHead, best_untried, fused, interleave, rank_of
+from memlab.probes.invert.secant import secant_scores
 from memlab.probes.invert.states import LayerReader, row_bytes, select_rows
 
 
 PASS_ROWS = 4096
 """Most candidate rows in one verification pass."""
+
+SECANT_REFIT = 1.5
+"""The secant order is refitted when a position's verified candidates have grown by this factor since its last
+fit (so a position fits it a logarithmic number of times)."""
+
+SECANT_KEEP = 4096
+"""Most verified pairs a position keeps for the secant fit (the nearest ones)."""
 
 LockstepOptions = PositionsOptions
 """The per-position search's options (:class:`memlab.probes.invert.options.PositionsOptions`): ``first_batch``,
@@ -60,6 +70,11 @@ class _Row:
     d_mean: float = float("inf")  # the relative distance at the mean row
     best_scores: torch.Tensor | None = None  # (V,) the scores at the best verified token ...
     lin_token: int | None = None  # ... this one
+    secant_scores: torch.Tensor | None = None  # (V,) the secant order's predicted distances ...
+    secant_n: int = 0  # ... fitted on this many verified pairs
+    xs: list = field(default_factory=list)  # verified tokens, one (b,) tensor per round
+    hs: list = field(default_factory=list)  # their states, (b, D) float32 each
+    ds: list = field(default_factory=list)  # their relative distances, (b,) each
     best: _Best = field(default_factory=_Best)
     rounds: int = 0
     seconds: float = 0.0
@@ -67,12 +82,28 @@ class _Row:
     done: bool = False
     prior_rank: int | None = None
     grad_rank: int | None = None
+    secant_rank: int | None = None
     found_at: int | None = None
     """Candidates verified when the kept token was first verified."""
 
     @property
     def n_tried(self) -> int:
         return int(self.tried.sum())
+
+    def remember(self, tokens: torch.Tensor, states: torch.Tensor, dist: torch.Tensor) -> None:
+        """Keep verified pairs for the secant fit: past twice ``SECANT_KEEP`` only the nearest ``SECANT_KEEP``."""
+        self.xs.append(tokens)
+        self.hs.append(states)
+        self.ds.append(dist)
+        if sum(x.numel() for x in self.xs) > 2 * SECANT_KEEP:
+            self.trim()
+
+    def trim(self) -> None:
+        xs, hs, ds = torch.cat(self.xs), torch.cat(self.hs), torch.cat(self.ds)
+        if xs.numel() > SECANT_KEEP:
+            keep = torch.topk(ds, SECANT_KEEP, largest=False).indices
+            xs, hs, ds = xs[keep], hs[keep], ds[keep]
+        self.xs, self.hs, self.ds = [xs], [hs], [ds]
 
 
 class Lockstep:
@@ -110,16 +141,33 @@ class Lockstep:
         return max(1, min(PASS_ROWS, cap))
 
     @torch.no_grad()
-    def _verify(self, cache, rows: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _verify(self, cache, rows: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor):
         """Relative distances ``(R,)`` of candidate ``tokens`` ``(R,)`` at the next position of the group's ``rows``
-        ``(R,)``, whose observed states are ``targets`` ``(R, D)``."""
-        r, out, step = self.reader, [], self._pass_rows(cache)
+        ``(R,)``, whose observed states are ``targets`` ``(R, D)``, and the candidates' states ``(R, D)`` (float32,
+        on the CPU)."""
+        r, out, states, step = self.reader, [], [], self._pass_rows(cache)
         for s in range(0, tokens.numel(), step):
             sub = select_rows(cache, rows[s : s + step], r.layer)
             h = r._run(r.embed(tokens[s : s + step].view(-1, 1)), sub)[:, 0].float()  # (b, D)
             t = targets[s : s + step].to(h.device)  # (b, D)
             out.append(((h - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)).cpu())
-        return torch.cat(out)  # (R,)
+            states.append(h.cpu())
+        return torch.cat(out), torch.cat(states)  # (R,), (R, D)
+
+    def _secant(self, state: list, open_: list[int]) -> None:
+        """Fit or refit the secant order of each open row that has verified enough candidates
+        (:mod:`memlab.probes.invert.secant`)."""
+        o = self.opts
+        for i in open_:
+            s = state[i]
+            n = s.n_tried
+            if not o.secant or n < o.secant_after or (s.secant_scores is not None and n < SECANT_REFIT * s.secant_n):
+                continue
+            s.trim()  # the nearest SECANT_KEEP pairs, kept for later fits too
+            s.secant_scores = secant_scores(self.table, self.table[s.xs[0]], s.hs[0], s.target)
+            if s.true is not None and s.secant_rank is None:
+                s.secant_rank = rank_of(s.secant_scores, s.true)
+            s.secant_n = n
 
     def _scores(self, cache, rows: torch.Tensor, e0: torch.Tensor, targets: torch.Tensor):
         """First-order scores ``(m, V)`` of every token for the group's ``rows`` ``(m,)`` (a row may come twice),
@@ -181,6 +229,7 @@ class Lockstep:
             idx = torch.tensor([rows[i] for i in open_])
             prior_only = all(state[i].prior is not None and state[i].rounds == 0 for i in open_)
             n_grad = 0 if prior_only else self._gradients(cache, rows, state, open_)
+            self._secant(state, open_)
             cand, owner = [], []
             for j, i in enumerate(open_):
                 s = state[i]
@@ -189,7 +238,7 @@ class Lockstep:
                 if s.true is not None and s.mean_scores is not None and s.grad_rank is None:
                     s.grad_rank = rank_of(s.mean_scores, s.true)
                 k = self._size(s)
-                rankings = [s.prior] + ([] if prior_only else [s.mean_scores, s.best_scores])
+                rankings = [s.prior] + ([] if prior_only else [s.mean_scores, s.best_scores, s.secant_scores])
                 rankings = [x for x in rankings if x is not None]
                 if len(rankings) > 1:  # and all of them at once: the product of the ranks
                     rankings.append(fused(rankings))
@@ -198,7 +247,7 @@ class Lockstep:
                 cand.append(c)
                 owner.append(torch.full((c.numel(),), j))
             tokens, own = torch.cat(cand), torch.cat(owner)  # (R,), (R,)
-            dist = self._verify(cache, idx[own], tokens, torch.stack([state[i].target for i in open_])[own])  # (R,)
+            dist, hs = self._verify(cache, idx[own], tokens, torch.stack([state[i].target for i in open_])[own])
             spent = time.perf_counter() - began
             grad = 4 * n_grad / len(open_)  # a gradient row costs about 4 candidate rows
             total = tokens.numel() + grad * len(open_)
@@ -209,6 +258,8 @@ class Lockstep:
                 if s.best.token != before:
                     s.found_at = s.n_tried + int(mine.sum())
                 s.tried[tokens[mine]] = True
+                if o.secant:
+                    s.remember(tokens[mine], hs[mine], dist[mine])
                 s.rounds += 1
                 s.seconds += spent * (int(mine.sum()) + grad) / total
                 if s.best.matched(o) or s.best.separated(o) or s.n_tried >= v:
@@ -224,7 +275,8 @@ class Lockstep:
             ranks = [r for r in (s.prior_rank, s.grad_rank) if r is not None]
             out.append(Position(b.token, b.d1, b.d2, cert, s.n_tried, s.exhaustive, s.seconds,
                                 min(ranks) if ranks else None,
-                                prior_rank=s.prior_rank, grad_rank=s.grad_rank, found_at=s.found_at))
+                                prior_rank=s.prior_rank, grad_rank=s.grad_rank, secant_rank=s.secant_rank,
+                                found_at=s.found_at))
         return out
 
     def group(self, targets: list[torch.Tensor], prefix_ids: list[int], trues: list[list[int]] | None = None,

@@ -111,6 +111,11 @@ class PositionsOptions:
     prior: bool = True
     """Rank by the model's own next-token distribution from the recovered prefix too, in turn with the gradient
     (causal models whose head can be read: output embeddings tied to the input table)."""
+    secant: bool = True
+    """Rank by the secant order too once a position has verified --secant-after candidates: a linear map from
+    embedding rows to states fitted to the verified candidates, refitted as they grow by half."""
+    secant_after: int = _opt(120, least=2)
+    """Candidates verified at a position before the secant order joins the rankings."""
     chunk_batch: int = _opt(16, least=1)
     """Chunks searched together, position by position (their candidates verified in one batched pass)."""
     pass_memory_mb: float = _opt(1024.0, least=1.0)

@@ -68,6 +68,8 @@ class Position:
     """Rank of the true token in the model's next-token distribution (lockstep search with a prior)."""
     grad_rank: int | None = None
     """Rank of the true token in the first first-order ranking (lockstep search)."""
+    secant_rank: int | None = None
+    """Rank of the true token in the first secant order (lockstep search; positions that reached it)."""
     found_at: int | None = None
     """Candidates verified when the kept token was first verified (lockstep search)."""
     from_table: bool = False
