@@ -109,11 +109,13 @@ class _Row:
 class Lockstep:
     """Searches groups of chunks position by position against ``reader`` (a :class:`LayerReader`)."""
 
-    def __init__(self, reader: LayerReader, opts: LockstepOptions | None = None):
+    def __init__(self, reader: LayerReader, opts: LockstepOptions | None = None, head_weight: torch.Tensor | None = None):
+        """``head_weight``: the model's own output embeddings ``(V, D)`` where they are not tied to its input table
+        (:func:`memlab.probes.invert.headweight.output_embeddings`), for the prior."""
         self.reader, self.opts = reader, opts or LockstepOptions()
         self.table = reader.embedding.float()  # (V, D_e)
         self.mean_row = self.table.mean(0)  # (D_e,)
-        self.head = NextTokenHead.of(reader) if self.opts.prior else None
+        self.head = NextTokenHead.of(reader, head_weight) if self.opts.prior else None
         self.walker = self.head.top if self.head is not None else reader  # the reader that extends the prefixes
         self.first = Searcher(reader, self.opts)
 

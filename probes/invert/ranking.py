@@ -3,10 +3,10 @@
 Two rankings of the whole vocabulary are at hand at every position after the first:
 
 * **the prior**: the model's next-token distribution from the recovered prefix, read through all its blocks, its
-  final norm and its output embeddings (tied to the input table). Natural text is mostly likely text, so the true
-  token of a natural-text position is usually among the prior's first few; random tokens get no help from it. A
-  model whose head cannot be read (untied output embeddings the base model does not hold) has no prior, and the
-  gradient ranks alone.
+  final norm and its output embeddings (the input table where they are tied, else the model's own, read from its
+  checkpoint by :mod:`memlab.probes.invert.headweight`). Natural text is mostly likely text, so the true token of a
+  natural-text position is usually among the prior's first few; random tokens get no help from it. A model whose
+  head cannot be read (own output embeddings in no local file) has no prior, and the gradient ranks alone.
 * **the first-order score**: the change of the squared distance to the observed state when the input embedding
   moves from a point ``e0`` to a token's row, ``(E_v - e0) . grad d(e0)``; re-linearised at the best token
   verified so far (where it is most accurate).
@@ -26,24 +26,37 @@ from memlab.probes.invert.states import LayerReader
 
 class NextTokenHead:
     """A causal model's next-token logits from its last block's output: its final norm, then the output embeddings
-    (tied to the input table). :meth:`of` gives None when the model's head cannot be read."""
+    (the input table where they are tied, else the model's own, read from its checkpoint). :meth:`of` gives None
+    when the model's head cannot be read."""
 
     def __init__(self, top: LayerReader, norm, weight: torch.Tensor):
         self.top = top  # the model read after its last block (all blocks run)
         self.norm = norm
         self.weight = weight  # (V, D)
 
-    @classmethod
-    def of(cls, reader: LayerReader) -> "NextTokenHead | None":
-        from memlab.probes.capture import hook_plan
-
+    @staticmethod
+    def tied(reader: LayerReader) -> bool:
+        """Whether the model's output embeddings are its input table."""
         cfg = reader.model.config
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        if not (getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False)):
+        return bool(getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False))
+
+    @classmethod
+    def of(cls, reader: LayerReader, weight: torch.Tensor | None = None) -> "NextTokenHead | None":
+        """``weight``: the model's own output embeddings ``(V, D)`` where they are not tied to the input table
+        (:func:`memlab.probes.invert.headweight.output_embeddings` reads them from the checkpoint)."""
+        from memlab.probes.capture import hook_plan
+
+        tied = cls.tied(reader)
+        if not tied and weight is None:
             return None
         _, norm, _ = hook_plan(reader.model)
         top = reader if reader.layer == reader.num_layers else LayerReader(
             reader.model, reader.num_layers, vocab_size=reader.vocab_size)
+        if not tied:
+            if weight.shape[0] < reader.vocab_size or weight.shape[1] != top.embedding.shape[1]:
+                return None  # not this model's head
+            return cls(top, norm, weight[: reader.vocab_size].to(reader.device))
         # the embedding module's output (a scaled table stays scaled): a uniform scale leaves the order as it is
         return cls(top, norm, reader.embedding[: reader.vocab_size])
 
