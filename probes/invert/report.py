@@ -58,6 +58,8 @@ class ChunkResult(ChunkRead):
     found_at: list[int | None] = field(default_factory=list)
     """Candidates verified when the kept token was first verified (None: read off the first-position table)."""
     from_table: list[bool] = field(default_factory=list)
+    secant_ranks: list[int | None] = field(default_factory=list)
+    """The true token's rank in each position's first secant order (None: the position settled before it)."""
     """Whether the position was read off the shared first-position table (its ``tried`` is the whole vocabulary,
     verified once per model and layer; left out of the candidates per token)."""
 
@@ -112,6 +114,8 @@ class InvertReport(InvertRun):
     """The true token's rank in the model's next-token distribution (positions with a prior)."""
     grad_rank: Spread | None = None
     """The true token's rank in the first first-order ranking of its position."""
+    secant_rank: Spread | None = None
+    """The true token's rank in the first secant order of its position (positions that reached it)."""
     found_at: Spread | None = None
     """Candidates verified per position when the kept token was first verified (the floor is 1)."""
     vocab_size: int = 0
@@ -137,7 +141,8 @@ def chunk_result(index: int, text: str, true: list[int], positions, decode, seco
                        [getattr(p, "prior_rank", None) for p in positions],
                        [getattr(p, "grad_rank", None) for p in positions],
                        [getattr(p, "found_at", None) for p in positions],
-                       [bool(getattr(p, "from_table", False)) for p in positions])
+                       [bool(getattr(p, "from_table", False)) for p in positions],
+                       [getattr(p, "secant_rank", None) for p in positions])
 
 
 def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Reading]:
@@ -190,6 +195,7 @@ def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
                         exhaustive_positions=sum(x for c in chunks for x, f in zip(c.exhaustive, _table(c)) if not f),
                         chunks=chunks, prior_rank=Spread.of([r for c in chunks for r in c.prior_ranks]),
                         grad_rank=Spread.of([r for c in chunks for r in c.grad_ranks]),
+                        secant_rank=Spread.of([r for c in chunks for r in c.secant_ranks]),
                         found_at=Spread.of([r for c in chunks for r in c.found_at]), vocab_size=vocab,
                         share_of_vocab=(float(np.mean(ranked)) / vocab) if ranked and vocab else math.nan)
 
@@ -201,7 +207,7 @@ def _cell(r: Reading, digits: int = 3) -> str:
 def _ranks(rep: InvertReport) -> str:
     parts = []
     for name, sp in (("the model's next-token distribution", rep.prior_rank), ("the gradient", rep.grad_rank),
-                     ("kept token found after", rep.found_at)):
+                     ("the secant order", rep.secant_rank), ("kept token found after", rep.found_at)):
         if sp is not None and not math.isnan(sp.median):
             parts.append(f"{name}: median {sp.median:.0f}, p90 {sp.p90:.0f}, max {sp.max:.0f}")
     return ("; " + "; ".join(parts)) if parts else ""
