@@ -150,9 +150,16 @@ class PooledOptions:
     topk: int = _opt(32, least=1)
     """Tokens kept per position from the gradient ranking (for swaps and insertions)."""
     move_share: float = _opt(0.25, least=0.0)
-    """Share of each batch of edits spent on moving a token to another position (word order)."""
+    """Share of each batch of edits spent on word order: moves of a block of 1-3 tokens to another place, exchanges
+    of two tokens, reversals of a short span."""
     insert_share: float = _opt(0.25, least=0.0)
     """Share of each batch of edits spent on an insertion at one position and a deletion at another."""
+    merge: int = _opt(8, least=0)
+    """After each step, its best 2, 3, ... up to this many improving swaps at different positions are verified
+    together too, and kept when nearer than the best single edit (0: off)."""
+    pair_top: int = _opt(12, least=0)
+    """After a step in which no single edit lowers the distance, the best this many single edits are combined two
+    at a time and each pair verified (0: off)."""
     patience: int = _opt(6, least=1)
     """Steps without a fall of the objective after which a correction round ends (the best is perturbed and
     corrected again while the budget lasts)."""
