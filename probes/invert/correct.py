@@ -52,6 +52,9 @@ class CorrectOptions:
     merge: int = PooledOptions.merge
     """After a step, up to this many of its improving swaps at different positions are verified together too (the
     best 2, 3, ...; 0 or 1: off)."""
+    screen: int = PooledOptions.screen
+    """Verify only the nearest this many edits of a batch, ranked through a bfloat16 copy of the model (0: verify
+    every edit)."""
     pair_top: int = PooledOptions.pair_top
     """After a step whose single edits all fail, the best this many of them are verified two at a time (0 or 1:
     off)."""
@@ -217,6 +220,12 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
         if not keep:
             return None
         batch = torch.tensor(seqs)  # (B, T)
+        if opt.screen and len(keep) > 2 * opt.screen and hasattr(searcher, "rough"):
+            # ranked in bfloat16, the nearest verified in float32: only verified ones are kept below
+            rough = searcher.rough(batch, target)  # (B,)
+            near = rough.argsort()[: opt.screen]
+            keep, batch = [keep[i] for i in near.tolist()], batch[near]
+            used += len(rough) - len(keep)  # the screen's forwards; the verified ones are counted below
         o, dist = searcher.objective(batch, target)  # (B,), (B,)
         used += len(keep)
         return keep, batch, o, dist

@@ -112,6 +112,7 @@ class PooledSearcher:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         self.reader, self.pool, self.opt, self.head = reader, pool, options, head
         self.prefix, self.suffix = list(prefix), list(suffix)
+        self._low: LayerReader | None = None  # the bfloat16 copy that screens candidates (made when first asked)
 
     def wrap(self, ids: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` chunk ids -> ``(B, p + T + s)`` with the fixed special tokens."""
@@ -152,6 +153,19 @@ class PooledSearcher:
         g = g[0, p : p + len(ids)].float()  # (T, D_e)
         cur = r.embedding[ids.to(r.device)].float()  # (T, D_e)
         return (g @ r.embedding.float().T - (g * cur).sum(-1, keepdim=True)).cpu()  # (T, V)
+
+    @torch.no_grad()
+    def rough(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The relative squared distance ``(B,)`` of chunks ``(B, T)`` read through a bfloat16 copy of the model
+        (about half the time of float32 on CPUs with native bf16; about 1 % error on the pooled state): a screen
+        that ranks candidates, never a verification."""
+        if self._low is None:
+            import copy
+
+            low = copy.deepcopy(self.reader.model).to(torch.bfloat16)
+            self._low = LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size)
+        z = self._pool(self._low.full_states(self.wrap(ids))).cpu()  # (B, D)
+        return (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
 
     def objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)`` (every candidate verified exactly)."""
