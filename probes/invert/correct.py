@@ -52,6 +52,8 @@ class CorrectOptions:
     merge: int = PooledOptions.merge
     """After a step, up to this many of its improving swaps at different positions are verified together too (the
     best 2, 3, ...; 0 or 1: off)."""
+    table_topk: int = PooledOptions.table_topk
+    """Tokens kept per position from the token table's ranking; half the swaps come from it (0: off)."""
     screen: int = PooledOptions.screen
     """Verify only the nearest this many edits of a batch, ranked through a bfloat16 copy of the model (0: verify
     every edit)."""
@@ -237,10 +239,19 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
         k = min(opt.topk, scores.shape[1] - 1)
         sv, top = scores.topk(k, dim=1, largest=False)  # (T, k) each
         order = sv.flatten().argsort()  # best-ranked swaps over all positions first
+        n_table = 0
+        if opt.table_topk and hasattr(searcher, "table_scores"):
+            # half the swaps ranked by the token table instead: missing content words, wherever they go
+            ts = searcher.table_scores(cur, target)  # (T, V)
+            ts[torch.arange(T), cur] = math.inf
+            tv, ttop = ts.topk(min(opt.table_topk, ts.shape[1] - 1), dim=1, largest=False)
+            n_table = (b - int(b * opt.move_share) - int(b * opt.insert_share)) // 2
         n_move = int(b * opt.move_share) if T > 1 else 0
         n_ins = int(b * opt.insert_share) if T > 1 else 0
         orders, insdels = _orders(T, n_move, gen, table), _insdels(T, top, n_ins, gen)
-        ops = _swaps(top, order, b - len(orders) - len(insdels), gen) + orders + insdels
+        ops = _swaps(top, order, b - len(orders) - len(insdels) - n_table, gen) + orders + insdels
+        if n_table:
+            ops += _swaps(ttop, tv.flatten().argsort(), n_table, gen)
         got = verify(ops)
         if got is None:
             stale += 1

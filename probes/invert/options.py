@@ -157,6 +157,10 @@ class PooledOptions:
     merge: int = _opt(8, least=0)
     """After each step, its best 2, 3, ... up to this many improving swaps at different positions are verified
     together too, and kept when nearer than the best single edit (0: off)."""
+    table_topk: int = _opt(16, least=0, shown="16; causal models: 0")
+    """Tokens kept per position from a second ranking, by every token's pooled state alone (computed once per run):
+    the change of the state a swap would make estimated from the two tokens' states; half the swaps come from it
+    (0: off, the gradient's ranking alone)."""
     screen: int = _opt(0, least=0)
     """Rank each batch of edits through a bfloat16 copy of the model (about twice as fast on CPUs with native bf16)
     and verify only the nearest this many in float32 (0: verify every edit)."""

@@ -176,4 +176,10 @@ def pooled_summary(rep: PooledReport) -> list[str]:
         f"({t['seconds_per_chunk'].value * rate:.0f} GFLOP-equivalents at the {rate:.0f} GFLOP/s fp32 matmul rate "
         "measured in this run; the control's search not counted)",
     ]
+    if s.get("token_table_seconds"):
+        n = len(rep.chunks) * (2 if control else 1)
+        g = s["token_table_seconds"] * rate
+        lines.append(f"token table (every token's pooled state alone, once for the run): "
+                     f"{s['token_table_seconds']:.1f} s ({g:.0f} GFLOP-equivalents; {g / n:.0f} per search over the "
+                     f"run's {n} searches)")
     return lines
