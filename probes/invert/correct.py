@@ -135,13 +135,21 @@ def _swaps(top: torch.Tensor, order: torch.Tensor, n: int, gen) -> list[tuple]:
 
 
 def order_edits(T: int, max_block: int = 3) -> dict[str, list[tuple]]:
-    """Every edit of word order of a length-``T`` sequence, by kind: moves of blocks of 1 to ``max_block`` tokens
-    to every other place, exchanges of two tokens anywhere, reversals of spans of 3 or 4 (a span of 2 is a move)."""
-    moves = [("move", i, n, j) for n in range(1, max_block + 1) for i in range(T - n + 1)
-             for j in range(T - n + 1) if j != i and not (n == 1 and j == i - 1)]  # i-1 -> i is i -> i-1
-    exchanges = [("exchange", i, j) for i in range(T) for j in range(i + 2, T)]  # neighbours: a move
-    reversals = [("reverse", i, n) for n in (3, 4) for i in range(T - n + 1)]
-    return {"move": moves, "exchange": exchanges, "reverse": reversals}
+    """Every edit of word order of a length-``T`` sequence, by kind, each order reached once: moves of blocks of 1 to
+    ``max_block`` tokens to every other place, exchanges of two tokens anywhere, reversals of spans of 3 or 4."""
+    every = {"move": [("move", i, n, j) for n in range(1, max_block + 1) for i in range(T - n + 1)
+                      for j in range(T - n + 1) if j != i],
+             "exchange": [("exchange", i, j) for i in range(T) for j in range(i + 1, T)],
+             "reverse": [("reverse", i, n) for n in (3, 4) for i in range(T - n + 1)]}
+    seen, out = {tuple(range(T))}, {}
+    for kind, ops in every.items():
+        out[kind] = []
+        for op in ops:
+            key = tuple(apply(list(range(T)), op))
+            if key not in seen:
+                seen.add(key)
+                out[kind].append(op)
+    return out
 
 
 def _orders(T: int, n: int, gen, table: dict) -> list[tuple]:
