@@ -143,6 +143,8 @@ class PooledOptions:
     """Proposal texts kept after each step (the nearest to the target)."""
     branch: int = _opt(16, least=1)
     """Next tokens the proposer offers per beam and step."""
+    propose_share: float = _opt(0.25, least=0.0)
+    """Most share of the budget's time the proposal may take (the rest goes to the correction)."""
     bow_weight: float = _opt(0.0, least=0.0)
     """Bias of the proposals toward the tokens the target's first-order scores favour (0: off)."""
     batch_size: int = _opt(128, least=1)
@@ -161,7 +163,7 @@ class PooledOptions:
     """Tokens kept per position from a second ranking, by every token's pooled state alone (computed once per run):
     the change of the state a swap would make estimated from the two tokens' states; half the swaps come from it
     (0: off, the gradient's ranking alone)."""
-    screen: int = _opt(0, least=0)
+    screen: int = _opt(16, least=0)
     """Rank each batch of edits through a bfloat16 copy of the model (about twice as fast on CPUs with native bf16)
     and verify only the nearest this many in float32 (0: verify every edit)."""
     pair_top: int = _opt(12, least=0)

@@ -60,7 +60,7 @@ class Recoverer:
 
     def __init__(self, searcher, correct_opt: CorrectOptions, proposer=None, method: str = "propose-correct",
                  seconds: float = math.inf, forwards: int = 10**9, perturb_edits: int = 3,
-                 pad_id: int | None = None, propose_share: float = 0.5):
+                 pad_id: int | None = None, propose_share: float = 0.25):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.s, self.copt, self.proposer, self.method = searcher, correct_opt, proposer, method

@@ -101,7 +101,8 @@ class PooledRun:
         tok = self.enc.tokenizer
         pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
         self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
-                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad)
+                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad,
+                                   propose_share=o.propose_share)
 
     def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
         seed = self.opts.text.seed + i
