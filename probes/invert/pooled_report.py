@@ -148,7 +148,11 @@ def search_line(s: dict, prior: bool) -> str:
                 f"{'' if prior else ' (no prior: no readable next-token head)'}")
     prop = f", proposer {s['proposer']} ({s['beams']} beams x {s['branch']})" if s.get("proposer") else ""
     return (f"search: {s['method']}{prop}, {budget} or {s['forwards']} forwards per chunk; edits of batch "
-            f"{s['batch_size']}, top-{s['topk']}, moves {s['move_share']:g}, insert/deletes {s['insert_share']:g}")
+            f"{s['batch_size']}, top-{s['topk']}, moves {s['move_share']:g}, insert/deletes {s['insert_share']:g}"
+            + (f", table top-{s['table_topk']}" if s.get("table_topk") else "")
+            + (f", pairs of the best {s['pair_top']}" if s.get("pair_top", 0) > 1 else "")
+            + (f", merges of up to {s['merge']}" if s.get("merge", 0) > 1 else "")
+            + (f", bf16 screen keeping {s['screen']}" if s.get("screen") else ""))
 
 
 def pooled_summary(rep: PooledReport) -> list[str]:
