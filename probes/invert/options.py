@@ -173,7 +173,8 @@ class PooledOptions:
     """Steps without a fall of the objective after which a correction round ends (the best is perturbed and
     corrected again while the budget lasts)."""
     perturb: int = _opt(3, least=0)
-    """Random edits applied to the best sequence before each further correction round."""
+    """Random edits applied to the best sequence before each further correction round; doubled after each round
+    that finds nothing nearer (up to 8 times, at most half the chunk)."""
     restarts: int = _opt(2, least=1)
     """--method swap: searches from different starts sharing the budget; the best is kept."""
     prior_weight: float = _opt(0.0, least=0.0)
