@@ -177,3 +177,43 @@ def test_cli_no_proposer_when_none_is_asked(argv, capsys, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["search"]["proposer"] is None and rep["chunks"][0]["proposal"] == ""
     assert rep["chunks"][0]["forwards"] <= 50
+
+
+def test_edits_keep_the_length_and_do_what_they_say():
+    from memlab.probes.invert.correct import apply, order_edits
+
+    ids = [10, 11, 12, 13, 14, 15]
+    assert apply(ids, ("swap", 2, 99)) == [10, 11, 99, 13, 14, 15]
+    assert apply(ids, ("move", 1, 2, 3)) == [10, 13, 14, 11, 12, 15]  # block 11 12 put back after 14
+    assert apply(ids, ("exchange", 0, 5)) == [15, 11, 12, 13, 14, 10]
+    assert apply(ids, ("reverse", 2, 3)) == [10, 11, 14, 13, 12, 15]
+    assert apply(ids, ("insert_delete", 1, 99, 4)) == [10, 99, 11, 12, 14, 15]
+    results = [tuple(apply(ids, op)) for ops in order_edits(len(ids)).values() for op in ops]
+    assert all(sorted(r) == ids and list(r) != ids for r in results)  # permutations that change the order
+    assert len(set(results)) == len(results)  # each order reached by one edit
+    assert (15, 11, 12, 13, 14, 10) in results and (10, 11, 12, 15, 13, 14) in results  # exchange, block move
+
+
+def test_table_scores_are_the_estimate_they_define(encoder):
+    """The token table's ranking of a swap is ``|r - c (U_v - U_cur)|^2`` with the best ``c >= 0``."""
+    ids, true = chunks(1, 5)[0], chunks(1, 6)[0]
+    z = encoder.pooled(true[None])[0]
+    got = encoder.table_scores(ids, z)  # (T, V)
+    u = encoder.token_table()
+    r = z - encoder.pooled(ids[None])[0]
+    for t, v in ((0, 3), (2, 17), (4, int(true[4]))):
+        d = u[v] - u[ids[t]]
+        c = max(float(r @ d) / float(d @ d), 0.0)
+        assert abs(float(got[t, v]) - float((r - c * d).pow(2).sum())) < 1e-4 * max(1.0, float(r @ r))
+    assert got.shape == (T, V) and torch.all(got <= r.pow(2).sum() + 1e-5)  # never worse than no change
+
+
+def test_screened_correction_reports_float32_distances(encoder):
+    """With the bfloat16 screen the verified distances are float32's, and the budget counts the screen."""
+    true = chunks(1, 9)[0]
+    z = encoder.pooled(true[None])[0]
+    start = chunks(1, 10)[0]
+    got = correct(encoder, start, z, CorrectOptions(batch_size=64, screen=8), forwards=1500)
+    zz = encoder.pooled(torch.tensor([got.ids]))[0]
+    assert abs(float((zz - z).norm() / z.norm()) - got.distance) < 1e-6
+    assert got.forwards <= 1500 and got.distance < float((encoder.pooled(start[None])[0] - z).norm() / z.norm())

@@ -4,17 +4,21 @@ A hypothesis is a sequence of ``T`` encoder tokens (``T`` the chunk's length). E
 
 1. **Rank.** One forward and backward pass gives the first-order change of the objective for every token at
    every position ``(T, V)`` (the gradient with respect to the one-hot inputs, as GCG and HotFlip rank swaps).
-2. **Edit.** A batch of edits of the current sequence, drawn from three neighbourhoods, all of length ``T``:
+2. **Edit.** A batch of edits of the current sequence (:func:`apply`), drawn from three neighbourhoods, all of
+   length ``T``:
 
    * *swap*: position ``t`` takes one of its ``topk`` best-ranked tokens (the best-ranked over all positions
      first, then drawn at random among the rest);
-   * *move*: the token at ``i`` is taken out and put back at ``j`` (word order; ``j = i +- 1`` is a
-     transposition);
+   * *word order*: a block of 1-3 tokens is taken out and put back anywhere else (a move; a one-token move to a
+     neighbour is a transposition), two tokens anywhere change places (an exchange), or a span of 3-4 is
+     reversed;
    * *insert/delete*: a best-ranked token is inserted at ``i`` and the token at ``j`` deleted (a word missing
      here, one too many there).
 3. **Verify.** Every edit's objective is computed exactly, in batches; the best replaces the current sequence
-   when it lowers the objective. After ``patience`` steps without a fall the search has no better neighbour it
-   can find; it stops early (the budget left goes unspent).
+   when it lowers the objective. When none does, the ``pair_top`` best single edits are verified two at a time
+   (the right words in the wrong order often need a move and a swap together: neither alone is nearer). After
+   ``patience`` steps without a fall the search has no better neighbour it can find; it stops early (the budget
+   left goes unspent).
 
 The search stops at a relative distance within ``tol`` (float noise: the sequence's pooled state *is* the
 target's) and keeps the runner-up (the nearest evaluated sequence that differs from the best): the **gap** that
@@ -45,6 +49,17 @@ class CorrectOptions:
     """Share of each batch spent on moves of a token to another position."""
     insert_share: float = PooledOptions.insert_share
     """Share of each batch spent on an insertion at one position and a deletion at another."""
+    merge: int = PooledOptions.merge
+    """After a step, up to this many of its improving swaps at different positions are verified together too (the
+    best 2, 3, ...; 0 or 1: off)."""
+    table_topk: int = PooledOptions.table_topk
+    """Tokens kept per position from the token table's ranking; half the swaps come from it (0: off)."""
+    screen: int = PooledOptions.screen
+    """Verify only the nearest this many edits of a batch, ranked through a bfloat16 copy of the model (0: verify
+    every edit)."""
+    pair_top: int = PooledOptions.pair_top
+    """After a step whose single edits all fail, the best this many of them are verified two at a time (0 or 1:
+    off)."""
     patience: int = PooledOptions.patience
     """Steps without a fall of the objective after which the correction stops."""
     tol: float = PooledOptions.tol
@@ -71,7 +86,44 @@ class Corrected:
     """How many accepted edits were swaps, moves and insert/deletes."""
 
 
-def _swaps(cur: torch.Tensor, top: torch.Tensor, order: torch.Tensor, n: int, gen) -> list[torch.Tensor]:
+def apply(ids: list[int], op: tuple) -> list[int]:
+    """``ids`` with one edit ``op`` applied (every edit keeps the length):
+
+    * ``("swap", t, v)``: position ``t`` takes token ``v``;
+    * ``("move", i, n, j)``: the block of ``n`` tokens at ``i`` is taken out and put back at ``j`` of what is left;
+    * ``("exchange", i, j)``: the tokens at ``i`` and ``j`` change places;
+    * ``("reverse", i, n)``: the ``n`` tokens from ``i`` are reversed;
+    * ``("insert_delete", i, v, j)``: ``v`` is inserted at ``i`` and the token at ``j`` of the result deleted."""
+    kind, out = op[0], list(ids)
+    if kind == "swap":
+        out[op[1]] = op[2]
+    elif kind == "move":
+        _, i, n, j = op
+        block = out[i:i + n]
+        del out[i:i + n]
+        out[j:j] = block
+    elif kind == "exchange":
+        _, i, j = op
+        out[i], out[j] = out[j], out[i]
+    elif kind == "reverse":
+        _, i, n = op
+        out[i:i + n] = out[i:i + n][::-1]
+    elif kind == "insert_delete":
+        _, i, v, j = op
+        out.insert(i, v)
+        del out[j]
+    else:
+        raise ValueError(f"unknown edit {op!r}")
+    return out
+
+
+def _pick(pool: list, n: int, gen) -> list:
+    if n <= 0 or not pool:
+        return []
+    return [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n].tolist()]
+
+
+def _swaps(top: torch.Tensor, order: torch.Tensor, n: int, gen) -> list[tuple]:
     """``n`` swaps: the best-ranked first (``order`` indexes ``top`` flattened), then random ones."""
     T, k = top.shape
     if n <= 0:
@@ -79,44 +131,74 @@ def _swaps(cur: torch.Tensor, top: torch.Tensor, order: torch.Tensor, n: int, ge
     head = order[: n // 2]
     rest = order[n // 2:]
     pick = torch.cat([head, rest[torch.randperm(len(rest), generator=gen)[: n - len(head)]]])
-    out = []
-    for f in pick.tolist():
-        t, j = divmod(f, k)
-        c = cur.clone()
-        c[t] = top[t, j]
-        out.append(c)
+    return [("swap", t, int(top[t, j])) for t, j in (divmod(f, k) for f in pick.tolist())]
+
+
+def order_edits(T: int, max_block: int = 3) -> dict[str, list[tuple]]:
+    """Every edit of word order of a length-``T`` sequence, by kind, each order reached once: moves of blocks of 1 to
+    ``max_block`` tokens to every other place, exchanges of two tokens anywhere, reversals of spans of 3 or 4."""
+    every = {"move": [("move", i, n, j) for n in range(1, max_block + 1) for i in range(T - n + 1)
+                      for j in range(T - n + 1) if j != i],
+             "exchange": [("exchange", i, j) for i in range(T) for j in range(i + 1, T)],
+             "reverse": [("reverse", i, n) for n in (3, 4) for i in range(T - n + 1)]}
+    seen, out = {tuple(range(T))}, {}
+    for kind, ops in every.items():
+        out[kind] = []
+        for op in ops:
+            key = tuple(apply(list(range(T)), op))
+            if key not in seen:
+                seen.add(key)
+                out[kind].append(op)
     return out
 
 
-def _moves(cur: torch.Tensor, n: int, gen) -> list[torch.Tensor]:
-    T = len(cur)
+def _orders(T: int, n: int, gen, table: dict) -> list[tuple]:
+    """``n`` edits of word order: half block moves, a third exchanges, the rest reversals."""
     if n <= 0 or T < 2:
         return []
-    pairs = [(i, j) for i in range(T) for j in range(T) if i != j and j != i - 1]  # j = i - 1 == move of i-1 to i
-    sel = torch.randperm(len(pairs), generator=gen)[:n].tolist()
-    out = []
-    for s in sel:
-        i, j = pairs[s]
-        lst = cur.tolist()
-        tok = lst.pop(i)
-        lst.insert(j, tok)
-        out.append(torch.tensor(lst))
-    return out
+    if T not in table:
+        table[T] = order_edits(T)
+    e = table[T]
+    n_ex = n // 3 if e["exchange"] else 0
+    n_rev = min(len(e["reverse"]), n // 6)
+    return _pick(e["move"], n - n_ex - n_rev, gen) + _pick(e["exchange"], n_ex, gen) + _pick(e["reverse"], n_rev,
+                                                                                              gen)
 
 
-def _insdels(cur: torch.Tensor, top: torch.Tensor, n: int, gen) -> list[torch.Tensor]:
-    T, k = top.shape
+def _insdels(T: int, top: torch.Tensor, n: int, gen) -> list[tuple]:
+    k = top.shape[1]
     if n <= 0 or T < 2:
         return []
     out = []
     for _ in range(n):
         i, j = (int(x) for x in torch.randint(0, T, (2,), generator=gen))
         v = int(top[i, int(torch.randint(0, min(k, 8), (1,), generator=gen))])
-        lst = cur.tolist()
-        lst.insert(i, v)
-        del lst[j if j < i else j + 1]
-        out.append(torch.tensor(lst))
+        out.append(("insert_delete", i, v, j if j < i else j + 1))
     return out
+
+
+def _pairs(ops: list[tuple], n: int) -> list[tuple]:
+    """Up to ``n`` pairs of the edits ``ops`` (best first), each ``("pair", edit, edit)``: applied in turn."""
+    out = []
+    for a in range(len(ops)):
+        for b in range(a + 1, len(ops)):
+            if len(out) >= n:
+                return out
+            out.append(("pair", ops[a], ops[b]))
+    return out
+
+
+def _kind(op: tuple) -> str:
+    return op[0]
+
+
+def _apply_all(ids: list[int], op: tuple) -> list[int]:
+    """``ids`` with one edit, or with the edits of a ``("pair" | "merged", edit, edit, ...)`` applied in turn."""
+    if op[0] not in ("pair", "merged"):
+        return apply(ids, op)
+    for o in op[1:]:
+        ids = apply(ids, o)
+    return ids
 
 
 def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOptions, forwards: int,
@@ -129,8 +211,35 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
     obj, d = searcher.objective(cur[None], target)
     cur_obj, cur_d = float(obj[0]), float(d[0])
     used, steps, stale, runner = 1, 0, 0, math.inf
-    accepted = {"swap": 0, "move": 0, "insert_delete": 0}
-    T = len(cur)
+    accepted = {"swap": 0, "move": 0, "exchange": 0, "reverse": 0, "insert_delete": 0, "pair": 0,
+                "merged": 0}
+    T, table = len(cur), {}
+
+    def verify(ops: list[tuple]):
+        """The edits' distinct new sequences, verified: (ops, (B, T) ids, objectives, distances) or None."""
+        nonlocal used
+        base = cur.tolist()
+        seen, keep, seqs = {tuple(base)}, [], []
+        for op in ops:
+            c = _apply_all(base, op)
+            key = tuple(c)
+            if key not in seen:
+                seen.add(key)
+                keep.append(op), seqs.append(c)
+        keep, seqs = keep[: forwards - used], seqs[: forwards - used]
+        if not keep:
+            return None
+        batch = torch.tensor(seqs)  # (B, T)
+        if opt.screen and len(keep) > 2 * opt.screen and hasattr(searcher, "rough"):
+            # ranked in bfloat16, the nearest verified in float32: only verified ones are kept below
+            rough = searcher.rough(batch, target)  # (B,)
+            near = rough.argsort()[: opt.screen]
+            keep, batch = [keep[i] for i in near.tolist()], batch[near]
+            used += len(rough) - len(keep)  # the screen's forwards; the verified ones are counted below
+        o, dist = searcher.objective(batch, target)  # (B,), (B,)
+        used += len(keep)
+        return keep, batch, o, dist
+
     while used < forwards and cur_d > opt.tol and stale < opt.patience and time.perf_counter() < deadline:
         b = min(opt.batch_size, forwards - used)
         scores = searcher.scores(cur, target)  # (T, V)
@@ -138,31 +247,52 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
         k = min(opt.topk, scores.shape[1] - 1)
         sv, top = scores.topk(k, dim=1, largest=False)  # (T, k) each
         order = sv.flatten().argsort()  # best-ranked swaps over all positions first
+        n_table = 0
+        if opt.table_topk and hasattr(searcher, "table_scores"):
+            # half the swaps ranked by the token table instead: missing content words, wherever they go
+            ts = searcher.table_scores(cur, target)  # (T, V)
+            ts[torch.arange(T), cur] = math.inf
+            tv, ttop = ts.topk(min(opt.table_topk, ts.shape[1] - 1), dim=1, largest=False)
+            n_table = (b - int(b * opt.move_share) - int(b * opt.insert_share)) // 2
         n_move = int(b * opt.move_share) if T > 1 else 0
         n_ins = int(b * opt.insert_share) if T > 1 else 0
-        moves, insdels = _moves(cur, n_move, gen), _insdels(cur, top, n_ins, gen)
-        swaps = _swaps(cur, top, order, b - len(moves) - len(insdels), gen)
-        cands = swaps + moves + insdels
-        kinds = ["swap"] * len(swaps) + ["move"] * len(moves) + ["insert_delete"] * len(insdels)
-        seen, keep = {tuple(cur.tolist())}, []
-        for c, kind in zip(cands, kinds):
-            key = tuple(c.tolist())
-            if key not in seen:
-                seen.add(key)
-                keep.append((c, kind))
-        if not keep:
+        orders, insdels = _orders(T, n_move, gen, table), _insdels(T, top, n_ins, gen)
+        ops = _swaps(top, order, b - len(orders) - len(insdels) - n_table, gen) + orders + insdels
+        if n_table:
+            ops += _swaps(ttop, tv.flatten().argsort(), n_table, gen)
+        got = verify(ops)
+        if got is None:
             stale += 1
             continue
-        batch = torch.stack([c for c, _ in keep])  # (B, T)
-        o, dist = searcher.objective(batch, target)  # (B,), (B,)
-        used += len(keep)
+        keep, batch, o, dist = got
         steps += 1
         best = int(o.argmin())
+        if opt.merge > 1 and float(o[best]) < cur_obj and used < forwards:
+            # the improving swaps at different positions, the best 2, 3, ... of them at once (each verified)
+            better = [keep[i] for i in o.argsort().tolist() if float(o[i]) < cur_obj and keep[i][0] == "swap"]
+            chosen, at = [], set()
+            for op in better:
+                if op[1] not in at:
+                    chosen.append(op), at.add(op[1])
+            merged = [("merged", *chosen[:m]) for m in range(2, min(len(chosen), opt.merge) + 1)]
+            more = verify(merged)
+            if more is not None:
+                keep, batch = keep + more[0], torch.cat([batch, more[1]])
+                o, dist = torch.cat([o, more[2]]), torch.cat([dist, more[3]])
+                best = int(o.argmin())
+        if float(o[best]) >= cur_obj and opt.pair_top > 1 and used < forwards and time.perf_counter() < deadline:
+            # no single edit lowers it: the best single edits two at a time (word order and a word together)
+            runner = min(runner, float(dist.min()))
+            ranked = [keep[i] for i in o.argsort()[: opt.pair_top].tolist()]
+            paired = verify(_pairs(ranked, b))
+            if paired is not None:
+                keep, batch, o, dist = paired
+                best = int(o.argmin())
         if float(o[best]) < cur_obj:
             runner = min(runner, cur_d, float(torch.cat([dist[:best], dist[best + 1:]]).min()) if len(keep) > 1
                          else cur_d)
             cur, cur_obj, cur_d = batch[best].clone(), float(o[best]), float(dist[best])
-            accepted[keep[best][1]] += 1
+            accepted[_kind(keep[best])] += 1
             stale = 0
         else:
             runner = min(runner, float(dist.min()))

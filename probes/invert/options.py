@@ -148,6 +148,8 @@ class PooledOptions:
     """Proposal texts kept after each step (the nearest to the target)."""
     branch: int = _opt(16, least=1)
     """Next tokens the proposer offers per beam and step."""
+    propose_share: float = _opt(0.25, least=0.0)
+    """Most share of the budget's time the proposal may take (the rest goes to the correction)."""
     bow_weight: float = _opt(0.0, least=0.0)
     """Bias of the proposals toward the tokens the target's first-order scores favour (0: off)."""
     batch_size: int = _opt(128, least=1)
@@ -155,14 +157,29 @@ class PooledOptions:
     topk: int = _opt(32, least=1)
     """Tokens kept per position from the gradient ranking (for swaps and insertions)."""
     move_share: float = _opt(0.25, least=0.0)
-    """Share of each batch of edits spent on moving a token to another position (word order)."""
+    """Share of each batch of edits spent on word order: moves of a block of 1-3 tokens to another place, exchanges
+    of two tokens, reversals of a short span."""
     insert_share: float = _opt(0.25, least=0.0)
     """Share of each batch of edits spent on an insertion at one position and a deletion at another."""
+    merge: int = _opt(8, least=0)
+    """After each step, its best 2, 3, ... up to this many improving swaps at different positions are verified
+    together too, and kept when nearer than the best single edit (0: off)."""
+    table_topk: int = _opt(16, least=0, shown="16; causal models: 0")
+    """Tokens kept per position from a second ranking, by every token's pooled state alone (computed once per run):
+    the change of the state a swap would make estimated from the two tokens' states; half the swaps come from it
+    (0: off, the gradient's ranking alone)."""
+    screen: int = _opt(16, least=0)
+    """Rank each batch of edits through a bfloat16 copy of the model (about twice as fast on CPUs with native bf16)
+    and verify only the nearest this many in float32 (0: verify every edit)."""
+    pair_top: int = _opt(12, least=0)
+    """After a step in which no single edit lowers the distance, the best this many single edits are combined two
+    at a time and each pair verified (0: off)."""
     patience: int = _opt(6, least=1)
     """Steps without a fall of the objective after which a correction round ends (the best is perturbed and
     corrected again while the budget lasts)."""
     perturb: int = _opt(3, least=0)
-    """Random edits applied to the best sequence before each further correction round."""
+    """Random edits applied to the best sequence before each further correction round; doubled after each round
+    that finds nothing nearer (up to 8 times, at most half the chunk)."""
     restarts: int = _opt(2, least=1)
     """--method swap: searches from different starts sharing the budget; the best is kept."""
     prior_weight: float = _opt(0.0, least=0.0)

@@ -148,7 +148,11 @@ def search_line(s: dict, prior: bool) -> str:
                 f"{'' if prior else ' (no prior: no readable next-token head)'}")
     prop = f", proposer {s['proposer']} ({s['beams']} beams x {s['branch']})" if s.get("proposer") else ""
     return (f"search: {s['method']}{prop}, {budget} or {s['forwards']} forwards per chunk; edits of batch "
-            f"{s['batch_size']}, top-{s['topk']}, moves {s['move_share']:g}, insert/deletes {s['insert_share']:g}")
+            f"{s['batch_size']}, top-{s['topk']}, moves {s['move_share']:g}, insert/deletes {s['insert_share']:g}"
+            + (f", table top-{s['table_topk']}" if s.get("table_topk") else "")
+            + (f", pairs of the best {s['pair_top']}" if s.get("pair_top", 0) > 1 else "")
+            + (f", merges of up to {s['merge']}" if s.get("merge", 0) > 1 else "")
+            + (f", bf16 screen keeping {s['screen']}" if s.get("screen") else ""))
 
 
 def pooled_summary(rep: PooledReport) -> list[str]:
@@ -176,4 +180,10 @@ def pooled_summary(rep: PooledReport) -> list[str]:
         f"({t['seconds_per_chunk'].value * rate:.0f} GFLOP-equivalents at the {rate:.0f} GFLOP/s fp32 matmul rate "
         "measured in this run; the control's search not counted)",
     ]
+    if s.get("token_table_seconds"):
+        n = len(rep.chunks) * (2 if control else 1)
+        g = s["token_table_seconds"] * rate
+        lines.append(f"token table (every token's pooled state alone, once for the run): "
+                     f"{s['token_table_seconds']:.1f} s ({g:.0f} GFLOP-equivalents; {g / n:.0f} per search over the "
+                     f"run's {n} searches)")
     return lines

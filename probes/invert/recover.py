@@ -60,7 +60,7 @@ class Recoverer:
 
     def __init__(self, searcher, correct_opt: CorrectOptions, proposer=None, method: str = "propose-correct",
                  seconds: float = math.inf, forwards: int = 10**9, perturb_edits: int = 3,
-                 pad_id: int | None = None, propose_share: float = 0.5):
+                 pad_id: int | None = None, propose_share: float = 0.25):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.s, self.copt, self.proposer, self.method = searcher, correct_opt, proposer, method
@@ -96,7 +96,7 @@ class Recoverer:
         obj, d = self.s.objective(cur[None], target)
         used += 1
         best, best_obj, best_d, start_d = cur, float(obj[0]), float(d[0]), float(d[0])
-        runner, steps, rounds, accepted = math.inf, 0, 0, {}
+        runner, steps, rounds, accepted, fails = math.inf, 0, 0, {}, 0
         if self.method != "propose":
             while used < self.forwards and best_d > self.copt.tol and time.perf_counter() < deadline:
                 r = correct(self.s, cur, target, self.copt, self.forwards - used, deadline, gen)
@@ -106,8 +106,12 @@ class Recoverer:
                 if r.objective < best_obj:
                     runner = min(runner, best_d if rounds > 1 else math.inf, r.runner_up)
                     best, best_obj, best_d = torch.tensor(r.ids), r.objective, r.distance
+                    fails = 0
                 else:
                     runner = min(runner, r.distance if r.ids != best.tolist() else r.runner_up)
-                cur = perturb(best, self.perturb_edits, self.s.reader.vocab_size, gen)
+                    fails += 1
+                # a round that found nothing nearer: the next kick is twice as large (up to 8 times, half the chunk)
+                n = min(self.perturb_edits * 2 ** min(fails, 3), max(length // 2, self.perturb_edits))
+                cur = perturb(best, n, self.s.reader.vocab_size, gen)
         return RecoverResult(best.tolist(), best_d, start_d, used, time.perf_counter() - began, steps, runner,
                              text, rounds, accepted)

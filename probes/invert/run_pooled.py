@@ -4,6 +4,7 @@ state, and the same search from the next chunk's pooled state (the control, scor
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, replace
 
 import torch
@@ -33,7 +34,8 @@ class PooledRun:
             raise ModelError(f"--prior-weight needs a causal model whose next-token head can be read; {name} is "
                              f"{'causal without tied output embeddings' if self.causal else 'bidirectional'}: use "
                              "--prior-weight 0")
-        self.search_opts = replace(opts.pooled, init=opts.pooled.init if head is not None else "random")
+        self.search_opts = replace(opts.pooled, init=opts.pooled.init if head is not None else "random",
+                                   table_topk=0 if self.causal else opts.pooled.table_topk)
         self.head = head
         self.searcher = PooledSearcher(reader, states, self.search_opts, head, self.prefix, self.suffix)
         self.target_of = PooledSearcher(src_reader, states, self.search_opts, None, self.prefix, self.suffix)
@@ -90,11 +92,17 @@ class PooledRun:
         if o.method == "swap":
             self.searcher.opt = replace(self.search_opts, seconds=self.budget_s)
             return
-        copt = CorrectOptions.of(o)
+        copt = CorrectOptions.of(self.search_opts)
+        self.table_s = 0.0
+        if copt.table_topk and o.method != "propose":  # every token's pooled state alone, once for the run
+            began = time.perf_counter()
+            self.searcher.token_table()
+            self.table_s = time.perf_counter() - began
         tok = self.enc.tokenizer
         pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
         self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
-                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad)
+                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad,
+                                   propose_share=o.propose_share)
 
     def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
         seed = self.opts.text.seed + i
@@ -110,7 +118,8 @@ class PooledRun:
 
     def report(self, results: list, common: dict):
         common = dict(common, text=common["text"] | {"suffix": self.suffix})
-        extra = {"causal": self.causal, "proposer": self.proposer_name, "budget_seconds": self.budget_s}
+        extra = {"causal": self.causal, "proposer": self.proposer_name, "budget_seconds": self.budget_s,
+                 "token_table_seconds": getattr(self, "table_s", 0.0)}
         return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)
 
