@@ -61,3 +61,9 @@ def test_lockstep_with_the_secant_order_recovers_chunks_and_reports_its_rank():
     got_off = Lockstep(reader, off).group(states[:1], [0], seqs[:1])
     assert [p.token for p in got_off[0]] == seqs[0]
     assert all(p.secant_rank is None for ps in got_off for p in ps)
+
+
+def test_rows_that_do_not_vary_give_no_order():
+    table, _ = _table()
+    xs = table[[5] * 40]  # one row, forty times: no map can be fitted
+    assert secant_scores(table, xs, torch.randn(40, 20), torch.randn(20)) is None

@@ -166,10 +166,13 @@ class Lockstep:
             if not o.secant or n < o.secant_after or (s.secant_scores is not None and n < SECANT_REFIT * s.secant_n):
                 continue
             s.trim()  # the nearest SECANT_KEEP pairs, kept for later fits too
-            s.secant_scores = secant_scores(self.table, self.table[s.xs[0]], s.hs[0], s.target)
+            fit = secant_scores(self.table, self.table[s.xs[0].to(self.table.device)], s.hs[0], s.target)
+            s.secant_n = n
+            if fit is None:  # no map to fit (rows that do not vary): the other orders go on alone
+                continue
+            s.secant_scores = fit
             if s.true is not None and s.secant_rank is None:
                 s.secant_rank = rank_of(s.secant_scores, s.true)
-            s.secant_n = n
 
     def _scores(self, cache, rows: torch.Tensor, e0: torch.Tensor, targets: torch.Tensor):
         """First-order scores ``(m, V)`` of every token for the group's ``rows`` ``(m,)`` (a row may come twice),
