@@ -65,6 +65,7 @@ def test_defaults_are_written_once():
 @pytest.mark.parametrize("section, name, text, says", [
     ("pooled", "seconds", "nan", "finite"), ("positions", "tol", "inf", "finite"), ("text", "seed", "-1", ">= 0"),
     ("text", "chunk_by", "lines", "takes words or tokens"), ("positions", "budget", "1.5", "an integer"),
+    ("pooled", "propose_share", "1.5", "<= 1"), ("positions", "secant_after", "1", ">= 2"),
 ])
 def test_bad_values_refused(section, name, text, says):
     from memlab.errors import ConfigError

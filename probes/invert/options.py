@@ -5,7 +5,8 @@ every flag while the arguments are read, before torch is imported, and hands the
 :func:`memlab.probes.invert.run.run_invert`. The searches take their own section (:class:`PositionsOptions`,
 :class:`PooledOptions`); a flag of the search that was not chosen is refused in one line.
 
-A field's ``metadata`` carries what its flag needs beyond its type: ``least`` (the smallest value taken),
+A field's ``metadata`` carries what its flag needs beyond its type: ``least`` and ``most`` (the smallest and the
+largest value taken),
 ``inf`` (whether infinity is taken), ``choices`` (the words taken), ``flag`` (a flag name other than the field's),
 ``required``/``shown`` (how the docs and ``--help`` show its default).
 """
@@ -23,8 +24,8 @@ POOLED = ("last", "mean")
 """The ``--states`` read by the pooled search."""
 
 
-def _opt(default, *, least=None, inf=False, choices=None, flag=None, shown=None):
-    meta = {"least": least, "inf": inf, "choices": choices, "flag": flag, "shown": shown}
+def _opt(default, *, least=None, most=None, inf=False, choices=None, flag=None, shown=None):
+    meta = {"least": least, "most": most, "inf": inf, "choices": choices, "flag": flag, "shown": shown}
     return field(default=default, metadata={k: v for k, v in meta.items() if v is not None and v is not False})
 
 
@@ -148,7 +149,7 @@ class PooledOptions:
     """Proposal texts kept after each step (the nearest to the target)."""
     branch: int = _opt(16, least=1)
     """Next tokens the proposer offers per beam and step."""
-    propose_share: float = _opt(0.25, least=0.0)
+    propose_share: float = _opt(0.25, least=0.0, most=1.0)
     """Most share of the budget's time the proposal may take (the rest goes to the correction)."""
     bow_weight: float = _opt(0.0, least=0.0)
     """Bias of the proposals toward the tokens the target's first-order scores favour (0: off)."""
@@ -295,4 +296,6 @@ def parse_value(section: str, name: str, text: str):
         return text
     if meta.get("least") is not None and value < meta["least"]:
         raise ConfigError(f"{flag} must be >= {meta['least']:g}, got {text}")
+    if meta.get("most") is not None and value > meta["most"]:
+        raise ConfigError(f"{flag} must be <= {meta['most']:g}, got {text}")
     return value
