@@ -208,12 +208,18 @@ def test_table_scores_are_the_estimate_they_define(encoder):
     assert got.shape == (T, V) and torch.all(got <= r.pow(2).sum() + 1e-5)  # never worse than no change
 
 
-def test_screened_correction_reports_float32_distances(encoder):
-    """With the bfloat16 screen the verified distances are float32's, and the budget counts the screen."""
+@pytest.mark.parametrize("bf16", [True, False])
+def test_screened_correction_reports_float32_distances(encoder, bf16):
+    """With the bfloat16 screen the verified distances are float32's, and the budget counts the screen; where
+    bf16 is not native the screen is skipped and every edit verified (both sides forced)."""
+    from memlab.devices import pretend
+
     true = chunks(1, 9)[0]
     z = encoder.pooled(true[None])[0]
     start = chunks(1, 10)[0]
-    got = correct(encoder, start, z, CorrectOptions(batch_size=64, screen=8), forwards=1500)
+    with pretend(bf16=bf16):
+        assert encoder.screens == bf16
+        got = correct(encoder, start, z, CorrectOptions(batch_size=64, screen=8), forwards=1500)
     zz = encoder.pooled(torch.tensor([got.ids]))[0]
     assert abs(float((zz - z).norm() / z.norm()) - got.distance) < 1e-6
     assert got.forwards <= 1500 and got.distance < float((encoder.pooled(start[None])[0] - z).norm() / z.norm())

@@ -230,7 +230,7 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
         if not keep:
             return None
         batch = torch.tensor(seqs)  # (B, T)
-        if opt.screen and len(keep) > 2 * opt.screen and hasattr(searcher, "rough"):
+        if opt.screen and len(keep) > 2 * opt.screen and getattr(searcher, "screens", False):
             # ranked in bfloat16, the nearest verified in float32: only verified ones are kept below
             rough = searcher.rough(batch, target)  # (B,)
             near = rough.argsort()[: opt.screen]

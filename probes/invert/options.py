@@ -171,7 +171,7 @@ class PooledOptions:
     (0: off, the gradient's ranking alone)."""
     screen: int = _opt(16, least=0)
     """Rank each batch of edits through a bfloat16 copy of the model (about twice as fast on CPUs with native bf16)
-    and verify only the nearest this many in float32 (0: verify every edit)."""
+    and verify only the nearest this many in float32 (0, or a device without native bf16: verify every edit)."""
     pair_top: int = _opt(12, least=0)
     """After a step in which no single edit lowers the distance, the best this many single edits are combined two
     at a time and each pair verified (0: off)."""

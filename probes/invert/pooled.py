@@ -155,6 +155,14 @@ class PooledSearcher:
         cur = r.embedding[ids.to(r.device)].float()  # (T, D_e)
         return (g @ r.embedding.float().T - (g * cur).sum(-1, keepdim=True)).cpu()  # (T, V)
 
+    @property
+    def screens(self) -> bool:
+        """Whether :meth:`rough` pays: the device multiplies bfloat16 natively (:func:`memlab.devices.native_bf16`;
+        emulated bf16 is slower than the float32 it would screen for)."""
+        from memlab.devices import native_bf16
+
+        return native_bf16(self.reader.device)
+
     @torch.no_grad()
     def rough(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The relative squared distance ``(B,)`` of chunks ``(B, T)`` read through a bfloat16 copy of the model
