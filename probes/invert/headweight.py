@@ -10,7 +10,6 @@ not in a local folder gives None.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -32,19 +31,11 @@ def output_embeddings(spec: str, vocab_size: int | None = None) -> torch.Tensor 
 
 
 def _from_folder(folder: Path) -> torch.Tensor | None:
-    if not folder.is_dir():
-        return None
     from safetensors import safe_open
 
-    files = sorted(folder.glob("*.safetensors"))
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():  # sharded: the index says which file holds it
-        names = json.loads(index.read_text()).get("weight_map", {})
-        for key in HEAD_KEYS:
-            if key in names:
-                files = [folder / names[key]]
-                break
-    for f in files:
+    from memlab.loading import safetensors_files
+
+    for f in safetensors_files(folder):  # empty for a hub name or .bin weights
         with safe_open(str(f), framework="pt") as st:
             keys = set(st.keys())
             for key in HEAD_KEYS:
