@@ -85,10 +85,9 @@ def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
     opts = LockstepOptions(first_batch=args.first_batch, batch_size=args.batch_size, budget=args.budget,
                            prior=not args.no_prior, chunk_batch=args.chunk_batch, exhaustive_batch=512,
                            secant=not args.no_secant, secant_after=args.secant_after)
-    from memlab.probes.invert.headweight import output_embeddings
-    from memlab.probes.invert.ranking import NextTokenHead
+    from memlab.probes.invert.headweight import own_head
 
-    own = None if args.no_prior or NextTokenHead.tied(reader) else output_embeddings(args.model, reader.vocab_size)
+    own = None if args.no_prior else own_head(args.model, reader)
     search = Lockstep(reader, opts, head_weight=own)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -30,6 +30,14 @@ def output_embeddings(spec: str, vocab_size: int | None = None) -> torch.Tensor 
     return w[:vocab_size] if vocab_size is not None else w
 
 
+def own_head(spec: str, reader) -> torch.Tensor | None:
+    """The output embeddings of ``spec``'s model for the prior where they are its own: None where they are tied to
+    the input table that ``reader`` (a :class:`~memlab.probes.invert.states.LayerReader`) holds, or not local."""
+    from memlab.probes.invert.ranking import NextTokenHead
+
+    return None if NextTokenHead.tied(reader) else output_embeddings(spec, reader.vocab_size)
+
+
 def _from_folder(folder: Path) -> torch.Tensor | None:
     from safetensors import safe_open
 

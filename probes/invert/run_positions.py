@@ -9,9 +9,9 @@ import hashlib
 import torch
 
 from memlab.errors import ModelError
+from memlab.probes.invert.headweight import own_head
 from memlab.probes.invert.lockstep import Lockstep
 from memlab.probes.invert.positions import Searcher
-from memlab.probes.invert.ranking import NextTokenHead
 from memlab.probes.invert.report import build_report, chunk_result, summary_lines
 from memlab.probes.invert.setup import is_causal, states_source
 from memlab.probes.invert.states import LayerReader
@@ -97,11 +97,7 @@ class PositionsRun:
         self.opts, self.enc, self.reader = opts, enc, reader
         check_applies(reader, enc.prefix + chunks[0], opts.model.model)
         self.src, self.src_reader = states_source(opts.model, enc, reader, device)
-        own = None
-        if opts.positions.prior and not NextTokenHead.tied(reader):
-            from memlab.probes.invert.headweight import output_embeddings
-
-            own = output_embeddings(opts.model.model, reader.vocab_size)
+        own = own_head(opts.model.model, reader) if opts.positions.prior else None
         self.lockstep = Lockstep(reader, opts.positions, head_weight=own)
         self.searcher = self.lockstep.first
         self.gen = torch.Generator().manual_seed(opts.text.seed)
