@@ -148,3 +148,32 @@ def test_a_row_that_cannot_pass_here_is_not_run_and_says_where_it_runs(tmp_path,
     asked = run_quickstart(out=tmp_path / "qs2", fast=True, entries=entries, only=["far"])
     assert [r["name"] for r in asked["rows"]] == ["far"] and "not_run" not in asked["rows"][0]
     assert (tmp_path / "qs2" / "entries" / "far" / "report.json").is_file()
+
+
+def test_invert_adds_each_vector_read_with_its_weights(tmp_path, capsys):
+    """--invert N: each entry that names a model memlab invert loads is also inverted from its vector (the pooled
+    search) on the first N held-out chunks, beside its control; an entry that cannot be says why in its row."""
+    entries = [e for e in default_entries() if e.name in ("token_lm", "random_init")]
+    summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries, invert=2, invert_gflops=5)
+    inv = {r["name"]: r for r in summary["inversion"]}
+    assert inv["random_init"]["why"].startswith("random weights")
+    lm = inv["token_lm"]
+    assert lm["states"] == "last" and lm["chunks"] == 2 and lm["gflops_per_chunk"] > 0
+    for key in ("token_f1", "control_token_f1", "token_accuracy", "exact_match", "certified"):
+        r = lm["readings"][key]
+        assert 0 <= r["low"] <= r["value"] <= r["high"] <= 1
+    rep = json.loads((tmp_path / "qs" / "entries" / "token_lm" / "invert" / "report.json").read_text())
+    assert rep["states"] == "last" and len(rep["chunks"]) == 2 and rep["search"]["gflops"] == 5
+    # the chunks the inversion reads are the probe's held-out chunks (its first two, uncapped)
+    probe = json.loads((tmp_path / "qs" / "entries" / "token_lm" / "report.json").read_text())
+    assert rep["text"]["seq_len"] == probe["seq_len"] == summary["options"]["seq_len"]
+    assert rep["text"]["n_eval"] == probe["n_eval"] and rep["text"]["corpus"] == "austen"
+    table = (tmp_path / "qs" / "invert.md").read_text()
+    assert "| token_lm | last | 2 |" in table and "| random_init | not inverted: random weights" in table
+    assert "From each vector itself" in capsys.readouterr().out
+
+
+def test_invert_flag_is_checked_before_any_work(tmp_path):
+    assert main(["quickstart", "--fast", "--invert", "-1", "--out", str(tmp_path / "qs")]) == 2
+    assert main(["quickstart", "--fast", "--invert", "1", "--invert-gflops", "0", "--out", str(tmp_path / "q2")]) == 2
+    assert not (tmp_path / "qs").exists() and not (tmp_path / "q2").exists()

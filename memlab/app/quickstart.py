@@ -83,6 +83,10 @@ class Context:
     seq_len: int = 32
     device: str = "cpu"
     """Where the entries' encoders run: the device their probes resolved (``auto``: the best one present)."""
+    invert: int = 0
+    """Chunks each entry's vector is also inverted on (``memlab invert``; 0: none)."""
+    invert_gflops: float = 2000.0
+    """The inversion's budget per chunk, in GFLOP-equivalents."""
 
 
 @dataclass
@@ -100,6 +104,9 @@ class Entry:
     elsewhere: str | None = None
     """Set for a row that cannot pass at any budget the quickstart can give it: a default run does not run it and
     says where it runs instead (``--only NAME`` still runs it here)."""
+    invert: tuple[Callable[[Context], str], str] | str | None = None
+    """How ``--invert`` reads the same vector with the weights in the loop: (the model ``memlab invert`` loads, its
+    ``--states``), or the reason it cannot (None: not asked of this entry)."""
 
 
 def _train(config: str, out: Path, overrides: list[str]) -> Path:
@@ -202,16 +209,22 @@ def bag_budget(base: dict) -> dict:
     return dict(sequence=False, n_train=4 * int(base["n_train"]))
 
 
+RANDOM_NOT_INVERTED = "random weights drawn for the probe: no saved model for memlab invert to load"
+
+
 def default_entries() -> list[Entry]:
     return [
         Entry("memory_ae", "memory vector (all K flattened)", _hf(_memory_ae_spec), _needs_memory),
-        Entry("token_lm", "last token, last layer", _hf(lambda c: str(_token_lm_dir(c)), pool="last")),
+        Entry("token_lm", "last token, last layer", _hf(lambda c: str(_token_lm_dir(c)), pool="last"),
+              invert=(lambda c: str(_token_lm_dir(c)), "last")),
         Entry("random_init", "token_lm shape, random weights, last token",
-              _hf(lambda c: str(_token_lm_dir(c)), pool="last", random_init=True)),
-        Entry("minilm", "mean over tokens, last layer", _hf(lambda c: "minilm", pool="mean"), _needs("minilm")),
-        Entry("smollm2", "last token, last layer", _hf(lambda c: "smollm2", pool="last"), _needs("smollm2")),
+              _hf(lambda c: str(_token_lm_dir(c)), pool="last", random_init=True), invert=RANDOM_NOT_INVERTED),
+        Entry("minilm", "mean over tokens, last layer", _hf(lambda c: "minilm", pool="mean"), _needs("minilm"),
+              invert=(lambda c: "minilm", "mean")),
+        Entry("smollm2", "last token, last layer", _hf(lambda c: "smollm2", pool="last"), _needs("smollm2"),
+              invert=(lambda c: "smollm2", "last")),
         Entry("minilm_random", "MiniLM shape, random weights, mean over tokens",
-              _hf(lambda c: "minilm", pool="mean", random_init=True), _needs("minilm")),
+              _hf(lambda c: "minilm", pool="mean", random_init=True), _needs("minilm"), invert=RANDOM_NOT_INVERTED),
         Entry("synthetic:concat", "calibration: token codes concatenated (all kept)", _synthetic("concat"),
               options=concat_budget),
         Entry("synthetic:bag", "calibration: mean of token codes (set kept, order lost)", _synthetic("bag"),
@@ -269,6 +282,54 @@ def _row(e: Entry, rep, seconds: float) -> dict:
             "mean_tokens": rep.text.mean_tokens, "rendering": rep.text.target_rendering}  # the bits' text
 
 
+INVERT_COLUMNS = (("token-set F1", "token_f1", "control_token_f1"),
+                  ("token acc", "token_accuracy", "control_token_accuracy"),
+                  ("exact", "exact_match", "control_exact_match"))
+"""The inversion table's readings: (header, reading, the control's reading)."""
+
+
+def invert_entry(e: Entry, ctx: Context, probe_opts, n: int, gflops: float, out: Path) -> dict:
+    """``memlab invert`` of the entry's vector on the first ``n`` of the probe's held-out chunks (the same texts,
+    uncapped), ``gflops`` GFLOP-equivalents per chunk, beside its control: the inversion's row (or why none)."""
+    if not isinstance(e.invert, tuple):
+        return {"name": e.name, "why": e.invert or "no model memlab invert loads"}
+    from memlab.probes.invert.options import InvertOptions, ModelOptions, OutputOptions, PooledOptions, TextOptions
+    from memlab.probes.invert.run import run_invert
+
+    spec, states = e.invert
+    seq_len = probe_opts.seq_len if isinstance(probe_opts.seq_len, int) else probe_opts.seq_len[0]
+    opts = InvertOptions(
+        model=ModelOptions(model=spec(ctx), layer=-1, states=states, device=ctx.device),
+        text=TextOptions(seq_len=seq_len, chunk_by=probe_opts.chunk_by, n=n, n_eval=probe_opts.n_eval,
+                         corpus=probe_opts.corpus, eval_split=probe_opts.eval_split, seed=probe_opts.seed),
+        pooled=PooledOptions(gflops=gflops), output=OutputOptions(out=str(out)))
+    report, _ = run_invert(opts, out)
+    t, rate = report.totals, report.machine["matmul_gflops"]
+    return {"name": e.name, "states": states, "chunks": len(report.chunks), "run": str(out),
+            "readings": {k: t[k].to_dict() for k in [c for col in INVERT_COLUMNS for c in col[1:]] + ["certified",
+                                                                                                     "distance"]},
+            "gflops_per_chunk": t["seconds_per_chunk"].value * rate, "matmul_gflops": rate}
+
+
+def format_invert_table(rows: list[dict], gflops: float) -> str:
+    """The inversion's readings per entry: each with its interval, the control's beside it."""
+    head = ["model", "states", "chunks"] + [f"{h} ({'control'})" for h, _, _ in INVERT_COLUMNS] + [
+        "certified", "relative distance", "GFLOP-eq per chunk"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "why" in r:
+            lines.append(f"| {r['name']} | not inverted: {r['why']} |" + " |" * (len(head) - 2))
+            continue
+        g = r["readings"]
+        cells = [f"{cell(g[k], False, 3)} ({g[c]['value']:.3f})" for _, k, c in INVERT_COLUMNS]
+        lines.append("| " + " | ".join([r["name"], r["states"], str(r["chunks"]), *cells,
+                                        f"{g['certified']['value']:.2f}", cell(g["distance"], False, 3),
+                                        f"{r['gflops_per_chunk']:,.0f}"]) + " |")
+    return "\n".join(lines) + (f"\n\nInverted with the weights in the loop (`memlab invert --states STATES --layer -1 "
+                               f"--gflops {gflops:g}`), on the first chunks the probes read; control: the same "
+                               "search from the next chunk's vector, scored against the true chunk.")
+
+
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
     """Token accuracy per model (probe and control), and accuracy by position."""
     plt = pyplot()
@@ -294,8 +355,13 @@ def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
 
 def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: list[str] | None = None,
                    skip: list[str] | None = None, fast: bool = False, progress: bool | None = None,
-                   entries: list[Entry] | None = None, overrides: list[str] | None = None) -> dict:
+                   entries: list[Entry] | None = None, overrides: list[str] | None = None, invert: int = 0,
+                   invert_gflops: float = 2000.0) -> dict:
     """Probe every entry on the same held-out text; print the table; write table.md, summary.json and a plot.
+
+    ``invert > 0``: also invert each entry's vector with its weights in the loop (``memlab invert``, the pooled
+    search) on the first ``invert`` of the same held-out chunks, ``invert_gflops`` GFLOP-equivalents per chunk, and
+    add that table (:func:`invert_entry`).
 
     ``overrides``: ``key=value`` changes of the probe options (ProbeOptions fields) for every entry. The run
     directory is new or empty (:class:`memlab.outdir.OutputFolder`): a quickstart that fails removes what it made.
@@ -313,8 +379,11 @@ def run_quickstart(out: str | Path | None = None, retrain: bool = False, only: l
         own = e.options(base) if callable(e.options) else (e.options or {})
         return apply_overrides({**defaults, **own}, list(overrides or []))
 
+    if invert < 0 or not invert_gflops > 0:
+        raise MemlabError(f"--invert takes a number of chunks >= 0 and --invert-gflops a budget > 0, got {invert} "
+                          f"and {invert_gflops}")
     ctx = Context(run_dir=run_dir, retrain=retrain, fast=fast, progress=progress, notes=[],
-                  seq_len=int(base.get("seq_len", 32)))
+                  seq_len=int(base.get("seq_len", 32)), invert=invert, invert_gflops=invert_gflops)
     load_options(None, None, model="check", **base)  # unknown or invalid options fail before any work
     with OutputFolder.new(run_dir, "quickstart") as folder:
         return _probe_entries(entries, only, skip, base, budget, ctx, folder)
@@ -325,7 +394,7 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
     """The quickstart's work inside its claimed folder: probe each entry, then write table.md, the plot and
     summary.json."""
     run_dir, progress = folder.path, ctx.progress
-    rows, reports, controls = [], {}, {}
+    rows, reports, controls, inverted = [], {}, {}, []
     t0 = time.perf_counter()
     for e in entries:
         if (only and e.name not in only) or e.name in (skip or []):
@@ -360,6 +429,16 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
         line.done(f"{r['retention']}; {seq}{bow}" + (f" {r['calibration']}" if r["calibration"] else "")
                   + f" ({r['seconds']:.0f}s)")
         del encoder
+        if ctx.invert and e.invert is not None:
+            line = WorkLine(f"[{e.name}]", f"inverting {ctx.invert} chunks from the vector itself...")
+            inv = invert_entry(e, ctx, opts, ctx.invert, ctx.invert_gflops, run_dir / "entries" /
+                               e.name.replace(":", "-") / "invert")
+            inverted.append(inv)
+            g = inv.get("readings")
+            line.done(f"not inverted: {inv['why']}" if g is None else
+                      f"inverted: token-set F1 {g['token_f1']['value']:.3f} (control "
+                      f"{g['control_token_f1']['value']:.3f}), token accuracy {g['token_accuracy']['value']:.3f}, "
+                      f"exact {g['exact_match']['value']:.2f} ({inv['gflops_per_chunk']:,.0f} GFLOP-eq per chunk)")
     if not reports:
         raise MemlabError("no quickstart entry could run")
     table = format_table(rows)
@@ -377,12 +456,17 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
                                       f"embedding adds over the control, summed over a chunk's tokens; intervals: 95 % "
                                       f"paired bootstrap over held-out chunks. The text the bits count, as the targets render it: "
                                       f"{renders}.\nProbe options: {opts_line}.\n" + (f"\n{notes}\n" if notes else ""))
+    inv_table = format_invert_table(inverted, ctx.invert_gflops) if inverted else ""
+    if inv_table:
+        folder.write("invert.md", inv_table + "\n")
     plot = plot_comparison(rows, reports, run_dir / "quickstart.png")
     summary = {"rows": rows, "options": base, "notes": ctx.notes, "seconds": time.perf_counter() - t0,
-               "plot": str(plot)}
+               "plot": str(plot), "inversion": inverted}
     folder.write_json("summary.json", summary)
     print()
     print(table)
+    if inv_table:
+        print("\nFrom each vector itself, with the weights in the loop:\n\n" + inv_table)
     for n in ctx.notes:
         print(f"note: {n}")
     failed = [r["name"] for r in rows if r.get("calibration") == "failed"]

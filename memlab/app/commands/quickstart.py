@@ -21,6 +21,11 @@ def add_parser(sub) -> None:
     p.add_argument("--fast", action="store_true", help="a much smaller run (tests, smoke checks)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="change a probe option for every entry (ProbeOptions field, e.g. --set epochs=30); repeatable")
+    p.add_argument("--invert", type=int, default=0, metavar="N",
+                   help="also invert each entry's vector with its weights in the loop (memlab invert's pooled search) "
+                        "on the first N of the same held-out chunks, beside its control; an extra table (default 0: off)")
+    p.add_argument("--invert-gflops", type=float, default=2000.0, metavar="G",
+                   help="the inversion's budget per chunk in GFLOP-equivalents (default 2000)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--progress", action="store_true", default=None, help="progress bars even when not on a TTY")
     p.set_defaults(func=run)
@@ -36,5 +41,6 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
 
     run_quickstart(out=args.out, retrain=args.retrain, only=args.only, skip=args.skip, fast=args.fast,
-                   progress=args.progress, overrides=args.overrides)
+                   progress=args.progress, overrides=args.overrides,
+                   invert=args.invert, invert_gflops=args.invert_gflops)
     return 0
