@@ -13,8 +13,9 @@ Instruments (each drawn where given):
   ``--layer`` in this run (one model load, one first-position table, kept in ``--cache-dir``);
   ``--positions-from`` adds the lengths an earlier run of this benchmark measured (its lengths.json) that this run
   did not;
-* **last token, inversion**: the report.json of ``memlab invert --states last`` runs (``--last-runs``, one folder a
-  length, on the same chunks): the search's token accuracy and exact match, and its control's;
+* **last token and mean pool, inversion**: the report.json of ``memlab invert --states last`` and ``--states mean``
+  runs (``--last-runs``, ``--mean-runs``, one folder a length, on the same chunks): the search's token accuracy and
+  exact match, and its control's;
 * **trained probes**: ``--probe-table FILE:LINE`` (the markdown table after the line that starts with LINE, as
   ``memlab probe`` sweeps print them; label from ``--probe-table-label``) and ``--probe-sweep`` (a length sweep's
   curve.json; label from its pooling): teacher-forced and free-running token accuracy, their controls, and bits
@@ -88,7 +89,7 @@ def probe_sweep(path: str) -> tuple[dict[int, dict], str]:
     return out, str(options.get("pool") or data.get("pool") or "pooled")
 
 
-def last_runs(folders: list[str]) -> dict[int, dict]:
+def pooled_runs(folders: list[str]) -> dict[int, dict]:
     """``memlab invert --states last|mean`` run folders -> {length: the run's totals and facts}."""
     out = {}
     for folder in folders:
@@ -97,6 +98,8 @@ def last_runs(folders: list[str]) -> dict[int, dict]:
         out[int(rep["text"]["seq_len"])] = {
             "chunks": len(rep["chunks"]), "layer": rep["layer"], "states": rep["states"],
             "forwards": rep["search"]["forwards"], "machine": rep["machine"], "run": str(folder),
+            "method": rep["search"].get("method", "swap"), "gflops": rep["search"].get("gflops"),
+            "gflops_per_chunk": t["seconds_per_chunk"]["value"] * rep["machine"]["matmul_gflops"],
             **{k: t[k] for k in ("token_accuracy", "exact_match", "token_f1", "distance", "seconds_per_chunk",
                                  "control_token_accuracy", "control_exact_match", "control_token_f1")}}
     return out
@@ -158,18 +161,23 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
-    pos, last = res["positions"], res["last"]
+    pos = res["positions"]
     xs = sorted(int(k) for k in pos)
     _errorbar(ax, xs, [pos[str(x)]["totals"]["token_accuracy"] for x in xs], "-o",
               f"per-position states, inversion (layer {res.get('layer')})", "C0")
     _errorbar(ax, xs, [pos[str(x)]["totals"]["exact_match"] for x in xs], "--s", "  the same: exact match", "C0",
               1.04)
-    lx = sorted(int(k) for k in last)
-    if lx:
-        f = last[str(lx[0])]["forwards"]
-        _errorbar(ax, lx, [last[str(x)]["token_accuracy"] for x in lx], "-D",
-                  f"last token, inversion (layer {last[str(lx[0])]['layer']}, {f} forwards)", "C3")
-        _errorbar(ax, lx, [last[str(x)]["control_token_accuracy"] for x in lx], ":D", "  its control", "C3", 1.04)
+    lx = []
+    for key, color, shift in (("last", "C3", 1.04), ("mean", "C5", 1.08)):
+        runs = res.get(key) or {}
+        kx = sorted(int(k) for k in runs)
+        lx += kx
+        if kx:
+            first = runs[str(kx[0])]
+            _errorbar(ax, kx, [runs[str(x)]["token_accuracy"] for x in kx], "-D",
+                      f"{POOLED_LABEL[key]}, inversion (layer {first['layer']}, {_budget(first)})", color)
+            _errorbar(ax, kx, [runs[str(x)]["control_token_accuracy"] for x in kx], ":D", "  its control", color,
+                      shift)
     for i, (name, rows) in enumerate(res["probes"].items()):
         px = sorted(int(k) for k in rows)
         color = f"C{i + 1}" if i < 2 else f"C{i + 4}"
@@ -197,6 +205,18 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+POOLED_LABEL = {"last": "last token", "mean": "mean pool"}
+"""The pooled inversions drawn (``--last-runs``, ``--mean-runs``) and their labels."""
+
+
+def _budget(run: dict) -> str:
+    """A pooled inversion's budget as its runs set it: GFLOP-equivalents per chunk, or candidate forwards (the
+    earlier swap search's runs)."""
+    if run.get("method", "swap") != "swap" and run.get("gflops") is not None:
+        return f"{run['gflops']:,.0f} GFLOP-eq per chunk"
+    return f"{run['forwards']} forwards"
+
+
 def _fmt(c: dict | None, digits: int = 3) -> str:
     if not c:
         return "-"
@@ -213,17 +233,18 @@ def markdown(res: dict) -> str:
     head = ["length (tokens)", "instrument", "chunks", "free-running token accuracy", "control", "exact match",
             "teacher-forced token accuracy (control)", "bits per chunk"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lengths = sorted({int(k) for k in res["positions"]} | {int(k) for k in res["last"]}
+    lengths = sorted({int(k) for k in res["positions"]} | {int(k) for key in POOLED_LABEL for k in res.get(key, {})}
                      | {int(k) for r in res["probes"].values() for k in r})
     for n in lengths:
         if (p := res["positions"].get(str(n))) is not None:
             t = p["totals"]
             lines.append(f"| {n} | per-position states, inversion | {p['chunks']} | {_fmt(t['token_accuracy'])} | - | "
                          f"{_fmt(t['exact_match'], 2)} | - | - |")
-        if (q := res["last"].get(str(n))) is not None:
-            lines.append(f"| {n} | last token, inversion ({q['forwards']} forwards) | {q['chunks']} | "
-                         f"{_fmt(q['token_accuracy'])} | {_fmt(q['control_token_accuracy'])} | "
-                         f"{_fmt(q['exact_match'], 2)} | - | - |")
+        for key, label in POOLED_LABEL.items():
+            if (q := res.get(key, {}).get(str(n))) is not None:
+                lines.append(f"| {n} | {label}, inversion ({_budget(q)}) | {q['chunks']} | "
+                             f"{_fmt(q['token_accuracy'])} | {_fmt(q['control_token_accuracy'])} | "
+                             f"{_fmt(q['exact_match'], 2)} | - | - |")
         for name, rows in res["probes"].items():
             if (r := rows.get(str(n))) is None:
                 continue
@@ -244,6 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--positions-from", default=None, help="lengths.json of an earlier run: its other lengths")
     ap.add_argument("--last-runs", default="", help="memlab invert --states last run folders, comma-separated")
+    ap.add_argument("--mean-runs", default="", help="memlab invert --states mean run folders, comma-separated")
     ap.add_argument("--probe-table", default=None, help="FILE:LINE of a probe length sweep's markdown table")
     ap.add_argument("--probe-table-label", default="last token")
     ap.add_argument("--probe-table-chunks", type=int, default=200, help="held-out chunks behind --probe-table")
@@ -254,9 +276,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": " ".join(["python", "benchmarks/invert_lengths.py", *sys.argv[1:]]), "model": args.model,
-           "layer": None, "positions": {}, "last": {}, "probes": {}}
-    if args.last_runs:
-        res["last"] = {str(k): v for k, v in last_runs([f for f in args.last_runs.split(",") if f]).items()}
+           "layer": None, "positions": {}, "last": {}, "mean": {}, "probes": {}}
+    for key, folders in (("last", args.last_runs), ("mean", args.mean_runs)):
+        if folders:
+            res[key] = {str(k): v for k, v in pooled_runs([f for f in folders.split(",") if f]).items()}
     if args.probe_table:
         rows = probe_table(args.probe_table)
         res["probes"][args.probe_table_label] = {str(k): dict(v, n_eval=args.probe_table_chunks)
