@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
 
     from memlab.probes.invert.options import InvertOptions, PooledOptions
     from memlab.probes.invert.pooled import PooledSearcher
-    from memlab.probes.invert.setup import load, machine_facts, setup
+    from memlab.probes.invert.setup import machine_facts, setup
 
     torch.set_num_threads(args.threads)
     machine = machine_facts()
