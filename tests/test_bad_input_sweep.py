@@ -162,7 +162,7 @@ def test_every_typed_option_refuses_a_wrong_value_in_one_line(verb, flag, value,
 CASES = [  # (argv, phrase of the one line)
     (["invert", "--model", "m", "--layer", "1", "--seq-len", "0"], "--seq-len must be >= 2"),
     (["invert", "--model", "m", "--layer", "1", "--n", "x"], "--n takes an integer"),
-    (["invert", "--model", "m", "--layer", "1", "--states", "sum"], "--states takes positions, last or mean"),
+    (["invert", "--model", "m", "--layer", "1", "--states", "sum"], "--states takes positions, last, mean, first or second_last"),
     (["invert", "--model", "m"], "give --layer"),
     (["bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive integer"),
     (["bench", "--mfu-steps=-3"], "--mfu-steps: must be a positive integer"),

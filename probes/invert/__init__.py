@@ -13,7 +13,7 @@ import types
 def invert(model: str, layer: int, out=None, resume=None, **options):
     """Invert the probe's held-out chunks from ``model``'s states at ``layer`` into the run folder ``out`` (default
     ``runs/invert-MODEL-TIME``), as ``memlab invert`` does; returns the report (``InvertReport`` for
-    ``states="positions"``, ``PooledReport`` for ``last``/``mean``). ``options``: any option of
+    ``states="positions"``, ``PooledReport`` for a pooled one). ``options``: any option of
     :mod:`memlab.probes.invert.options` by its field name (``states="last"``, ``seq_len=8``, ``n=4``,
     ``budget=512``, ``prior=False``, ``threads=1``, ...; a name both searches have goes to the chosen one), checked
     as the command checks its flags. ``resume``: a stopped run's folder to continue (its own settings; only

@@ -16,12 +16,18 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-STATES = ("positions", "last", "mean")
+STATES = ("positions", "last", "mean", "first", "second_last")
 """What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
-pooled state per chunk (the last position's state, or the mean over positions)."""
+pooled state per chunk, as the trained probe's poolings read it (the last position's state, the mean over
+positions, the first position's state, the state before the last position)."""
 
-POOLED = ("last", "mean")
+POOLED = ("last", "mean", "first", "second_last")
 """The ``--states`` read by the pooled search."""
+
+
+def pooled_names() -> str:
+    """The pooled ``--states`` in words: ``last, mean, first or second_last``."""
+    return ", ".join(POOLED[:-1]) + " or " + POOLED[-1]
 
 
 def _opt(default, *, least=None, most=None, inf=False, choices=None, flag=None, shown=None):
@@ -35,12 +41,15 @@ class ModelOptions:
 
     model: str | None = _opt(None, shown="required; with --probe: the run's")
     """Causal model: shortcut (smollm2, memlab-lm), local folder or memlab run, FILE.gguf or hub name (offline: the
-    HF cache); for --states last or mean, any encoder memlab loads."""
+    HF cache); for a pooled --states (last, mean, first, second_last), any encoder memlab loads."""
     layer: int | None = _opt(None, shown="required; with --probe: the run's")
     """Hidden state: 0 = embeddings, k = output of block k-1, negative from the end (the probe's numbering)."""
     states: str = _opt("positions", choices=STATES, shown="positions; with --probe: the probe's pooling")
-    """Which states are inverted: positions (every position's state at the layer, a causal model), last (the last
-    position's state) or mean (the mean over positions; for bidirectional encoders, last and mean apply)."""
+    """Which states are inverted: positions (every position's state at the layer, a causal model), or one pooled
+    state per chunk as the probe pools it: last (the last position's state), mean (the mean over positions), first
+    (the first position's state: a bidirectional encoder's [CLS]) or second_last (the state before the last
+    position); for bidirectional encoders the pooled ones apply, for causal models last and mean (second_last
+    only where a special token follows the chunk; first never: it reads only what precedes the chunk)."""
     probe: str | None = None
     """A trained probe's run folder (memlab probe --out RUN): invert the first --n of its held-out chunks with its
     model, layer and pooling, read the same chunks with its saved decoder (and its control, when the run kept one
@@ -129,7 +138,7 @@ class PositionsOptions:
 
 @dataclass
 class PooledOptions:
-    """The pooled search (--states last or mean): text proposed by a language model and kept by the encoder's
+    """The pooled search (--states last, mean, first or second_last): text proposed by a language model and kept by the encoder's
     pooled distance, then corrected by gradient-ranked edits each verified exactly, within a budget, beside a
     control search from another chunk's state."""
 
@@ -230,7 +239,7 @@ class InvertOptions:
 
     @property
     def pooled_search(self) -> bool:
-        """Whether the pooled search runs (``--states last|mean``), else the per-position one."""
+        """Whether the pooled search runs (a pooled ``--states``: :data:`POOLED`), else the per-position one."""
         return self.model.states in POOLED
 
     def search(self):

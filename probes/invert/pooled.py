@@ -4,8 +4,9 @@ This module holds the pooled searcher (the encoder side every pooled search uses
 gradient rankings) and the single-token swap search, ``memlab invert --method swap``; the default search
 (propose, correct, certify) is :mod:`memlab.probes.invert.recover`.
 
-With one vector per chunk (the last token's state, ``pool="last"``, or the mean over positions, ``pool="mean"``)
-the per-position search does not apply; this module searches all positions at once, with the model itself and no
+With one vector per chunk (the probe's poolings: the last position's state, ``pool="last"``; the one before it,
+``"second_last"``; the mean over positions, ``"mean"``; the first position's state, ``"first"``, a bidirectional
+encoder's ``[CLS]``) the per-position search does not apply; this module searches all positions at once, with the model itself and no
 training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
 
 1. **Start** from the model's own greedy text after the fixed prefix (a causal model whose output head can be read:
@@ -27,7 +28,8 @@ is the relative distance ``|pool(h_L) - z*| / |z*|`` of the best sequence.
 
 The pooled state is read as the probe's encoder reads the chunk: the tokenizer's special tokens before and after
 it (``prefix``, ``suffix``) are fixed, and pooling runs over every position of ``prefix + chunk + suffix`` (the
-probe's mask), ``last`` being the last of them.
+probe's mask), ``last`` being the last of them, ``second_last`` the one before it and ``first`` the first (as
+:mod:`memlab.probes.capture`'s ``pool_*`` read an unpadded row).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ import torch
 from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.states import LayerReader
 
-POOLS = ("last", "mean")
+POOLS = ("last", "second_last", "mean", "first")
+"""The poolings the search reads: every built-in pooling of the trained probe (:mod:`memlab.probes.catalog`)."""
 INITS = ("greedy", "sample", "random")
 
 
@@ -55,6 +58,36 @@ class PooledResult:
     forwards: int
     seconds: float
     steps: int
+
+
+def pool_rows(h: torch.Tensor, pool: str) -> torch.Tensor:
+    """``(B, T', D)`` states of whole rows (no padding) -> ``(B, D)`` by ``pool`` (:data:`POOLS`): the values the
+    probe's ``pool_last``, ``pool_second_last``, ``pool_mean`` and ``pool_first`` give under an all-ones mask."""
+    if pool == "last":
+        return h[:, -1]
+    if pool == "mean":
+        return h.mean(1)
+    if pool == "first":
+        return h[:, 0]
+    if pool == "second_last":
+        return h[:, max(h.shape[1] - 2, 0)]  # a one-position row: its only state, as the probe clamps it
+    raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+
+
+def blind_spot(pool: str, causal: bool, prefix: list[int], suffix: list[int]) -> str | None:
+    """Why ``pool`` of a model's states at any layer cannot carry the whole chunk read between ``prefix`` and
+    ``suffix`` (None: it can). Only a causal model has such poolings: its state at a position reads nothing after
+    it, so the first position reads only the fixed prefix (or, without one, the chunk's first token), and the one
+    before the last position, with no suffix token, never reads the chunk's last token."""
+    if not causal:
+        return None
+    if pool == "first":
+        return ("a causal model's first position reads only "
+                + ("the fixed prefix before the chunk" if prefix else "the chunk's first token"))
+    if pool == "second_last" and not suffix:
+        return ("a causal model that puts no token after the chunk reads its last token only at the last position, "
+                "so the state before it never sees that token")
+    return None
 
 
 class LanguageHead:
@@ -123,7 +156,8 @@ class PooledSearcher:
         return torch.cat([pre, ids.cpu(), suf], 1)
 
     def _pool(self, h: torch.Tensor) -> torch.Tensor:
-        return h[:, -1] if self.pool == "last" else h.mean(1)  # (B, T', D) -> (B, D)
+        """``(B, T', D)`` states of whole unpadded rows -> ``(B, D)``, as the probe's pooling reads them."""
+        return pool_rows(h, self.pool)
 
     @torch.no_grad()
     def pooled(self, ids: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ inverts the first ``n`` of them. Each chunk is read as the probe's encoder reads
 before it, e.g. a BOS token, are the fixed prefix the search starts from).
 
 The searches (:class:`~memlab.probes.invert.run_positions.PositionsRun` for ``--states positions``,
-:class:`~memlab.probes.invert.run_pooled.PooledRun` for ``--states last|mean``) each provide ``check(opts)``
+:class:`~memlab.probes.invert.run_pooled.PooledRun` for a pooled one) each provide ``check(opts)``
 (before the model loads), ``units``, ``targets``, ``prepare`` (given the chunks to do and the machine's facts,
 measured once), ``chunk``, ``report`` and ``summary``.
 """

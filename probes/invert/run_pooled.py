@@ -1,5 +1,5 @@
-"""The pooled search in ``memlab invert``'s run (``--states last|mean``): each chunk searched from its pooled
-state, and the same search from the next chunk's pooled state (the control, scored against the true chunk)
+"""The pooled search in ``memlab invert``'s run (``--states last|mean|first|second_last``): each chunk searched from
+its pooled state, and the same search from the next chunk's pooled state (the control, scored against the true chunk)
 (:mod:`memlab.probes.invert.pooled`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from memlab.errors import ModelError
 from memlab.probes.invert.correct import CorrectOptions
-from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
+from memlab.probes.invert.pooled import LanguageHead, PooledSearcher, blind_spot
 from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
 from memlab.probes.invert.recover import Recoverer
 from memlab.probes.invert.setup import is_causal, machine_facts, states_source
@@ -19,7 +19,7 @@ from memlab.probes.invert.states import LayerReader
 
 
 class PooledRun:
-    """``--states last|mean`` as the run's sequence drives it (:func:`memlab.probes.invert.run.run_invert`)."""
+    """A pooled ``--states`` as the run's sequence drives it (:func:`memlab.probes.invert.run.run_invert`)."""
 
     label = "pooled search"
 
@@ -28,6 +28,10 @@ class PooledRun:
         name, states = opts.model.model, opts.model.states
         self.prefix, self.suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
         self.causal = is_causal(reader, self.prefix + chunks[0] + self.suffix, name)
+        why = blind_spot(states, self.causal, self.prefix, self.suffix)
+        if why is not None:
+            raise ModelError(f"--states {states} cannot carry the chunk on {name}: {why}; use --states last or mean "
+                             "(or positions: every position's state)")
         self.src, src_reader = states_source(opts.model, enc, reader, device)
         head = LanguageHead.of(reader) if self.causal else None
         if opts.pooled.prior_weight and head is None:
