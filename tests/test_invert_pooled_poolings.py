@@ -75,7 +75,7 @@ def test_the_searched_state_is_the_probes_pooling_of_the_chunk(pool, model_type,
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     # the vector the gradient is taken through is the same one
     e = s.reader.embed(s.wrap(ids))
-    assert torch.allclose(s._pool(s.reader._run(e, None).float()).cpu(), want, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(s.vec.vectors(e).cpu(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_one_position_row_pools_as_the_probe_clamps_it():

@@ -6,8 +6,11 @@ gradient rankings) and the single-token swap search, ``memlab invert --method sw
 
 With one vector per chunk (the probe's poolings: the last position's state, ``pool="last"``; the one before it,
 ``"second_last"``; the mean over positions, ``"mean"``; the first position's state, ``"first"``, a bidirectional
-encoder's ``[CLS]``) the per-position search does not apply; this module searches all positions at once, with the model itself and no
-training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
+encoder's ``[CLS]``; or a space's vector, ``"space"``, a memory model's memory vector) the per-position search
+does not apply; this module searches all positions at once, with the model itself and no training (a greedy
+coordinate-gradient search, as GCG and HotFlip do it). The searcher reads the vector through a *vector reader*
+(:class:`PooledLayer` for a transformers model's pooled state,
+:class:`~memlab.probes.invert.space_reader.SpaceReader` for a space's vector):
 
 1. **Start** from the model's own greedy text after the fixed prefix (a causal model whose output head can be read:
    its tied or untied output embeddings after the final norm), sampled text for later restarts, or random tokens.
@@ -136,16 +139,53 @@ class LanguageHead:
         return ids[len(prefix):]
 
 
-class PooledSearcher:
-    """Searches token sequences of a given length whose pooled state at the reader's layer matches a target."""
+class PooledLayer:
+    """A transformers model's pooled state at the reader's layer as a function of its input embeddings: the vector
+    a chunk gives. The search reads any *vector reader* through the same members: ``embedding`` ``(V, D_e)``,
+    ``vocab_size``, ``device``, ``embed(ids)``, ``vectors(embeds)`` (differentiable) and ``bfloat16()`` (a copy
+    that screens); a space's encoder is the other one
+    (:class:`~memlab.probes.invert.space_reader.SpaceReader`)."""
 
-    def __init__(self, reader: LayerReader, pool: str, options: PooledOptions, head: LanguageHead | None = None,
-                 prefix: list[int] = (), suffix: list[int] = ()):
+    def __init__(self, reader: LayerReader, pool: str):
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        self.reader, self.pool = reader, pool
+        self.embedding, self.vocab_size, self.device = reader.embedding, reader.vocab_size, reader.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(B, t)`` ids -> ``(B, t, D_e)`` the embedding module's outputs."""
+        return self.reader.embed(ids)
+
+    def vectors(self, embeds: torch.Tensor) -> torch.Tensor:
+        """``(B, T', D_e)`` input embeddings of whole rows -> ``(B, D)`` their pooled states at the layer (float32)."""
+        return pool_rows(self.reader._run(embeds, None).float(), self.pool)
+
+    def bfloat16(self) -> "PooledLayer":
+        """The same pooled state read through a bfloat16 copy of the model."""
+        import copy
+
+        low = copy.deepcopy(self.reader.model).to(torch.bfloat16)
+        return PooledLayer(LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size), self.pool)
+
+
+SPACE = "space"
+"""The ``pool`` of a space's vector: the reader is a :class:`~memlab.probes.invert.space_reader.SpaceReader`."""
+
+
+class PooledSearcher:
+    """Searches token sequences of a given length whose pooled state at the reader's layer matches a target.
+
+    ``reader``: a :class:`~memlab.probes.invert.states.LayerReader` whose states ``pool`` pools (:data:`POOLS`), or,
+    with ``pool="space"``, a :class:`~memlab.probes.invert.space_reader.SpaceReader` (a space's vector)."""
+
+    def __init__(self, reader, pool: str, options: PooledOptions, head: LanguageHead | None = None,
+                 prefix: list[int] = (), suffix: list[int] = ()):
+        if pool == SPACE and not hasattr(reader, "vectors"):
+            raise ValueError("pool 'space' reads a space's vector: give a SpaceReader")
+        self.vec = reader if pool == SPACE else PooledLayer(reader, pool)  # the vector a chunk gives
         self.reader, self.pool, self.opt, self.head = reader, pool, options, head
         self.prefix, self.suffix = list(prefix), list(suffix)
-        self._low: LayerReader | None = None  # the bfloat16 copy that screens candidates (made when first asked)
+        self._low = None  # the bfloat16 copy that screens candidates (made when first asked)
         self._table: torch.Tensor | None = None  # every token's pooled state alone (made when first asked)
 
     def wrap(self, ids: torch.Tensor) -> torch.Tensor:
@@ -155,14 +195,10 @@ class PooledSearcher:
         suf = torch.tensor([self.suffix] * b, dtype=torch.long).view(b, -1)  # (B, s)
         return torch.cat([pre, ids.cpu(), suf], 1)
 
-    def _pool(self, h: torch.Tensor) -> torch.Tensor:
-        """``(B, T', D)`` states of whole unpadded rows -> ``(B, D)``, as the probe's pooling reads them."""
-        return pool_rows(h, self.pool)
-
     @torch.no_grad()
     def pooled(self, ids: torch.Tensor) -> torch.Tensor:
         """The pooled states ``(B, D)`` of chunks ``(B, T)``."""
-        return self._pool(self.reader.full_states(self.wrap(ids))).cpu()
+        return self.vec.vectors(self.vec.embed(self.wrap(ids))).cpu()
 
     def _objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)``."""
@@ -176,11 +212,11 @@ class PooledSearcher:
 
     def _scores(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """First-order change of the distance ``(T, V)`` for every token at every position of ``ids`` ``(T,)``."""
-        r = self.reader
+        r = self.vec
         full = self.wrap(ids[None])[0]  # (T',)
         e = r.embed(full[None]).detach().requires_grad_(True)  # (1, T', D_e)
         with torch.enable_grad():
-            z = self._pool(r._run(e, None).float())[0]  # (D,)
+            z = r.vectors(e)[0]  # (D,)
             t = target.to(z.device)
             loss = (z - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-30)
             (g,) = torch.autograd.grad(loss, e)
@@ -203,11 +239,8 @@ class PooledSearcher:
         (about half the time of float32 on CPUs with native bf16; about 1 % error on the pooled state): a screen
         that ranks candidates, never a verification."""
         if self._low is None:
-            import copy
-
-            low = copy.deepcopy(self.reader.model).to(torch.bfloat16)
-            self._low = LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size)
-        z = self._pool(self._low.full_states(self.wrap(ids))).cpu()  # (B, D)
+            self._low = self.vec.bfloat16()
+        z = self._low.vectors(self._low.embed(self.wrap(ids))).cpu()  # (B, D)
         return (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
 
     @torch.no_grad()
