@@ -145,7 +145,8 @@ def test_poolings_and_folders(probe_run, tmp_path, capsys):
     other = read_probe_run(str(_copy(probe_run, tmp_path / "max", encoder__pool="max")))  # a plugin's pooling
     with pytest.raises(ConfigError, match="--states positions"):
         reconcile(vals, set(), other)
-    assert reconcile(InvertOptions(model=ModelOptions(states="positions")), {"states"}, other).model.states == "positions"
+    positions = InvertOptions(model=ModelOptions(states="positions"))
+    assert reconcile(positions, {"states"}, other).model.states == "positions"
     normed = _copy(probe_run, tmp_path / "norm", options__final_norm=True)  # both files: a run read after the norm
     spec = json.loads((normed / "probe.json").read_text())
     (normed / "probe.json").write_text(json.dumps(dict(spec, final_norm=True)))

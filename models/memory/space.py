@@ -52,7 +52,8 @@ class MemorySpace:
         """:meth:`encode` from the encoder's input embeddings ``(B, T, D_e)`` (rows of :meth:`input_embeddings`),
         differentiable in them: what a white-box search of the memory vector (``memlab invert``) runs."""
         if embeds.shape[1] > self.max_tokens:
-            raise ModelError(f"a sequence of {embeds.shape[1]} tokens is longer than the space allows ({self.max_tokens})")
+            raise ModelError(f"a sequence of {embeds.shape[1]} tokens is longer than the space allows "
+                             f"({self.max_tokens})")
         mem = self.model.encode_embeddings(embeds.to(self.device), attention_mask.to(self.device))  # (B, K, D)
         return mem[:, 0] if mem.shape[1] == 1 else mem
 
