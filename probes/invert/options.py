@@ -183,9 +183,9 @@ class PositionsOptions:
 
 @dataclass
 class PooledOptions:
-    """The pooled search (--states last, mean, first, second_last or space): text proposed by a language model and kept by the encoder's
-    pooled distance, then corrected by gradient-ranked edits each verified exactly, within a budget, beside a
-    control search from another chunk's state."""
+    """The pooled search (--states last, mean, first, second_last or space): text proposed by a language model and
+    kept by the encoder's pooled distance, then corrected by gradient-ranked edits each verified exactly, within a
+    budget, beside a control search from another chunk's state."""
 
     method: str = _opt("propose-correct", choices=("propose-correct", "propose", "correct", "swap"))
     """propose-correct: proposals, then corrections; propose or correct: one stage alone; swap: the

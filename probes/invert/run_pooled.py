@@ -1,6 +1,6 @@
-"""The pooled search in ``memlab invert``'s run (``--states last|mean|first|second_last``): each chunk searched from
-its pooled state, and the same search from the next chunk's pooled state (the control, scored against the true chunk)
-(:mod:`memlab.probes.invert.pooled`)."""
+"""The pooled search in ``memlab invert``'s run (``--states last|mean|first|second_last|space``): each chunk
+searched from its pooled state (a space's vector), and the same search from the next chunk's (the control, scored
+against the true chunk) (:mod:`memlab.probes.invert.pooled`)."""
 
 from __future__ import annotations
 
