@@ -18,6 +18,14 @@ scored hold ``-100``. So for any space::
     loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
 
 :func:`reconstruction_loss` is that computation.
+
+White-box encoders
+------------------
+A space whose encoder can be searched with its own weights (``memlab invert --model space:NAME:ARG``) also
+offers ``input_embeddings() -> (V, D_e)``, the row its encoder reads each token id as, and
+``encode_embeddings(embeds (B, T, D_e), attention_mask) -> (B, D) or (B, K, D)``, which is ``encode`` for the
+tokens whose rows ``embeds`` holds and is differentiable in ``embeds``. A memory autoencoder offers both;
+:func:`memlab.testing.check_embedding_space` checks them where a space has them.
 """
 
 from __future__ import annotations

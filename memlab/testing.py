@@ -111,6 +111,8 @@ def check_embedding_space(space: EmbeddingSpace, sentences: list[str] | None = N
         assert z.grad is not None and z.grad.abs().sum() > 0, "no gradient reaches the embedding through the decoder"
         if hasattr(space, "decode_features") and hasattr(space, "output_head"):  # optional: the head applied by losses
             _check_features(space, z.detach(), ids, mask, atol)
+        if hasattr(space, "input_embeddings") and hasattr(space, "encode_embeddings"):  # optional: a white-box encoder
+            _check_white_box(space, ids, mask, atol)
     finally:
         for m, t in zip(_modules(space), was_training):
             m.train(t)
@@ -136,6 +138,20 @@ def _check_features(space, z: torch.Tensor, ids: torch.Tensor, mask: torch.Tenso
         ref = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
         assert torch.allclose(total, ref, rtol=1e-4, atol=1e-4), "the block-wise loss differs from the plain cross-entropy"
         assert int(count) == int((labels != -100).sum())
+
+
+def _check_white_box(space, ids: torch.Tensor, mask: torch.Tensor, atol: float) -> None:
+    """``encode_embeddings`` of the table's rows must be ``encode`` of the ids, and send gradients to its inputs."""
+    table = space.input_embeddings()
+    assert table.dim() == 2 and table.shape[0] > int(ids.max()), "input_embeddings must be (V, D_e) for every id"
+    with torch.no_grad():
+        z = space.encode(ids, mask)
+    e = table.detach()[ids.to(table.device)].clone().requires_grad_(True)  # (B, T, D_e)
+    got = space.encode_embeddings(e, mask)
+    assert got.shape == z.shape and torch.allclose(_rows(got).float(), _rows(z).float(), atol=atol), \
+        "encode_embeddings of the ids' rows differs from encode"
+    got.float().pow(2).sum().backward()
+    assert e.grad is not None and e.grad.abs().sum() > 0, "encode_embeddings sends no gradient to its inputs"
 
 
 def _modules(space) -> list[torch.nn.Module]:

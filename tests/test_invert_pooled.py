@@ -93,9 +93,10 @@ def _cli(*argv, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--states", "pooled"], "--states takes positions, last or mean"),
+    (["--states", "pooled"], "--states takes positions, last, mean, first, second_last or space"),
     (["--states", "last", "--budget", "5"], "--budget applies to --states positions"),
-    (["--states", "positions", "--forwards", "5"], "--forwards applies to --states last or mean"),
+    (["--states", "positions", "--forwards", "5"],
+     "--forwards applies to --states last, mean, first, second_last or space"),
     (["--states", "mean", "--init", "beam"], "--init takes greedy, sample or random"),
     (["--states", "last", "--forwards", "0"], "--forwards must be >= 1"),
     (["--states", "last", "--seconds", "x"], "--seconds takes a number"),

@@ -137,10 +137,16 @@ def test_poolings_and_folders(probe_run, tmp_path, capsys):
     mean = read_probe_run(str(_copy(probe_run, tmp_path / "mean", encoder__pool="mean")))
     vals = InvertOptions()
     assert reconcile(vals, set(), mean).model.states == "mean"
-    first = read_probe_run(str(_copy(probe_run, tmp_path / "first", encoder__pool="first")))
+    for pool in ("first", "second_last"):  # every built-in pooling is read by the pooled search of its name
+        run = read_probe_run(str(_copy(probe_run, tmp_path / pool, encoder__pool=pool)))
+        assert reconcile(vals, set(), run).model.states == pool
+    with pytest.raises(ConfigError, match="--states second_last contradicts"):
+        reconcile(InvertOptions(model=ModelOptions(states="second_last")), {"states"}, mean)
+    other = read_probe_run(str(_copy(probe_run, tmp_path / "max", encoder__pool="max")))  # a plugin's pooling
     with pytest.raises(ConfigError, match="--states positions"):
-        reconcile(vals, set(), first)
-    assert reconcile(InvertOptions(model=ModelOptions(states="positions")), {"states"}, first).model.states == "positions"
+        reconcile(vals, set(), other)
+    positions = InvertOptions(model=ModelOptions(states="positions"))
+    assert reconcile(positions, {"states"}, other).model.states == "positions"
     normed = _copy(probe_run, tmp_path / "norm", options__final_norm=True)  # both files: a run read after the norm
     spec = json.loads((normed / "probe.json").read_text())
     (normed / "probe.json").write_text(json.dumps(dict(spec, final_norm=True)))

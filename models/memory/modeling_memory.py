@@ -76,16 +76,21 @@ class MemoryEncoder(nn.Module):
         self.bottleneck = nn.Linear(d, cfg.memory_dim, bias=False) if wide else nn.Identity()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        n, t = input_ids.shape
+        """``(N, T)`` chunks -> ``(N, K, M)`` memories."""
+        return self.from_embeddings(self.embed(input_ids), attention_mask)
+
+    def from_embeddings(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, T, D)`` token embeddings (rows of ``embed``, or any inputs of that width: differentiable in them)
+        -> ``(N, K, M)`` memories, as :meth:`forward` gives them for the tokens whose rows they are."""
+        n, t = embeds.shape[:2]
         if t > self.cfg.chunk_len:
             raise ModelError(f"a chunk of {t} tokens does not fit the encoder (chunk_len={self.cfg.chunk_len})")
         # no mask given (chunks): none in attention either; a given mask is used as it is (asking whether it is
         # all ones would read it back from the device at every batch)
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (N, 1, 1, T) keys
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        keep = attention_mask.bool()  # (N, T)
-        x = self.embed(input_ids) + self.pos.weight[:t]  # (N, T, D)
+        keep = (torch.ones(n, t, dtype=torch.bool, device=embeds.device) if attention_mask is None
+                else attention_mask.bool())  # (N, T)
+        x = embeds + self.pos.weight[:t]  # (N, T, D)
         for layer in self.layers:
             x = layer(x, mask=attn_mask, pad=keep)
         x = self.norm(x)  # (N, T, D)
@@ -315,6 +320,15 @@ class MemoryModel(MemoryPreTrainedModel):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``(N, T)`` chunks -> ``(N, K, M)`` memories."""
         return self.encoder(input_ids, attention_mask)
+
+    def encode_embeddings(self, embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, T, D)`` token embeddings (rows of the encoder's table, :meth:`encoder_embeddings`) -> ``(N, K, M)``
+        memories, differentiable in ``embeds``: :meth:`encode` from the inputs of its first block."""
+        return self.encoder.from_embeddings(embeds, attention_mask)
+
+    def encoder_embeddings(self) -> nn.Embedding:
+        """The encoder's token embedding table (the decoder has its own: :meth:`get_input_embeddings`)."""
+        return self.encoder.embed
 
     def encode_chunks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``(B, C, T)`` -> ``(B, C, K, M)``: every chunk of the batch in one encoder call."""

@@ -44,6 +44,19 @@ class MemorySpace:
         mem = self.model.encode(input_ids.to(self.device), attention_mask.to(self.device))  # (B, K, D)
         return mem[:, 0] if mem.shape[1] == 1 else mem
 
+    def input_embeddings(self) -> torch.Tensor:
+        """The encoder's token embedding table ``(V, D_e)``: what :meth:`encode_embeddings` reads a token as."""
+        return self.model.encoder_embeddings().weight
+
+    def encode_embeddings(self, embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode` from the encoder's input embeddings ``(B, T, D_e)`` (rows of :meth:`input_embeddings`),
+        differentiable in them: what a white-box search of the memory vector (``memlab invert``) runs."""
+        if embeds.shape[1] > self.max_tokens:
+            raise ModelError(f"a sequence of {embeds.shape[1]} tokens is longer than the space allows "
+                             f"({self.max_tokens})")
+        mem = self.model.encode_embeddings(embeds.to(self.device), attention_mask.to(self.device))  # (B, K, D)
+        return mem[:, 0] if mem.shape[1] == 1 else mem
+
     def encode_text(self, sentences: list[str]) -> torch.Tensor:
         """Tokenize (truncating to the model's chunk length) and encode."""
         enc = self.tokenizer(list(sentences), add_special_tokens=False, padding=True, truncation=True,

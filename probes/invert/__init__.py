@@ -10,10 +10,11 @@ import sys
 import types
 
 
-def invert(model: str, layer: int, out=None, resume=None, **options):
-    """Invert the probe's held-out chunks from ``model``'s states at ``layer`` into the run folder ``out`` (default
+def invert(model: str, layer: int | None, out=None, resume=None, **options):
+    """Invert the probe's held-out chunks from ``model``'s states at ``layer`` (None for a space's vector,
+    ``model="space:memory_ae:PATH"``) into the run folder ``out`` (default
     ``runs/invert-MODEL-TIME``), as ``memlab invert`` does; returns the report (``InvertReport`` for
-    ``states="positions"``, ``PooledReport`` for ``last``/``mean``). ``options``: any option of
+    ``states="positions"``, ``PooledReport`` for a pooled one). ``options``: any option of
     :mod:`memlab.probes.invert.options` by its field name (``states="last"``, ``seq_len=8``, ``n=4``,
     ``budget=512``, ``prior=False``, ``threads=1``, ...; a name both searches have goes to the chosen one), checked
     as the command checks its flags. ``resume``: a stopped run's folder to continue (its own settings; only
@@ -24,7 +25,7 @@ def invert(model: str, layer: int, out=None, resume=None, **options):
 
     from memlab.errors import ConfigError
     from memlab.probes.invert.options import (RESUME_MAY_CHANGE, SECTIONS, InvertOptions, from_dict,
-                                              parse_value)
+                                              parse_value, settle_space)
 
     if resume is not None:
         from memlab.probes.invert.chunklog import read_settings
@@ -39,6 +40,8 @@ def invert(model: str, layer: int, out=None, resume=None, **options):
     states = options.pop("states", None)
     if states is not None:
         opts.model.states = parse_value("model", "states", states)
+    if resume is None:
+        settle_space(opts.model, {"states"} if states is not None else set())  # a space: --states space, no layer
     chosen = "pooled" if opts.pooled_search else "positions"
     for name, value in options.items():
         where = [s for s in ("model", "text", chosen, "output") if name in {f.name for f in fields(SECTIONS[s])}]
@@ -47,6 +50,8 @@ def invert(model: str, layer: int, out=None, resume=None, **options):
         section = where[0]
         typed = value if isinstance(value, bool) or value is None else parse_value(section, name, str(value))
         setattr(getattr(opts, section), name, typed)
+    if resume is None:
+        settle_space(opts.model, {"states"})  # again, with every option set (states_from, device_map)
     if resume is not None:
         opts.output.resume = opts.output.out = str(resume)
         out = resume

@@ -16,12 +16,59 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-STATES = ("positions", "last", "mean")
+STATES = ("positions", "last", "mean", "first", "second_last", "space")
 """What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
-pooled state per chunk (the last position's state, or the mean over positions)."""
+pooled state per chunk, as the trained probe's poolings read it (the last position's state, the mean over
+positions, the first position's state, the state before the last position), or a space's vector (a memory model's
+memory vector)."""
 
-POOLED = ("last", "mean")
+POOLED = ("last", "mean", "first", "second_last", "space")
 """The ``--states`` read by the pooled search."""
+
+SPACE = "space"
+"""The ``--states`` of a space's vector (``--model space:NAME:ARG``), and what a space reads by default."""
+
+
+def pooled_names() -> str:
+    """The pooled ``--states`` in words: ``last, mean, first, second_last or space``."""
+    return ", ".join(POOLED[:-1]) + " or " + POOLED[-1]
+
+
+def is_space(model: str | None) -> bool:
+    """Whether ``model`` names a memlab space (``space:NAME[:ARG]``, as ``memlab probe --model`` names one)."""
+    return str(model or "").startswith("space:")
+
+
+def check_space_states(model: "ModelOptions") -> None:
+    """A space's vector is read by ``--states space`` alone, and ``--states space`` reads only a space: one
+    ConfigError line otherwise."""
+    from memlab.errors import ConfigError
+
+    if not is_space(model.model) and model.states == SPACE:
+        raise ConfigError(f"--states space reads a memlab space's vector (--model space:memory_ae:PATH, a memory "
+                          f"model); for {model.model or 'a transformers model'} give --states positions, last, mean, "
+                          "first or second_last")
+    if is_space(model.model) and model.states != SPACE:
+        raise ConfigError(f"--states {model.states} reads a transformers model's states at a layer; {model.model} is "
+                          "a space, whose vector --states space reads (the default for a space)")
+
+
+def settle_space(model: "ModelOptions", given: set[str]) -> None:
+    """``--states`` and the settings that apply to a space's vector, in place: a space reads ``--states space`` (its
+    default) at no layer, from its own weights, whole on ``--device``; ``--states space`` reads only a space. One
+    ConfigError line for a setting that does not apply (``given``: the field names the user set)."""
+    from memlab.errors import ConfigError
+
+    if is_space(model.model) and "states" not in given:
+        model.states = SPACE
+    check_space_states(model)
+    if not is_space(model.model):
+        return
+    for name, flag, why in (("layer", "--layer", "a space's vector is its encoder's output, at no layer"),
+                            ("states_from", "--states-from", "the vector is the space's own"),
+                            ("device_map", "--device-map", "a space is placed whole on --device")):
+        if getattr(model, name) is not None:
+            raise ConfigError(f"{flag} does not apply to {model.model}: {why} (leave {flag} out)")
 
 
 def _opt(default, *, least=None, most=None, inf=False, choices=None, flag=None, shown=None):
@@ -35,12 +82,19 @@ class ModelOptions:
 
     model: str | None = _opt(None, shown="required; with --probe: the run's")
     """Causal model: shortcut (smollm2, memlab-lm), local folder or memlab run, FILE.gguf or hub name (offline: the
-    HF cache); for --states last or mean, any encoder memlab loads."""
-    layer: int | None = _opt(None, shown="required; with --probe: the run's")
+    HF cache); for a pooled --states (last, mean, first, second_last), any encoder memlab loads; space:memory_ae:PATH
+    for a memory model's memory vector (--states space)."""
+    layer: int | None = _opt(None, shown="required; with --probe: the run's; none for a space")
     """Hidden state: 0 = embeddings, k = output of block k-1, negative from the end (the probe's numbering)."""
-    states: str = _opt("positions", choices=STATES, shown="positions; with --probe: the probe's pooling")
-    """Which states are inverted: positions (every position's state at the layer, a causal model), last (the last
-    position's state) or mean (the mean over positions; for bidirectional encoders, last and mean apply)."""
+    states: str = _opt("positions", choices=STATES,
+                       shown="positions; with --probe: the probe's pooling; space for a space")
+    """Which states are inverted: positions (every position's state at the layer, a causal model), or one pooled
+    state per chunk as the probe pools it: last (the last position's state), mean (the mean over positions), first
+    (the first position's state: a bidirectional encoder's [CLS]) or second_last (the state before the last
+    position); for bidirectional encoders the pooled ones apply, for causal models last and mean (second_last
+    only where a special token follows the chunk; first never: it reads only what precedes the chunk); or space:
+    the vector of --model space:NAME:PATH (a memory model's K memory vectors, flattened as the probe reads
+    them)."""
     probe: str | None = None
     """A trained probe's run folder (memlab probe --out RUN): invert the first --n of its held-out chunks with its
     model, layer and pooling, read the same chunks with its saved decoder (and its control, when the run kept one
@@ -129,9 +183,9 @@ class PositionsOptions:
 
 @dataclass
 class PooledOptions:
-    """The pooled search (--states last or mean): text proposed by a language model and kept by the encoder's
-    pooled distance, then corrected by gradient-ranked edits each verified exactly, within a budget, beside a
-    control search from another chunk's state."""
+    """The pooled search (--states last, mean, first, second_last or space): text proposed by a language model and
+    kept by the encoder's pooled distance, then corrected by gradient-ranked edits each verified exactly, within a
+    budget, beside a control search from another chunk's state."""
 
     method: str = _opt("propose-correct", choices=("propose-correct", "propose", "correct", "swap"))
     """propose-correct: proposals, then corrections; propose or correct: one stage alone; swap: the
@@ -230,7 +284,7 @@ class InvertOptions:
 
     @property
     def pooled_search(self) -> bool:
-        """Whether the pooled search runs (``--states last|mean``), else the per-position one."""
+        """Whether the pooled search runs (a pooled ``--states``: :data:`POOLED`), else the per-position one."""
         return self.model.states in POOLED
 
     def search(self):

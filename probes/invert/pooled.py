@@ -4,9 +4,13 @@ This module holds the pooled searcher (the encoder side every pooled search uses
 gradient rankings) and the single-token swap search, ``memlab invert --method swap``; the default search
 (propose, correct, certify) is :mod:`memlab.probes.invert.recover`.
 
-With one vector per chunk (the last token's state, ``pool="last"``, or the mean over positions, ``pool="mean"``)
-the per-position search does not apply; this module searches all positions at once, with the model itself and no
-training (a greedy coordinate-gradient search, as GCG and HotFlip do it):
+With one vector per chunk (the probe's poolings: the last position's state, ``pool="last"``; the one before it,
+``"second_last"``; the mean over positions, ``"mean"``; the first position's state, ``"first"``, a bidirectional
+encoder's ``[CLS]``; or a space's vector, ``"space"``, a memory model's memory vector) the per-position search
+does not apply; this module searches all positions at once, with the model itself and no training (a greedy
+coordinate-gradient search, as GCG and HotFlip do it). The searcher reads the vector through a *vector reader*
+(:class:`PooledLayer` for a transformers model's pooled state,
+:class:`~memlab.probes.invert.space_reader.SpaceReader` for a space's vector):
 
 1. **Start** from the model's own greedy text after the fixed prefix (a causal model whose output head can be read:
    its tied or untied output embeddings after the final norm), sampled text for later restarts, or random tokens.
@@ -27,7 +31,8 @@ is the relative distance ``|pool(h_L) - z*| / |z*|`` of the best sequence.
 
 The pooled state is read as the probe's encoder reads the chunk: the tokenizer's special tokens before and after
 it (``prefix``, ``suffix``) are fixed, and pooling runs over every position of ``prefix + chunk + suffix`` (the
-probe's mask), ``last`` being the last of them.
+probe's mask), ``last`` being the last of them, ``second_last`` the one before it and ``first`` the first (as
+:mod:`memlab.probes.capture`'s ``pool_*`` read an unpadded row).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ import torch
 from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.states import LayerReader
 
-POOLS = ("last", "mean")
+POOLS = ("last", "second_last", "mean", "first")
+"""The poolings the search reads: every built-in pooling of the trained probe (:mod:`memlab.probes.catalog`)."""
 INITS = ("greedy", "sample", "random")
 
 
@@ -55,6 +61,36 @@ class PooledResult:
     forwards: int
     seconds: float
     steps: int
+
+
+def pool_rows(h: torch.Tensor, pool: str) -> torch.Tensor:
+    """``(B, T', D)`` states of whole rows (no padding) -> ``(B, D)`` by ``pool`` (:data:`POOLS`): the values the
+    probe's ``pool_last``, ``pool_second_last``, ``pool_mean`` and ``pool_first`` give under an all-ones mask."""
+    if pool == "last":
+        return h[:, -1]
+    if pool == "mean":
+        return h.mean(1)
+    if pool == "first":
+        return h[:, 0]
+    if pool == "second_last":
+        return h[:, max(h.shape[1] - 2, 0)]  # a one-position row: its only state, as the probe clamps it
+    raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+
+
+def blind_spot(pool: str, causal: bool, prefix: list[int], suffix: list[int]) -> str | None:
+    """Why ``pool`` of a model's states at any layer cannot carry the whole chunk read between ``prefix`` and
+    ``suffix`` (None: it can). Only a causal model has such poolings: its state at a position reads nothing after
+    it, so the first position reads only the fixed prefix (or, without one, the chunk's first token), and the one
+    before the last position, with no suffix token, never reads the chunk's last token."""
+    if not causal:
+        return None
+    if pool == "first":
+        return ("a causal model's first position reads only "
+                + ("the fixed prefix before the chunk" if prefix else "the chunk's first token"))
+    if pool == "second_last" and not suffix:
+        return ("a causal model that puts no token after the chunk reads its last token only at the last position, "
+                "so the state before it never sees that token")
+    return None
 
 
 class LanguageHead:
@@ -103,16 +139,53 @@ class LanguageHead:
         return ids[len(prefix):]
 
 
-class PooledSearcher:
-    """Searches token sequences of a given length whose pooled state at the reader's layer matches a target."""
+class PooledLayer:
+    """A transformers model's pooled state at the reader's layer as a function of its input embeddings: the vector
+    a chunk gives. The search reads any *vector reader* through the same members: ``embedding`` ``(V, D_e)``,
+    ``vocab_size``, ``device``, ``embed(ids)``, ``vectors(embeds)`` (differentiable) and ``bfloat16()`` (a copy
+    that screens); a space's encoder is the other one
+    (:class:`~memlab.probes.invert.space_reader.SpaceReader`)."""
 
-    def __init__(self, reader: LayerReader, pool: str, options: PooledOptions, head: LanguageHead | None = None,
-                 prefix: list[int] = (), suffix: list[int] = ()):
+    def __init__(self, reader: LayerReader, pool: str):
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        self.reader, self.pool = reader, pool
+        self.embedding, self.vocab_size, self.device = reader.embedding, reader.vocab_size, reader.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(B, t)`` ids -> ``(B, t, D_e)`` the embedding module's outputs."""
+        return self.reader.embed(ids)
+
+    def vectors(self, embeds: torch.Tensor) -> torch.Tensor:
+        """``(B, T', D_e)`` input embeddings of whole rows -> ``(B, D)`` their pooled states at the layer (float32)."""
+        return pool_rows(self.reader._run(embeds, None).float(), self.pool)
+
+    def bfloat16(self) -> "PooledLayer":
+        """The same pooled state read through a bfloat16 copy of the model."""
+        import copy
+
+        low = copy.deepcopy(self.reader.model).to(torch.bfloat16)
+        return PooledLayer(LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size), self.pool)
+
+
+SPACE = "space"
+"""The ``pool`` of a space's vector: the reader is a :class:`~memlab.probes.invert.space_reader.SpaceReader`."""
+
+
+class PooledSearcher:
+    """Searches token sequences of a given length whose pooled state at the reader's layer matches a target.
+
+    ``reader``: a :class:`~memlab.probes.invert.states.LayerReader` whose states ``pool`` pools (:data:`POOLS`), or,
+    with ``pool="space"``, a :class:`~memlab.probes.invert.space_reader.SpaceReader` (a space's vector)."""
+
+    def __init__(self, reader, pool: str, options: PooledOptions, head: LanguageHead | None = None,
+                 prefix: list[int] = (), suffix: list[int] = ()):
+        if pool == SPACE and not hasattr(reader, "vectors"):
+            raise ValueError("pool 'space' reads a space's vector: give a SpaceReader")
+        self.vec = reader if pool == SPACE else PooledLayer(reader, pool)  # the vector a chunk gives
         self.reader, self.pool, self.opt, self.head = reader, pool, options, head
         self.prefix, self.suffix = list(prefix), list(suffix)
-        self._low: LayerReader | None = None  # the bfloat16 copy that screens candidates (made when first asked)
+        self._low = None  # the bfloat16 copy that screens candidates (made when first asked)
         self._table: torch.Tensor | None = None  # every token's pooled state alone (made when first asked)
 
     def wrap(self, ids: torch.Tensor) -> torch.Tensor:
@@ -122,13 +195,10 @@ class PooledSearcher:
         suf = torch.tensor([self.suffix] * b, dtype=torch.long).view(b, -1)  # (B, s)
         return torch.cat([pre, ids.cpu(), suf], 1)
 
-    def _pool(self, h: torch.Tensor) -> torch.Tensor:
-        return h[:, -1] if self.pool == "last" else h.mean(1)  # (B, T', D) -> (B, D)
-
     @torch.no_grad()
     def pooled(self, ids: torch.Tensor) -> torch.Tensor:
         """The pooled states ``(B, D)`` of chunks ``(B, T)``."""
-        return self._pool(self.reader.full_states(self.wrap(ids))).cpu()
+        return self.vec.vectors(self.vec.embed(self.wrap(ids))).cpu()
 
     def _objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)``."""
@@ -142,11 +212,11 @@ class PooledSearcher:
 
     def _scores(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """First-order change of the distance ``(T, V)`` for every token at every position of ``ids`` ``(T,)``."""
-        r = self.reader
+        r = self.vec
         full = self.wrap(ids[None])[0]  # (T',)
         e = r.embed(full[None]).detach().requires_grad_(True)  # (1, T', D_e)
         with torch.enable_grad():
-            z = self._pool(r._run(e, None).float())[0]  # (D,)
+            z = r.vectors(e)[0]  # (D,)
             t = target.to(z.device)
             loss = (z - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-30)
             (g,) = torch.autograd.grad(loss, e)
@@ -169,11 +239,8 @@ class PooledSearcher:
         (about half the time of float32 on CPUs with native bf16; about 1 % error on the pooled state): a screen
         that ranks candidates, never a verification."""
         if self._low is None:
-            import copy
-
-            low = copy.deepcopy(self.reader.model).to(torch.bfloat16)
-            self._low = LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size)
-        z = self._pool(self._low.full_states(self.wrap(ids))).cpu()  # (B, D)
+            self._low = self.vec.bfloat16()
+        z = self._low.vectors(self._low.embed(self.wrap(ids))).cpu()  # (B, D)
         return (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""The report of ``memlab invert --states last|mean``: per chunk and in total, beside the control's figures.
+"""The report of ``memlab invert`` with a pooled ``--states``: per chunk and in total, beside the control's
+figures.
 
 Each total is a :class:`~memlab.probes.readings.Reading` with the percentile interval of a bootstrap over chunks
 (:func:`memlab.probes.readings.bootstrap`):
@@ -122,7 +123,7 @@ def pooled_totals(chunks: list[PooledChunk], n_resamples: int = 2000, level: flo
 
 @dataclass
 class PooledReport(InvertRun):
-    """report.json of ``memlab invert --states last|mean``."""
+    """report.json of ``memlab invert`` with a pooled ``--states``."""
 
     prior: bool
     """Whether the model's next-token distribution was read (greedy/sampled starts, the prior term)."""
@@ -156,16 +157,18 @@ def search_line(s: dict, prior: bool) -> str:
 
 
 def pooled_summary(rep: PooledReport) -> list[str]:
-    """The lines ``memlab invert --states last|mean`` prints."""
+    """The lines that ``memlab invert`` with a pooled ``--states`` prints."""
     t, m, s = rep.totals, rep.machine, rep.search
     rate = m.get("matmul_gflops", math.nan)
     src = "" if rep.states_from == rep.model else f" (states of {rep.states_from})"
     control = not math.isnan(t["control_token_accuracy"].value)
+    where = "the space's vector" if rep.layer is None else f"layer {rep.layer} of {rep.num_layers}"
     lines = [
-        f"model: {rep.model}{src}, layer {rep.layer} of {rep.num_layers}, states {rep.states} (pooled)",
+        f"model: {rep.model}{src}, {where}, states {rep.states} (pooled)",
         f"chunks: {len(rep.chunks)} ({rep.text['seq_len']} {rep.text['chunk_by']} of {rep.text['corpus']} "
         f"{rep.text['split']}), {sum(len(c.true_ids) for c in rep.chunks)} tokens",
         search_line(s, rep.prior),
+        *([f"note: {s['proposer_note']}"] if s.get("proposer_note") else []),
         "                 search                  control (another chunk's state, scored against the true chunk)",
         f"exact match:     {_cell(t['exact_match'])}   " + (_cell(t['control_exact_match']) if control else "-"),
         f"exact text:      {_cell(t['exact_text'])}   " + (_cell(t['control_exact_text']) if control else "-"),

@@ -16,8 +16,8 @@ from pathlib import Path
 from memlab.errors import ConfigError
 from memlab.probes.recorded import check_recorded, read_json, resolved_layer
 
-POOL_TO_STATES = {"last": "last", "mean": "mean"}
-"""The probe's pooling -> the inversion's ``--states`` that reads the same vector."""
+POOL_TO_STATES = {"last": "last", "mean": "mean", "first": "first", "second_last": "second_last"}
+"""The probe's pooling -> the inversion's ``--states`` that reads the same vector (every built-in pooling)."""
 
 TEXT_FLAGS = ("seq_len", "chunk_by", "corpus", "eval_split", "seed", "n_eval")
 """The flags that choose the chunks: read from the run, never contradicting it."""

@@ -87,8 +87,9 @@ class InvertRun:
     model: str
     states_from: str
     """The model whose states were inverted (the same as ``model`` unless ``--states-from`` names another)."""
-    layer: int
-    num_layers: int
+    layer: int | None
+    """The layer read (None: a space's vector, read at no layer)."""
+    num_layers: int | None
     states: str
     hooks: dict
     text: dict

@@ -8,7 +8,7 @@ inverts the first ``n`` of them. Each chunk is read as the probe's encoder reads
 before it, e.g. a BOS token, are the fixed prefix the search starts from).
 
 The searches (:class:`~memlab.probes.invert.run_positions.PositionsRun` for ``--states positions``,
-:class:`~memlab.probes.invert.run_pooled.PooledRun` for ``--states last|mean``) each provide ``check(opts)``
+:class:`~memlab.probes.invert.run_pooled.PooledRun` for a pooled one) each provide ``check(opts)``
 (before the model loads), ``units``, ``targets``, ``prepare`` (given the chunks to do and the machine's facts,
 measured once), ``chunk``, ``report`` and ``summary``.
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memlab.probes.invert.options import InvertOptions
+from memlab.probes.invert.options import InvertOptions, check_space_states
 from memlab.probes.invert.pooled_report import PooledChunk
 from memlab.probes.invert.report import ChunkResult
 from memlab.probes.invert.run_pooled import PooledRun
 from memlab.probes.invert.run_positions import PositionsRun
-from memlab.probes.invert.setup import machine_facts, setup
+from memlab.probes.invert.setup import affixes, machine_facts, setup
 
 
 def beside_probe(report, side, lines: list[str]) -> list[str]:
@@ -58,6 +58,7 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
     from memlab.probes.invert.chunklog import ChunkLog, read_chunks, write_settings
     from memlab.progress import progress_bar
 
+    check_space_states(opts.model)  # a space's vector and --states space go together
     kind = PooledRun if opts.pooled_search else PositionsRun
     kind.check(opts)
     device, enc, reader, texts, chunks, side = setup(opts)
@@ -101,7 +102,7 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
             text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
             common = dict(model=opts.model.model, states_from=search.src, layer=reader.layer,
                           num_layers=reader.num_layers, states=opts.model.states, hooks=dict(reader.hooks),
-                          text=text | {"split": opts.text.eval_split, "prefix": list(enc.prefix)},
+                          text=text | {"split": opts.text.eval_split, "prefix": affixes(enc)[0]},
                           noise=opts.model.noise, machine=machine)
             report = search.report(results, common)
             lines = beside_probe(report, side, search.summary(report))

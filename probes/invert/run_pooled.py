@@ -1,6 +1,6 @@
-"""The pooled search in ``memlab invert``'s run (``--states last|mean``): each chunk searched from its pooled
-state, and the same search from the next chunk's pooled state (the control, scored against the true chunk)
-(:mod:`memlab.probes.invert.pooled`)."""
+"""The pooled search in ``memlab invert``'s run (``--states last|mean|first|second_last|space``): each chunk
+searched from its pooled state (a space's vector), and the same search from the next chunk's (the control, scored
+against the true chunk) (:mod:`memlab.probes.invert.pooled`)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,34 @@ import torch
 
 from memlab.errors import ModelError
 from memlab.probes.invert.correct import CorrectOptions
-from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
+from memlab.probes.invert.pooled import LanguageHead, PooledSearcher, blind_spot
 from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
 from memlab.probes.invert.recover import Recoverer
-from memlab.probes.invert.setup import is_causal, machine_facts, states_source
+from memlab.probes.invert.setup import affixes, is_causal, machine_facts, states_source
 from memlab.probes.invert.states import LayerReader
 
 
 class PooledRun:
-    """``--states last|mean`` as the run's sequence drives it (:func:`memlab.probes.invert.run.run_invert`)."""
+    """A pooled ``--states`` as the run's sequence drives it (:func:`memlab.probes.invert.run.run_invert`)."""
 
     label = "pooled search"
 
-    def __init__(self, opts, enc, reader: LayerReader, device: str, chunks: list[list[int]]):
+    def __init__(self, opts, enc, reader, device: str, chunks: list[list[int]]):
+        """``reader``: a :class:`~memlab.probes.invert.states.LayerReader`, or for ``--states space`` a
+        :class:`~memlab.probes.invert.space_reader.SpaceReader` (bidirectional, no layer, no head)."""
         self.opts, self.enc = opts, enc
         name, states = opts.model.model, opts.model.states
-        self.prefix, self.suffix = list(enc.prefix), list(getattr(enc, "suffix", []) or [])
-        self.causal = is_causal(reader, self.prefix + chunks[0] + self.suffix, name)
+        self.prefix, self.suffix = affixes(enc)
+        longest, limit = max(len(c) for c in chunks), getattr(reader, "max_length", None)
+        if limit is not None and longest > limit:
+            raise ModelError(f"{name} reads chunks of at most {limit} tokens, and a chunk here has {longest}: give "
+                             f"--chunk-by tokens --seq-len {limit} or less")
+        causal = getattr(reader, "causal", None)  # a space says it; a transformers model is tried
+        self.causal = is_causal(reader, self.prefix + chunks[0] + self.suffix, name) if causal is None else causal
+        why = blind_spot(states, self.causal, self.prefix, self.suffix)
+        if why is not None:
+            raise ModelError(f"--states {states} cannot carry the chunk on {name}: {why}; use --states last or mean "
+                             "(or positions: every position's state)")
         self.src, src_reader = states_source(opts.model, enc, reader, device)
         head = LanguageHead.of(reader) if self.causal else None
         if opts.pooled.prior_weight and head is None:
@@ -40,6 +51,7 @@ class PooledRun:
         self.searcher = PooledSearcher(reader, states, self.search_opts, head, self.prefix, self.suffix)
         self.target_of = PooledSearcher(src_reader, states, self.search_opts, None, self.prefix, self.suffix)
         self.gen = torch.Generator().manual_seed(opts.text.seed)
+        self.proposer_note = ""
         self.proposer_name, self.proposer = self._proposer(opts, enc, head, device)
         self.recoverer = None  # made in prepare(), once the matmul rate that turns the budget into seconds is known
 
@@ -57,9 +69,21 @@ class PooledRun:
         if name == "auto" and head is not None:
             return opts.model.model, Proposer(head, enc.tokenizer, self.prefix, enc.tokenizer, popt)
         name = "smollm2" if name == "auto" else name
+        from memlab.probes.invert.options import is_space
         from memlab.probes.invert.setup import load
 
-        lm, lm_reader = load(name, -1, device)
+        if is_space(name):
+            raise ModelError(f"--proposer {name}: a space, not a causal language model; name a causal model memlab "
+                             "loads or use --proposer none")
+        try:
+            lm, lm_reader = load(name, -1, device)
+        except ModelError as e:
+            if o.proposer != "auto" or not is_space(opts.model.model):
+                raise
+            # a space's default proposer: without it, the correction starts from a blank chunk
+            self.proposer_note = (f"no proposer: the default, {name}, could not be loaded ({str(e)[:120]}); the "
+                                  "correction started from a blank chunk")
+            return None, None
         lm_head = LanguageHead.of(LayerReader(lm.model, lm_reader.num_layers))
         probe = list(lm.prefix) + lm.tokenizer("a short test", add_special_tokens=False)["input_ids"]
         if lm_head is None or not is_causal(lm_reader, probe, name):
@@ -118,7 +142,8 @@ class PooledRun:
 
     def report(self, results: list, common: dict):
         common = dict(common, text=common["text"] | {"suffix": self.suffix})
-        extra = {"causal": self.causal, "proposer": self.proposer_name, "budget_seconds": self.budget_s,
+        extra = {"causal": self.causal, "proposer": self.proposer_name, "proposer_note": self.proposer_note,
+                 "budget_seconds": self.budget_s,
                  "token_table_seconds": getattr(self, "table_s", 0.0)}
         return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)

@@ -23,8 +23,8 @@ def check_applies(reader: LayerReader, ids: list[int], name: str) -> None:
     seq = torch.tensor([ids])  # (1, T)
     if not is_causal(reader, ids, name):
         raise ModelError(f"--states positions needs a causal model, but {name} reads its input both ways (a state "
-                         f"changes with later tokens); for it use --states mean or last (a search from the pooled "
-                         f"state), or the trained probe: memlab probe --model {name} --pool mean")
+                         f"changes with later tokens); for it use --states mean, first, last or second_last (a search "
+                         f"from the pooled state), or the trained probe: memlab probe --model {name} --pool mean")
     try:
         prefix = reader.start([])
         cached = torch.stack([reader.extend(prefix, t) for t in ids])  # (T, D)

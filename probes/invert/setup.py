@@ -46,13 +46,28 @@ def is_causal(reader: LayerReader, ids: list[int], name: str) -> bool:
     return float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)).max()) <= 1e-4
 
 
-def load(spec: str, layer: int, device: str, device_map: str | None = None):
+def load(spec: str, layer: int | None, device: str, device_map: str | None = None):
     """The encoder memlab loads for ``spec`` and a reader of its states at ``layer`` (``device_map``: accelerate's
-    placement, :mod:`memlab.probes.placement`)."""
+    placement, :mod:`memlab.probes.placement`); for a space (``space:NAME:ARG``, :func:`is_space`), the probe's
+    ``SpaceEncoder`` and a :class:`~memlab.probes.invert.space_reader.SpaceReader` of its vector (one ModelError
+    line for a space that has no encoder to search with)."""
+    from memlab.probes.invert.options import is_space
+
+    if is_space(spec):
+        from memlab.probes.encoders import load_space
+        from memlab.probes.invert.space_reader import SpaceReader
+
+        enc = load_space(spec, device=device)
+        return enc, SpaceReader(enc.space, spec, vocab_size=len(enc.tokenizer))
     from memlab.probes.encoders import load_transformers
 
     enc = load_transformers(spec, layer=layer, device=device, device_map=device_map)
     return enc, LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
+
+
+def affixes(enc) -> tuple[list[int], list[int]]:
+    """The special tokens the encoder reads before and after a chunk (none for a space, which adds none)."""
+    return list(getattr(enc, "prefix", []) or []), list(getattr(enc, "suffix", []) or [])
 
 
 def states_source(model, enc, reader: LayerReader, device: str) -> tuple[str, LayerReader]:

@@ -1,4 +1,5 @@
-"""memlab invert --model NAME --layer L --states positions|last|mean: recover the input from a model's states.
+"""memlab invert --model NAME --layer L --states positions|last|mean|first|second_last (or --model
+space:memory_ae:PATH, --states space): recover the input from a model's states.
 
 The flags are made from the option dataclasses of :mod:`memlab.probes.invert.options` (one section each: model,
 text, the per-position search, the pooled search, output; a flag the two searches share is one flag), read as text
@@ -71,8 +72,10 @@ def add_parser(sub) -> None:
         description="Recover held-out chunks token by token from a causal model's states at one layer, with the "
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
-                    "vocabulary when no ranked candidate matches. With --states last or mean, search the token "
-                    "sequence whose pooled state matches, beside a control search from another chunk's state. "
+                    "vocabulary when no ranked candidate matches. With a pooled --states (last, mean, first, "
+                    "second_last: the trained probe's poolings; space: a memory model's memory vector, --model "
+                    "space:memory_ae:PATH), search the token sequence whose vector matches, beside a control "
+                    "search from another chunk's vector. "
                     "Writes report.json into --out and prints a summary.")
     shared = _shared()
     for section, cls in _sections().items():
@@ -86,7 +89,7 @@ def add_parser(sub) -> None:
             for f in fields(cls):
                 if f.name in shared:
                     _add(both, section, f, f"search.{f.name}",
-                         f"positions: {_help('positions', f.name)}; last/mean: {_help('pooled', f.name)}")
+                         f"positions: {_help('positions', f.name)}; pooled: {_help('pooled', f.name)}")
     p.set_defaults(func=run)
 
 
@@ -104,7 +107,7 @@ def options(args: argparse.Namespace):
     """The flags as one checked :class:`~memlab.probes.invert.options.InvertOptions` (no heavy import): one
     ConfigError line for the first bad flag."""
     from memlab.errors import ConfigError
-    from memlab.probes.invert.options import InvertOptions, flag_name, parse_value
+    from memlab.probes.invert.options import InvertOptions, flag_name, is_space, parse_value, pooled_names, settle_space
 
     given = _given(args)
     if ("output", "resume") in given:
@@ -123,18 +126,19 @@ def options(args: argparse.Namespace):
             if value:
                 raise ConfigError(f"{flag} does not go with --probe: the table reads both instruments on the "
                                   "states the probe read")
+    settle_space(opts.model, names)  # a space: --states space, no layer
     chosen = "pooled" if opts.pooled_search else "positions"
     for (section, name), value in given.items():  # the chosen search's flags; the other's are refused
         if section in ("positions", "pooled") and section != chosen:
             raise ConfigError(f"{flag_name(section, name)} applies to --states "
-                              f"{'positions' if section == 'positions' else 'last or mean'}, not to --states "
+                              f"{'positions' if section == 'positions' else pooled_names()}, not to --states "
                               f"{opts.model.states}")
         if section in ("positions", "pooled", "search"):
             setattr(getattr(opts, chosen), name, value if isinstance(value, bool) else
                     parse_value(chosen, name, value))
     if not opts.model.model:
         raise ConfigError("give --model NAME_OR_PATH (a causal model), or --probe RUN")
-    if opts.model.layer is None:
+    if opts.model.layer is None and not is_space(opts.model.model):
         raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
     if opts.text.n > opts.text.n_eval:
         raise ConfigError(f"--n {opts.text.n} is more than the --n-eval {opts.text.n_eval} chunks it is drawn from")
