@@ -169,7 +169,7 @@ def test_invert_adds_each_vector_read_with_its_weights(tmp_path, capsys):
     assert rep["text"]["seq_len"] == probe["seq_len"] == summary["options"]["seq_len"]
     assert rep["text"]["n_eval"] == probe["n_eval"] and rep["text"]["corpus"] == "austen"
     table = (tmp_path / "qs" / "invert.md").read_text()
-    assert "| token_lm | last | 2 |" in table and "| random_init | not inverted: random weights" in table
+    assert "| token_lm | last | 2 x 16 words |" in table and "| random_init | not inverted: random weights" in table
     assert "From each vector itself" in capsys.readouterr().out
 
 
@@ -177,3 +177,14 @@ def test_invert_flag_is_checked_before_any_work(tmp_path):
     assert main(["quickstart", "--fast", "--invert", "-1", "--out", str(tmp_path / "qs")]) == 2
     assert main(["quickstart", "--fast", "--invert", "1", "--invert-gflops", "0", "--out", str(tmp_path / "q2")]) == 2
     assert not (tmp_path / "qs").exists() and not (tmp_path / "q2").exists()
+
+
+@pytest.mark.slow
+def test_invert_reads_the_memory_vector_on_chunks_it_can_hold(tmp_path):
+    """The memory autoencoder's vector is inverted through its own encoder (``--states space``), on chunks of at most
+    the probe's cap in its own tokens (its chunk length), so no chunk is refused (about a minute: SmolLM2 proposes)."""
+    entries = [e for e in default_entries() if e.name == "memory_ae"]
+    summary = run_quickstart(out=tmp_path / "qs", fast=True, entries=entries, invert=2, invert_gflops=5)
+    row = summary["inversion"][0]
+    assert row["states"] == "space" and row["chunk"] == "32 tokens" and row["chunks"] == 2
+    assert 0 <= row["readings"]["token_accuracy"]["value"] <= 1

@@ -214,7 +214,8 @@ RANDOM_NOT_INVERTED = "random weights drawn for the probe: no saved model for me
 
 def default_entries() -> list[Entry]:
     return [
-        Entry("memory_ae", "memory vector (all K flattened)", _hf(_memory_ae_spec), _needs_memory),
+        Entry("memory_ae", "memory vector (all K flattened)", _hf(_memory_ae_spec), _needs_memory,
+              invert=(_memory_ae_spec, "space")),
         Entry("token_lm", "last token, last layer", _hf(lambda c: str(_token_lm_dir(c)), pool="last"),
               invert=(lambda c: str(_token_lm_dir(c)), "last")),
         Entry("random_init", "token_lm shape, random weights, last token",
@@ -298,14 +299,21 @@ def invert_entry(e: Entry, ctx: Context, probe_opts, n: int, gflops: float, out:
 
     spec, states = e.invert
     seq_len = probe_opts.seq_len if isinstance(probe_opts.seq_len, int) else probe_opts.seq_len[0]
+    chunk_by = probe_opts.chunk_by
+    if states == "space" and probe_opts.max_chunk_tokens:  # a memory model reads at most its chunk length: the
+        seq_len, chunk_by = probe_opts.max_chunk_tokens, "tokens"  # probe's cap, in the model's own tokens
     opts = InvertOptions(
-        model=ModelOptions(model=spec(ctx), layer=-1, states=states, device=ctx.device),
-        text=TextOptions(seq_len=seq_len, chunk_by=probe_opts.chunk_by, n=n, n_eval=probe_opts.n_eval,
+        model=ModelOptions(model=spec(ctx), layer=None if states == "space" else -1, states=states, device=ctx.device),
+        text=TextOptions(seq_len=seq_len, chunk_by=chunk_by, n=n, n_eval=probe_opts.n_eval,
                          corpus=probe_opts.corpus, eval_split=probe_opts.eval_split, seed=probe_opts.seed),
         pooled=PooledOptions(gflops=gflops), output=OutputOptions(out=str(out)))
-    report, _ = run_invert(opts, out)
+    try:
+        report, _ = run_invert(opts, out)
+    except MemlabError as err:  # one entry that cannot be inverted does not end the quickstart
+        return {"name": e.name, "why": str(err)}
     t, rate = report.totals, report.machine["matmul_gflops"]
     return {"name": e.name, "states": states, "chunks": len(report.chunks), "run": str(out),
+            "chunk": f"{seq_len} {chunk_by}",
             "readings": {k: t[k].to_dict() for k in [c for col in INVERT_COLUMNS for c in col[1:]] + ["certified",
                                                                                                      "distance"]},
             "gflops_per_chunk": t["seconds_per_chunk"].value * rate, "matmul_gflops": rate}
@@ -313,7 +321,7 @@ def invert_entry(e: Entry, ctx: Context, probe_opts, n: int, gflops: float, out:
 
 def format_invert_table(rows: list[dict], gflops: float) -> str:
     """The inversion's readings per entry: each with its interval, the control's beside it."""
-    head = ["model", "states", "chunks"] + [f"{h} ({'control'})" for h, _, _ in INVERT_COLUMNS] + [
+    head = ["model", "states", "chunks"] + [f"{h} (control)" for h, _, _ in INVERT_COLUMNS] + [
         "certified", "relative distance", "GFLOP-eq per chunk"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -322,11 +330,12 @@ def format_invert_table(rows: list[dict], gflops: float) -> str:
             continue
         g = r["readings"]
         cells = [f"{cell(g[k], False, 3)} ({g[c]['value']:.3f})" for _, k, c in INVERT_COLUMNS]
-        lines.append("| " + " | ".join([r["name"], r["states"], str(r["chunks"]), *cells,
+        lines.append("| " + " | ".join([r["name"], r["states"], f"{r['chunks']} x {r['chunk']}", *cells,
                                         f"{g['certified']['value']:.2f}", cell(g["distance"], False, 3),
                                         f"{r['gflops_per_chunk']:,.0f}"]) + " |")
     return "\n".join(lines) + (f"\n\nInverted with the weights in the loop (`memlab invert --states STATES --layer -1 "
-                               f"--gflops {gflops:g}`), on the first chunks the probes read; control: the same "
+                               f"--gflops {gflops:g}`; a space's vector: `--states space`, no layer), on the first "
+                               "chunks the probes read; control: the same "
                                "search from the next chunk's vector, scored against the true chunk.")
 
 
