@@ -223,6 +223,14 @@ class PooledOptions:
     """Tokens kept per position from a second ranking, by every token's pooled state alone (computed once per run):
     the change of the state a swap would make estimated from the two tokens' states; half the swaps come from it
     (0: off, the gradient's ranking alone)."""
+    whiten: float = _opt(0.9, least=0.0, most=1.0)
+    """The distance the correction descends, whitened: measured in the coordinates in which the pooled states of
+    --whiten-chunks chunks of the corpus's training split have unit variance, their covariance's eigenvalues taken
+    this share of the way from their mean (0: the plain distance; 1: fully whitened). The reported distance and the
+    certificate stay the plain one."""
+    whiten_chunks: int = _opt(1000, least=2)
+    """Chunks of the training split (cut as the held-out ones) whose pooled states give the whitening, once per
+    run."""
     screen: int = _opt(16, least=0)
     """Rank each batch of edits through a bfloat16 copy of the model (about twice as fast on CPUs with native bf16)
     and verify only the nearest this many in float32 (0, or a device without native bf16: verify every edit)."""

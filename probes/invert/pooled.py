@@ -187,6 +187,27 @@ class PooledSearcher:
         self.prefix, self.suffix = list(prefix), list(suffix)
         self._low = None  # the bfloat16 copy that screens candidates (made when first asked)
         self._table: torch.Tensor | None = None  # every token's pooled state alone (made when first asked)
+        self.metric: torch.Tensor | None = None  # (D, D): the search descends |(z - z*) W| (None: W = I)
+        self.center: torch.Tensor | None = None  # (D,): the pooled states' mean, the origin |z*| is measured from
+        self._table_w: torch.Tensor | None = None
+
+    def set_metric(self, weight: torch.Tensor | None, center: torch.Tensor | None = None) -> None:
+        """Descend the distance ``|(z - z*) W| / |(z* - c) W|`` instead of ``|z - z*| / |z*|`` (``weight`` ``W``
+        ``(D, D)``, e.g. :func:`whitening`; None: the plain distance). Only the search's objective changes: the
+        reported distance and the certificate stay the plain relative distance, and ``W`` invertible keeps the
+        target's own text at zero."""
+        self.metric = None if weight is None else weight.float().cpu()
+        self.center = None if weight is None else (torch.zeros(weight.shape[0]) if center is None
+                                                   else center.float().cpu())
+        self._table_w = None
+
+    def _rel2(self, z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The objective's squared relative distance ``(B,)`` of pooled states ``z`` ``(B, D)`` to ``target``."""
+        if self.metric is None:
+            return (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)
+        w = self.metric.to(z.device)
+        norm = ((target - self.center.to(z.device)) @ w).pow(2).sum().clamp_min(1e-30)
+        return ((z - target) @ w).pow(2).sum(-1) / norm
 
     def wrap(self, ids: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` chunk ids -> ``(B, p + T + s)`` with the fixed special tokens."""
@@ -204,7 +225,7 @@ class PooledSearcher:
         """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)``."""
         z = self.pooled(ids)  # (B, D)
         d2 = (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
-        obj = d2
+        obj = d2 if self.metric is None else self._rel2(z, target)
         if self.opt.prior_weight and self.head is not None:
             obj = obj + self.opt.prior_weight * self.head.nll(self.wrap(ids).to(self.reader.device),
                                                               len(self.prefix)).cpu()
@@ -216,9 +237,8 @@ class PooledSearcher:
         full = self.wrap(ids[None])[0]  # (T',)
         e = r.embed(full[None]).detach().requires_grad_(True)  # (1, T', D_e)
         with torch.enable_grad():
-            z = r.vectors(e)[0]  # (D,)
-            t = target.to(z.device)
-            loss = (z - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-30)
+            z = r.vectors(e)  # (1, D)
+            loss = self._rel2(z, target.to(z.device))[0]
             (g,) = torch.autograd.grad(loss, e)
         p = len(self.prefix)
         g = g[0, p : p + len(ids)].float()  # (T, D_e)
@@ -241,7 +261,7 @@ class PooledSearcher:
         if self._low is None:
             self._low = self.vec.bfloat16()
         z = self._low.vectors(self._low.embed(self.wrap(ids))).cpu()  # (B, D)
-        return (z - target).pow(2).sum(-1) / target.pow(2).sum().clamp_min(1e-30)  # (B,)
+        return self._rel2(z, target)  # (B,)
 
     @torch.no_grad()
     def token_table(self, batch: int = 512) -> torch.Tensor:
@@ -262,6 +282,10 @@ class PooledSearcher:
         top wherever it goes."""
         u = self.token_table()  # (V, D)
         r = target.float().cpu() - self.pooled(ids[None])[0]  # (D,)
+        if self.metric is not None:  # the same estimate, measured in the objective's coordinates
+            if self._table_w is None:
+                self._table_w = u @ self.metric
+            u, r = self._table_w, r @ self.metric
         ru = u @ r  # (V,)
         uu = u.pow(2).sum(-1)  # (V,)
         cur = ids.cpu()
@@ -270,6 +294,27 @@ class PooledSearcher:
         dd = (uu[:, None] - 2 * cross + uu[cur][None]).clamp_min(1e-12)  # (V, T): |delta|^2
         c = (rd / dd).clamp_min(0)
         return (r.pow(2).sum() - 2 * c * rd + c.pow(2) * dd).T  # (T, V)
+
+    @torch.no_grad()
+    def whitening(self, chunks: list[list[int]], keep: float, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W, mean)`` from the pooled states of ``chunks`` (text like the targets', e.g. the corpus's training
+        chunks): ``W = S^{-1/2}`` for their covariance ``S`` with its eigenvalues ``l`` taken as ``keep * l + (1 -
+        keep) * mean(l)`` (``keep`` 1: full whitening, 0: ``W`` a multiple of the identity). In a sentence
+        encoder's pooled space a few directions (the topic) hold most of the variance, so the plain distance ranks
+        texts by topic; whitened, the directions in which one word or its place moves the state count as much."""
+        by_len: dict[int, list[list[int]]] = {}
+        for c in chunks:
+            by_len.setdefault(len(c), []).append(c)
+        z = torch.cat([self.pooled(torch.tensor(cs[i:i + batch])) for cs in by_len.values()
+                       for i in range(0, len(cs), batch)]).double()  # (N, D)
+        if len(z) < 2:
+            raise ValueError("whitening needs the pooled states of at least two chunks")
+        mean = z.mean(0)
+        lam, vec = torch.linalg.eigh(torch.cov(z.T))
+        lam = lam.clamp_min(0)
+        lam = keep * lam + (1 - keep) * lam.mean()  # a direction the chunks never move along (a normalised
+        w = vec @ torch.diag(lam.clamp_min(lam.mean() * 1e-6).rsqrt()) @ vec.T  # state's) is not stretched unbounded
+        return w.float(), mean.float()
 
     def objective(self, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(objective, relative distance), each ``(B,)``, of chunks ``(B, T)`` (every candidate verified exactly)."""

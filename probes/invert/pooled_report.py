@@ -153,7 +153,9 @@ def search_line(s: dict, prior: bool) -> str:
             + (f", table top-{s['table_topk']}" if s.get("table_topk") else "")
             + (f", pairs of the best {s['pair_top']}" if s.get("pair_top", 0) > 1 else "")
             + (f", merges of up to {s['merge']}" if s.get("merge", 0) > 1 else "")
-            + (f", bf16 screen keeping {s['screen']}" if s.get("screen") else ""))
+            + (f", bf16 screen keeping {s['screen']}" if s.get("screen") else "")
+            + (f"; distance whitened ({s['whiten']:g}, {s['whitening_chunks']} training chunks)"
+               if s.get("whitening_chunks") else ""))
 
 
 def pooled_summary(rep: PooledReport) -> list[str]:

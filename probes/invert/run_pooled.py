@@ -122,6 +122,16 @@ class PooledRun:
             began = time.perf_counter()
             self.searcher.token_table()
             self.table_s = time.perf_counter() - began
+        self.whiten_s, self.whiten_n = 0.0, 0
+        if o.whiten and o.method != "propose":  # the correction's metric, once for the run
+            from memlab.probes.invert.setup import train_chunk_ids
+
+            began = time.perf_counter()
+            train = [c for c in train_chunk_ids(self.opts.text, self.enc.tokenizer, o.whiten_chunks) if c]
+            if len(train) >= 2:  # a corpus with no training text to speak of: the plain distance
+                self.searcher.set_metric(*self.searcher.whitening(train, o.whiten))
+            self.whiten_n = len(train) if len(train) >= 2 else 0
+            self.whiten_s = time.perf_counter() - began
         tok = self.enc.tokenizer
         pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
         self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
@@ -144,7 +154,9 @@ class PooledRun:
         common = dict(common, text=common["text"] | {"suffix": self.suffix})
         extra = {"causal": self.causal, "proposer": self.proposer_name, "proposer_note": self.proposer_note,
                  "budget_seconds": self.budget_s,
-                 "token_table_seconds": getattr(self, "table_s", 0.0)}
+                 "token_table_seconds": getattr(self, "table_s", 0.0),
+                 "whitening_seconds": getattr(self, "whiten_s", 0.0),
+                 "whitening_chunks": getattr(self, "whiten_n", 0)}
         return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)
 

@@ -33,6 +33,16 @@ def chunk_ids(text, tokenizer) -> tuple[list[str], list[list[int]]]:
     return texts, rows(ids)
 
 
+def train_chunk_ids(text, tokenizer, n: int) -> list[list[int]]:
+    """``n`` chunks cut as the run's (``text``: its :class:`~memlab.probes.invert.options.TextOptions`) from the
+    corpus's training split, the probe's training chunks, in ``tokenizer`` (no special tokens): text like the
+    targets', never the held-out chunks themselves."""
+    args = (n, "train", text.corpus, text.seed)
+    if text.chunk_by == "tokens":
+        return rows(probe_chunks(tokenizer, text.seq_len, *args, at_most=True))
+    return rows(tokenize_chunks(probe_texts(text.seq_len, *args, at_most=True), tokenizer)[0])
+
+
 def is_causal(reader: LayerReader, ids: list[int], name: str) -> bool:
     """Whether changing the last token of ``ids`` leaves every earlier state unchanged (one ModelError line when the
     model's forward pass cannot be read from input embeddings)."""
