@@ -15,7 +15,8 @@ until nearly every token is right, no local search finds the way (the true chunk
 Also, at up to 4 positions of each chunk: with every other position filled, the rank of the right token there by
 exact distance among ``--candidates`` random tokens (0: nearest), i.e. whether one right edit is visible from
 random text at all; and with every other position right, the median distance a random token there leaves (how
-narrow the hole is, for a random token and for the other chunk's).
+narrow the hole is, for a random token and for the other chunk's). ``--whiten K``: the distance is the whitened
+one ``memlab invert --whiten K`` descends (the pooled states of 1,000 training chunks), not the plain one.
 
 Writes landscape.json and landscape.png into ``--out`` and prints a markdown table: per layer, the median and
 quartiles of the distance at each share of tokens right.
@@ -40,6 +41,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--draws", type=int, default=32)
     p.add_argument("--candidates", type=int, default=255)
+    p.add_argument("--whiten", type=float, default=0.0,
+                   help="measure the whitened distance the correction descends (memlab invert --whiten; 0: the plain one)")
     p.add_argument("--fill", default="other", choices=("other", "random"),
                    help="what the wrong positions hold: another chunk's tokens there (real text) or random tokens")
     p.add_argument("--corpus", default="austen")
@@ -50,14 +53,15 @@ def main(argv: list[str]) -> int:
 
     from memlab.probes.invert.options import InvertOptions, PooledOptions
     from memlab.probes.invert.pooled import PooledSearcher
-    from memlab.probes.invert.setup import machine_facts, setup
+    from memlab.probes.invert.setup import machine_facts, setup, train_chunk_ids
 
     torch.set_num_threads(args.threads)
     machine = machine_facts()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": " ".join(["python", "benchmarks/invert_pooled_landscape.py", *sys.argv[1:]]),
-           "machine": machine, "model": args.model, "states": args.states, "fill": args.fill, "layers": {}}
+           "machine": machine, "model": args.model, "states": args.states, "fill": args.fill,
+           "whiten": args.whiten, "layers": {}}
     t0 = time.perf_counter()
     for layer in [int(x) for x in args.layers.split(",")]:
         o = InvertOptions()
@@ -66,6 +70,12 @@ def main(argv: list[str]) -> int:
         _, enc, reader, texts, chunks, _ = setup(o)
         s = PooledSearcher(reader, args.states, PooledOptions(), None, list(enc.prefix),
                            list(getattr(enc, "suffix", []) or []))
+        if args.whiten:  # the distance the correction descends: whitened by the training chunks' pooled states
+            s.set_metric(*s.whitening(train_chunk_ids(o.text, enc.tokenizer, 1000), args.whiten))
+
+        def dist(seqs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+            return torch.cat([s.objective(seqs[i:i + 128], z)[0].sqrt() for i in range(0, len(seqs), 128)])
+
         gen = torch.Generator().manual_seed(0)
         curve, ranks = {}, []
         for ci, ids in enumerate(chunks):
@@ -86,8 +96,7 @@ def main(argv: list[str]) -> int:
                     seq = fill()
                     seq[keep] = true[keep]
                     seqs.append(seq), right.append(int((seq == true).sum()))
-            batch = torch.stack(seqs)
-            d = torch.cat([s.objective(batch[i:i + 128], z)[1] for i in range(0, len(batch), 128)])
+            d = dist(torch.stack(seqs), z)
             for r, x in zip(right, d.tolist()):
                 curve.setdefault(round(r / T, 2), []).append(x)
             for t in torch.randperm(T, generator=gen)[: min(T, 4)].tolist():  # one wrong token: is the right one seen
@@ -96,15 +105,15 @@ def main(argv: list[str]) -> int:
                 cand = cand[(cand != true[t]) | (torch.arange(len(cand)) == 0)]
                 b = true.repeat(len(cand), 1)
                 b[:, t] = cand
-                dd = torch.cat([s.objective(b[1:][i:i + 128], z)[1] for i in range(0, len(cand) - 1, 128)])
+                dd = dist(b[1:], z)
                 one = true.clone()
                 one[t] = int(other[t]) if int(other[t]) != int(true[t]) else int(cand[1])
-                d_other = float(s.objective(one[None], z)[1][0])
+                d_other = float(dist(one[None], z)[0])
                 ranks.append({"median_distance_one_wrong": float(dd.median()), "distance_other_token": d_other})
                 # every other position filled instead: the right token at t among random ones there
                 b2 = fill().repeat(len(cand), 1)
                 b2[:, t] = cand
-                d2 = torch.cat([s.objective(b2[i:i + 128], z)[1] for i in range(0, len(cand), 128)])
+                d2 = dist(b2, z)
                 ranks[-1]["rank_among_random_when_the_rest_is_random"] = int((d2[1:] < d2[0]).sum())
                 ranks[-1]["candidates"] = len(cand) - 1
         q = {str(k): {"median": float(torch.tensor(v).median()), "q1": float(torch.tensor(v).quantile(0.25)),
@@ -120,7 +129,8 @@ def main(argv: list[str]) -> int:
 
 
 def _markdown(res: dict) -> str:
-    lines = [f"| layer | share of tokens right (the rest: {FILLS[res['fill']]}) | relative distance: median [q1, q3] |",
+    which = f"whitened ({res['whiten']:g}) relative distance" if res.get("whiten") else "relative distance"
+    lines = [f"| layer | share of tokens right (the rest: {FILLS[res['fill']]}) | {which}: median [q1, q3] |",
              "|---|---|---|"]
     for layer, r in res["layers"].items():
         for k, v in r["curve"].items():
@@ -155,7 +165,8 @@ def _plot(res: dict, path: Path) -> None:
         ax.fill_between(xs, [v["q1"] for v in r["curve"].values()], [v["q3"] for v in r["curve"].values()],
                         color=f"C{i}", alpha=0.2)
     ax.set_xlabel(f"share of the chunk's tokens right (the rest: {FILLS[res['fill']]})")
-    ax.set_ylabel("relative distance to the chunk's pooled state")
+    ax.set_ylabel("relative distance to the chunk's pooled state" + (f" (whitened, {res['whiten']:g})"
+                                                                      if res.get("whiten") else ""))
     ax.set_title(f"{res['model']}, {res['states']} state: the landscape a search climbs", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -224,10 +224,10 @@ class PooledOptions:
     the change of the state a swap would make estimated from the two tokens' states; half the swaps come from it
     (0: off, the gradient's ranking alone)."""
     whiten: float = _opt(0.9, least=0.0, most=1.0)
-    """The distance the correction descends, whitened: measured in the coordinates in which the pooled states of
-    --whiten-chunks chunks of the corpus's training split have unit variance, their covariance's eigenvalues taken
-    this share of the way from their mean (0: the plain distance; 1: fully whitened). The reported distance and the
-    certificate stay the plain one."""
+    """The distance the correction descends, whitened: measured where the pooled states of --whiten-chunks chunks of
+    the corpus's training split have unit variance, each eigenvalue l of their covariance taken as X l + (1 - X)
+    mean(l) (1: fully whitened; 0: the plain distance). The reported distance and the certificate stay the plain
+    one."""
     whiten_chunks: int = _opt(1000, least=2)
     """Chunks of the training split (cut as the held-out ones) whose pooled states give the whitening, once per
     run."""
