@@ -85,7 +85,8 @@ def test_command_whitens_by_default_and_reports_it(tmp_path, capsys):
     assert main(base + ["--whiten-chunks", "64", "--out", str(tmp_path / "w")]) == 0
     rep = json.loads((tmp_path / "w" / "report.json").read_text())
     assert rep["search"]["whiten"] == 0.9 and rep["search"]["whitening_chunks"] == 64
-    assert "distance whitened (0.9, 64 training chunks)" in (tmp_path / "w" / "summary.txt").read_text()
+    summary = (tmp_path / "w" / "summary.txt").read_text()
+    assert "distance whitened (0.9, 64 training chunks)" in summary and "whitening (64 training chunks'" in summary
     assert main(base + ["--whiten", "0", "--out", str(tmp_path / "p")]) == 0
     rep = json.loads((tmp_path / "p" / "report.json").read_text())
     assert rep["search"]["whitening_chunks"] == 0 and "whitened" not in (tmp_path / "p" / "summary.txt").read_text()

@@ -191,4 +191,9 @@ def pooled_summary(rep: PooledReport) -> list[str]:
         lines.append(f"token table (every token's pooled state alone, once for the run): "
                      f"{s['token_table_seconds']:.1f} s ({g:.0f} GFLOP-equivalents; {g / n:.0f} per search over the "
                      f"run's {n} searches)")
+    if s.get("whitening_chunks"):
+        n = len(rep.chunks) * (2 if control else 1)
+        g = s["whitening_seconds"] * rate
+        lines.append(f"whitening ({s['whitening_chunks']} training chunks' pooled states, once for the run): "
+                     f"{s['whitening_seconds']:.1f} s ({g:.0f} GFLOP-equivalents; {g / n:.0f} per search)")
     return lines
