@@ -113,6 +113,7 @@ class PooledRun:
         o = self.opts.pooled
         self.rate = (machine or machine_facts())["matmul_gflops"]
         self.budget_s = min(o.seconds, o.gflops / self.rate)
+        self.searcher.set_metric(None)  # the plain distance unless the correction's is whitened below
         if o.method == "swap":
             self.searcher.opt = replace(self.search_opts, seconds=self.budget_s)
             return
