@@ -29,7 +29,8 @@ class PooledRun:
         self.opts, self.enc = opts, enc
         name, states = opts.model.model, opts.model.states
         self.prefix, self.suffix = affixes(enc)
-        longest, limit = max(len(c) for c in chunks), getattr(reader, "max_length", None)
+        longest = max(len(c) for c in chunks)
+        self.limit = limit = getattr(reader, "max_length", None)
         if limit is not None and longest > limit:
             raise ModelError(f"{name} reads chunks of at most {limit} tokens, and a chunk here has {longest}: give "
                              f"--chunk-by tokens --seq-len {limit} or less")
@@ -128,7 +129,8 @@ class PooledRun:
             from memlab.probes.invert.setup import train_chunk_ids
 
             began = time.perf_counter()
-            train = [c for c in train_chunk_ids(self.opts.text, self.enc.tokenizer, o.whiten_chunks) if c]
+            train = [c for c in train_chunk_ids(self.opts.text, self.enc.tokenizer, o.whiten_chunks)
+                     if c and (self.limit is None or len(c) <= self.limit)]  # what the encoder reads
             if len(train) >= 2:  # a corpus with no training text to speak of: the plain distance
                 self.searcher.set_metric(*self.searcher.whitening(train, o.whiten))
             self.whiten_n = len(train) if len(train) >= 2 else 0
