@@ -291,7 +291,9 @@ INVERT_COLUMNS = (("token-set F1", "token_f1", "control_token_f1"),
 
 def invert_entry(e: Entry, ctx: Context, probe_opts, n: int, gflops: float, out: Path) -> dict:
     """``memlab invert`` of the entry's vector on the first ``n`` of the probe's held-out chunks (the same texts,
-    uncapped), ``gflops`` GFLOP-equivalents per chunk, beside its control: the inversion's row (or why none)."""
+    uncapped; for a memory model's vector, which reads at most its chunk length, chunks of the probe's token cap cut
+    in its own tokens), ``gflops`` GFLOP-equivalents per chunk, beside its control: the inversion's row (or why
+    none)."""
     if not isinstance(e.invert, tuple):
         return {"name": e.name, "why": e.invert or "no model memlab invert loads"}
     from memlab.probes.invert.options import InvertOptions, ModelOptions, OutputOptions, PooledOptions, TextOptions
