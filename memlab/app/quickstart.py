@@ -441,7 +441,8 @@ def _probe_entries(entries: list[Entry], only, skip, base: dict, budget: Callabl
                   + f" ({r['seconds']:.0f}s)")
         del encoder
         if ctx.invert and e.invert is not None:
-            line = WorkLine(f"[{e.name}]", f"inverting {ctx.invert} chunks from the vector itself...")
+            line = WorkLine(f"[{e.name}]", f"inverting {ctx.invert} chunks from the vector itself..." if
+                            isinstance(e.invert, tuple) else "the vector itself:")
             inv = invert_entry(e, ctx, opts, ctx.invert, ctx.invert_gflops, run_dir / "entries" /
                                e.name.replace(":", "-") / "invert")
             inverted.append(inv)
