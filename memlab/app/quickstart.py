@@ -294,8 +294,8 @@ def invert_entry(e: Entry, ctx: Context, probe_opts, n: int, gflops: float, out:
     uncapped; for a memory model's vector, which reads at most its chunk length, chunks of the probe's token cap cut
     in its own tokens), ``gflops`` GFLOP-equivalents per chunk, beside its control: the inversion's row (or why
     none)."""
-    if not isinstance(e.invert, tuple):
-        return {"name": e.name, "why": e.invert or "no model memlab invert loads"}
+    if not isinstance(e.invert, tuple):  # the reason it cannot be (the caller asks only entries that set one)
+        return {"name": e.name, "why": e.invert}
     from memlab.probes.invert.options import InvertOptions, ModelOptions, OutputOptions, PooledOptions, TextOptions
     from memlab.probes.invert.run import run_invert
 
