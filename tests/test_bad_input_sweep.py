@@ -163,7 +163,7 @@ CASES = [  # (argv, phrase of the one line)
     (["invert", "--model", "m", "--layer", "1", "--seq-len", "0"], "--seq-len must be >= 2"),
     (["invert", "--model", "m", "--layer", "1", "--n", "x"], "--n takes an integer"),
     (["invert", "--model", "m", "--layer", "1", "--states", "sum"],
-     "--states takes positions, last, mean, first, second_last or space"),
+     "--states takes positions, last, mean, first, second_last, logits or space"),
     (["invert", "--model", "m"], "give --layer"),
     (["bench", "--mfu-steps", "0"], "--mfu-steps: must be a positive integer"),
     (["bench", "--mfu-steps=-3"], "--mfu-steps: must be a positive integer"),

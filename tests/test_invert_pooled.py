@@ -93,10 +93,10 @@ def _cli(*argv, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--states", "pooled"], "--states takes positions, last, mean, first, second_last or space"),
+    (["--states", "pooled"], "--states takes positions, last, mean, first, second_last, logits or space"),
     (["--states", "last", "--budget", "5"], "--budget applies to --states positions"),
     (["--states", "positions", "--forwards", "5"],
-     "--forwards applies to --states last, mean, first, second_last or space"),
+     "--forwards applies to --states last, mean, first, second_last, logits or space"),
     (["--states", "mean", "--init", "beam"], "--init takes greedy, sample or random"),
     (["--states", "last", "--forwards", "0"], "--forwards must be >= 1"),
     (["--states", "last", "--seconds", "x"], "--seconds takes a number"),

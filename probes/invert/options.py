@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-STATES = ("positions", "last", "mean", "first", "second_last", "space")
+STATES = ("positions", "last", "mean", "first", "second_last", "logits", "space")
 """What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
 pooled state per chunk, as the trained probe's poolings read it (the last position's state, the mean over
-positions, the first position's state, the state before the last position), or a space's vector (a memory model's
+positions, the first position's state, the state before the last position), a causal model's next-token
+distribution after the chunk (its log-probabilities over the vocabulary), or a space's vector (a memory model's
 memory vector)."""
 
-POOLED = ("last", "mean", "first", "second_last", "space")
+POOLED = ("last", "mean", "first", "second_last", "logits", "space")
 """The ``--states`` read by the pooled search."""
 
 SPACE = "space"
@@ -30,7 +31,7 @@ SPACE = "space"
 
 
 def pooled_names() -> str:
-    """The pooled ``--states`` in words: ``last, mean, first, second_last or space``."""
+    """The pooled ``--states`` in words: ``last, mean, first, second_last, logits or space``."""
     return ", ".join(POOLED[:-1]) + " or " + POOLED[-1]
 
 
@@ -92,7 +93,9 @@ class ModelOptions:
     state per chunk as the probe pools it: last (the last position's state), mean (the mean over positions), first
     (the first position's state: a bidirectional encoder's [CLS]) or second_last (the state before the last
     position); for bidirectional encoders the pooled ones apply, for causal models last and mean (second_last
-    only where a special token follows the chunk; first never: it reads only what precedes the chunk); or space:
+    only where a special token follows the chunk; first never: it reads only what precedes the chunk); logits:
+    a causal model's next-token log-probabilities after the chunk, the whole vocabulary (read after the last
+    block: no --layer, or -1); or space:
     the vector of --model space:NAME:PATH (a memory model's K memory vectors, flattened as the probe reads
     them)."""
     probe: str | None = None
@@ -181,14 +184,22 @@ class PositionsOptions:
     vocabulary."""
 
 
+METHODS = ("propose-correct", "relax-correct", "propose", "correct", "relax", "swap")
+"""The pooled search's --method words."""
+RELAX_METHODS = ("relax-correct", "relax")
+"""The --method words that run the continuous relaxation (:mod:`memlab.probes.invert.relax`)."""
+
+
 @dataclass
 class PooledOptions:
-    """The pooled search (--states last, mean, first, second_last or space): text proposed by a language model and
-    kept by the encoder's pooled distance, then corrected by gradient-ranked edits each verified exactly, within a
-    budget, beside a control search from another chunk's state."""
+    """The pooled search (--states last, mean, first, second_last, logits or space): text proposed by a language
+    model and kept by the encoder's pooled distance, or a continuous relaxation of the input descended through the
+    weights, then corrected by gradient-ranked edits each verified exactly, within a budget, beside a control
+    search from another chunk's state."""
 
-    method: str = _opt("propose-correct", choices=("propose-correct", "propose", "correct", "swap"))
-    """propose-correct: proposals, then corrections; propose or correct: one stage alone; swap: the
+    method: str = _opt("propose-correct", choices=METHODS)
+    """propose-correct: proposals, then corrections; relax-correct: the continuous relaxation of the input, then
+    corrections from its nearest projection; propose, correct or relax: one stage alone; swap: the
     gradient-guided single-token swap search alone (restarts from the model's own text)."""
     gflops: float = _opt(20000.0, least=0.0, inf=True)
     """Budget per chunk in GFLOP-equivalents (seconds x the matmul rate measured in the run); inf: none."""
@@ -207,6 +218,26 @@ class PooledOptions:
     """Most share of the budget's time the proposal may take (the rest goes to the correction)."""
     bow_weight: float = _opt(0.0, least=0.0)
     """Bias of the proposals toward the tokens the target's first-order scores favour (0: off)."""
+    relax_share: float = _opt(0.75, least=0.0, most=1.0)
+    """--method relax-correct: most share of the budget the relaxation takes (the rest, and what a certified
+    relaxation leaves, goes to the correction)."""
+    relax_steps: int = _opt(3000, least=1)
+    """Most relaxation steps per chunk (each one forward and backward pass of its rows, and one forward pass of
+    their projections)."""
+    relax_rows: int = _opt(4, least=1)
+    """Relaxed sequences per chunk, optimised side by side from different draws."""
+    relax_group: int = _opt(4, least=1)
+    """Chunks (and their controls) relaxed together in one batch."""
+    relax_lr: float = _opt(0.065, least=0.0)
+    """Learning rate of the relaxation (Adam without bias correction, on the logits over the vocabulary)."""
+    relax_temp: float = _opt(0.05, least=1e-6)
+    """Softmax temperature of each position's mixture of embedding rows."""
+    relax_decay: float = _opt(0.9, least=0.0, most=1.0)
+    """Every relaxation logit is multiplied by this after each step (1: no decay)."""
+    relax_reset: int = _opt(50, least=0)
+    """Steps between resets of the relaxation's Adam moments (0: never)."""
+    relax_reinit: int = _opt(1500, least=0)
+    """Steps between fresh draws of each relaxed sequence (0: never)."""
     batch_size: int = _opt(128, least=1)
     """Edits (swaps, moves, insert/deletes) verified per step (one batched forward pass)."""
     topk: int = _opt(32, least=1)

@@ -168,6 +168,10 @@ class PooledLayer:
         return PooledLayer(LayerReader(low, self.reader.layer, vocab_size=self.reader.vocab_size), self.pool)
 
 
+LOGITS = "logits"
+"""The ``pool`` of a causal model's next-token log-probabilities at the last position
+(:class:`~memlab.probes.invert.nexttoken.NextTokenVector`)."""
+
 SPACE = "space"
 """The ``pool`` of a space's vector: the reader is a :class:`~memlab.probes.invert.space_reader.SpaceReader`."""
 
@@ -182,7 +186,14 @@ class PooledSearcher:
                  prefix: list[int] = (), suffix: list[int] = ()):
         if pool == SPACE and not hasattr(reader, "vectors"):
             raise ValueError("pool 'space' reads a space's vector: give a SpaceReader")
-        self.vec = reader if pool == SPACE else PooledLayer(reader, pool)  # the vector a chunk gives
+        if pool == LOGITS:  # the next-token distribution after the last position
+            from memlab.probes.invert.nexttoken import NextTokenVector
+
+            if head is None:
+                raise ValueError("pool 'logits' reads a causal model's next-token head: give its LanguageHead")
+            self.vec = NextTokenVector(reader, head)
+        else:
+            self.vec = reader if pool == SPACE else PooledLayer(reader, pool)  # the vector a chunk gives
         self.reader, self.pool, self.opt, self.head = reader, pool, options, head
         self.prefix, self.suffix = list(prefix), list(suffix)
         self._low = None  # the bfloat16 copy that screens candidates (made when first asked)

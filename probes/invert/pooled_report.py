@@ -57,6 +57,10 @@ class PooledChunk(ChunkRead):
     """The proposer's text before correction (empty without one)."""
     control_exact_text: bool = False
     control_bleu: float = math.nan
+    relax_distance: float = math.nan
+    """--method relax or relax-correct: the relative distance of the relaxation's nearest projection."""
+    relax_steps: int = 0
+    """--method relax or relax-correct: relaxation steps the chunk took part in (0: not relaxed)."""
 
 
 def sentence_bleu(hyp: str, ref: str) -> float:
@@ -148,6 +152,14 @@ def search_line(s: dict, prior: bool) -> str:
                 f"{', prior weight %g' % s['prior_weight'] if prior else ''}"
                 f"{'' if prior else ' (no prior: no readable next-token head)'}")
     prop = f", proposer {s['proposer']} ({s['beams']} beams x {s['branch']})" if s.get("proposer") else ""
+    if s.get("method") in ("relax", "relax-correct"):
+        share = 1.0 if s["method"] == "relax" else s["relax_share"]
+        prop = (f", relaxation of {s['relax_rows']} rows per chunk in batches of {s['relax_group']} chunks, at most "
+                f"{s['relax_steps']} steps and {share:.0%} of the budget (lr {s['relax_lr']:g}, temperature "
+                f"{s['relax_temp']:g}, decay {s['relax_decay']:g}, moments reset every {s['relax_reset']}, rows drawn "
+                f"again every {s['relax_reinit']})")
+        if s["method"] == "relax":
+            return f"search: relax{prop}, {budget} per chunk"
     return (f"search: {s['method']}{prop}, {budget} or {s['forwards']} forwards per chunk; edits of batch "
             f"{s['batch_size']}, top-{s['topk']}, moves {s['move_share']:g}, insert/deletes {s['insert_share']:g}"
             + (f", table top-{s['table_topk']}" if s.get("table_topk") else "")
@@ -185,6 +197,11 @@ def pooled_summary(rep: PooledReport) -> list[str]:
         f"({t['seconds_per_chunk'].value * rate:.0f} GFLOP-equivalents at the {rate:.0f} GFLOP/s fp32 matmul rate "
         "measured in this run; the control's search not counted)",
     ]
+    from memlab.probes.invert.relaxed import relax_summary_line
+
+    relaxed = relax_summary_line(rep.chunks, s["tol"])
+    if relaxed:
+        lines.append(relaxed)
     if s.get("token_table_seconds"):
         n = len(rep.chunks) * (2 if control else 1)
         g = s["token_table_seconds"] * rate

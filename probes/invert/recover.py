@@ -25,6 +25,8 @@ from memlab.probes.invert.correct import CorrectOptions, correct
 from memlab.probes.invert.pooled import PooledResult
 
 METHODS = ("propose-correct", "propose", "correct", "swap")
+"""The methods a :class:`Recoverer` runs itself (the relaxation's, ``relax`` and ``relax-correct``, are the run's:
+it relaxes a batch of chunks and hands each one's nearest projection here as ``start``)."""
 
 
 @dataclass
@@ -84,15 +86,22 @@ class Recoverer:
                                                                              generator=gen))
         return torch.full((length,), fill), 0, ""
 
-    def search(self, target: torch.Tensor, length: int, seed: int = 0) -> RecoverResult:
-        """The best sequence of ``length`` encoder tokens for the pooled ``target`` ``(D,)`` within the budget."""
+    def search(self, target: torch.Tensor, length: int, seed: int = 0, start: list[int] | None = None,
+               seconds: float | None = None) -> RecoverResult:
+        """The best sequence of ``length`` encoder tokens for the pooled ``target`` ``(D,)`` within the budget
+        (``seconds``: this search's, else the Recoverer's); ``start``: the hypothesis the correction starts from
+        (e.g. the relaxation's nearest projection) instead of a proposal."""
         gen = torch.Generator().manual_seed(seed)
         target = target.float().cpu()
         began = time.perf_counter()
-        deadline = began + self.seconds
+        seconds = self.seconds if seconds is None else seconds
+        deadline = began + seconds
         # the proposal may take the whole budget alone, else at most this share of the time
         share = 1.0 if self.method == "propose" else self.propose_share
-        cur, used, text = self._start(target, length, gen, began + share * self.seconds)
+        if start is not None:
+            cur, used, text = torch.tensor(start), 0, ""
+        else:
+            cur, used, text = self._start(target, length, gen, began + share * seconds)
         obj, d = self.s.objective(cur[None], target)
         used += 1
         best, best_obj, best_d, start_d = cur, float(obj[0]), float(d[0]), float(d[0])

@@ -15,6 +15,7 @@ measured once), ``chunk``, ``report`` and ``summary``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from memlab.probes.invert.options import InvertOptions, check_space_states
@@ -79,6 +80,13 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         done_units = sum(log.units(r) for r in kept.values())
         log.done = log.at_start = done_units
         bar = progress_bar(total, f"invert: {search.label}", show=show, initial=done_units)
+
+        def note(msg: str) -> None:  # progress lines of a search that runs long between chunks
+            log.note(msg)
+            (bar.write if hasattr(bar, "write") else lambda m: print(m, file=sys.stderr, flush=True))(
+                f"invert: {msg}")
+
+        search.note = note
         if kept:
             log.note(f"resumed: {len(kept)} of {len(chunks)} chunks kept, {len(todo)} to search")
         units = [done_units]
@@ -109,8 +117,6 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
             folder.write_json("report.json", report.to_dict())
             folder.write("summary.txt", "\n".join(lines) + "\n")
     if stopped is not None:
-        import sys
-
         print(f"memlab: invert: stopped with {len(kept)} of {len(chunks)} chunks kept in {out}; "
               f"memlab invert --resume {out} continues the run", file=sys.stderr)
         raise stopped

@@ -11,7 +11,8 @@ import torch
 
 from memlab.errors import ModelError
 from memlab.probes.invert.correct import CorrectOptions
-from memlab.probes.invert.pooled import LanguageHead, PooledSearcher, blind_spot
+from memlab.probes.invert.options import RELAX_METHODS
+from memlab.probes.invert.pooled import LOGITS, LanguageHead, PooledSearcher, blind_spot
 from memlab.probes.invert.pooled_report import PooledReport, pooled_chunk, pooled_summary, pooled_totals
 from memlab.probes.invert.recover import Recoverer
 from memlab.probes.invert.setup import affixes, is_causal, machine_facts, states_source
@@ -42,6 +43,10 @@ class PooledRun:
                              "(or positions: every position's state)")
         self.src, src_reader = states_source(opts.model, enc, reader, device)
         head = LanguageHead.of(reader) if self.causal else None
+        if states == LOGITS and head is None:
+            raise ModelError(f"--states logits reads a causal model's next-token distribution; {name} is "
+                             f"{'causal without a readable output head' if self.causal else 'bidirectional'}: use "
+                             "--states last or mean")
         if opts.pooled.prior_weight and head is None:
             raise ModelError(f"--prior-weight needs a causal model whose next-token head can be read; {name} is "
                              f"{'causal without tied output embeddings' if self.causal else 'bidirectional'}: use "
@@ -50,7 +55,8 @@ class PooledRun:
                                    table_topk=0 if self.causal else opts.pooled.table_topk)
         self.head = head
         self.searcher = PooledSearcher(reader, states, self.search_opts, head, self.prefix, self.suffix)
-        self.target_of = PooledSearcher(src_reader, states, self.search_opts, None, self.prefix, self.suffix)
+        src_head = (head if src_reader is reader else LanguageHead.of(src_reader)) if states == LOGITS else None
+        self.target_of = PooledSearcher(src_reader, states, self.search_opts, src_head, self.prefix, self.suffix)
         self.gen = torch.Generator().manual_seed(opts.text.seed)
         self.proposer_note = ""
         self.proposer_name, self.proposer = self._proposer(opts, enc, head, device)
@@ -60,7 +66,7 @@ class PooledRun:
         """(name, :class:`~memlab.probes.invert.propose.Proposer`) of ``--proposer`` (``auto``: the model itself
         when causal with a readable head, else smollm2); (None, None) when no stage proposes."""
         o = opts.pooled
-        if o.method in ("swap", "correct") or o.proposer == "none":
+        if o.method in ("swap", "correct", "relax", "relax-correct") or o.proposer == "none":
             return None, None
         from memlab.probes.invert.propose import ProposeOptions, Proposer
 
@@ -125,7 +131,7 @@ class PooledRun:
             self.searcher.token_table()
             self.table_s = time.perf_counter() - began
         self.whiten_s, self.whiten_n = 0.0, 0
-        if o.whiten and o.method != "propose":  # the correction's metric, once for the run
+        if o.whiten and o.method != "propose" and self.opts.model.states != LOGITS:  # the metric, once for the run
             from memlab.probes.invert.setup import train_chunk_ids
 
             began = time.perf_counter()
@@ -137,9 +143,28 @@ class PooledRun:
             self.whiten_s = time.perf_counter() - began
         tok = self.enc.tokenizer
         pad = next((t for t in (tok.mask_token_id, tok.pad_token_id, tok.unk_token_id) if t is not None), None)
-        self.recoverer = Recoverer(self.searcher, copt, self.proposer, method=o.method, seconds=self.budget_s,
-                                   forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad,
+        relaxing = o.method in RELAX_METHODS
+        self.recoverer = Recoverer(self.searcher, copt, self.proposer, method="correct" if relaxing else o.method,
+                                   seconds=self.budget_s, forwards=o.forwards, perturb_edits=o.perturb, pad_id=pad,
                                    propose_share=o.propose_share)
+        self.relaxer = None
+        if relaxing:
+            from memlab.probes.invert.relax import RelaxOptions, Relaxer
+
+            banned = sorted(set(tok.all_special_ids or []))
+            self.relaxer = Relaxer(self.searcher, RelaxOptions.of(self.search_opts), banned=banned)
+
+    def results(self, todo: list[int], texts, chunks, targets, step):
+        """Each chunk of ``todo`` searched, its result yielded as it finishes: with the relaxation, ``relax_group``
+        chunks (and their controls) of one length are relaxed in one batch, then each is corrected from its
+        nearest projection; the other methods search chunk by chunk."""
+        if self.relaxer is None:
+            for i in todo:
+                yield self.chunk(i, texts[i], chunks[i], targets, step)
+            return
+        from memlab.probes.invert.relaxed import relaxed_chunks
+
+        yield from relaxed_chunks(self, todo, texts, chunks, targets, step)
 
     def chunk(self, i: int, text: str, ids: list[int], targets: list[torch.Tensor], step):
         seed = self.opts.text.seed + i

@@ -138,6 +138,11 @@ def options(args: argparse.Namespace):
                     parse_value(chosen, name, value))
     if not opts.model.model:
         raise ConfigError("give --model NAME_OR_PATH (a causal model), or --probe RUN")
+    if opts.model.states == "logits":  # the next-token distribution: after the last block, at no other layer
+        if opts.model.layer not in (None, -1):
+            raise ConfigError(f"--states logits reads the next-token distribution after the last block: leave "
+                              f"--layer out (or give -1), not {opts.model.layer}")
+        opts.model.layer = -1
     if opts.model.layer is None and not is_space(opts.model.model):
         raise ConfigError("give --layer L (0 = embeddings, k = output of block k-1, negative from the end)")
     if opts.text.n > opts.text.n_eval:
