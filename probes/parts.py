@@ -28,7 +28,7 @@ Contracts (``impl``; ``options``: the part's options dataclass, given to a funct
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads, or an
   :class:`InputMode` that says whether they hold the true tokens; its options are in the decoder's config;
 * ``decoder``: ``f(config: ProbeDecoderConfig[, options]) -> nn.Module`` (the probe decoder's interface,
-  :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
+  :class:`memlab.probes.decoder.model.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
   tokenizer, options and save format, e.g. ``pretrained:NAME``);
 * ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device[, context][, options]) -> dict`` (fitted on
   ``device``, the probe's) with ``recovered``, ``prior``, ``gain`` and ``_per_chunk`` (per held-out chunk:
@@ -95,7 +95,7 @@ class Part:
     """One registered choice of one kind of probe part: its code (``impl``), its own options (``options``, a
     dataclass: each field an option, typed, with its default and a docstring), the generic settings of its kind it
     honours (``honours``: names from :data:`GENERIC`, or ``"all"``) and, for a decoder, how it saves and loads its
-    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.decoder.save_decoder` and a
+    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.decoder.model.save_decoder` and a
     rebuild from the saved config and options).
 
     Its code and hooks (:data:`LAZY`) may be given as ``"module:attr"``: imported the first time they are used, so
@@ -272,7 +272,7 @@ class EncoderKind:
     known_content: Callable[[str, Any], dict] | str | None = None
     """A calibration encoder of known content (a function, or its ``"module:attr"``): ``known_content(spec, fit) ->
     the report's calibration`` checks its own probe against what it must give (``fit``: a
-    :class:`memlab.probes.report.Fit`; its report then describes no corpus split)."""
+    :class:`memlab.probes.report.report.Fit`; its report then describes no corpus split)."""
 
     def takes(self, spec: str) -> bool:
         """Whether ``spec`` is of this kind (:attr:`matches`)."""
@@ -299,7 +299,7 @@ class DecoderKind:
     tokenizer: Callable[[str], Any]
     load: Callable[[Any], Any]
     config_type: str = ""
-    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.decoder.load_probe` finds it)."""
+    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.decoder.model.load_probe` finds it)."""
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,16 @@
 
 1. load the encoder (:func:`load_encoder`: the registered encoder kind that takes ``opts.model``,
    :mod:`memlab.probes.parts`);
-2. cut the text (:func:`memlab.probes.chunks.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
-   once as text, the same for every model, and the decoder's targets, :func:`memlab.probes.chunks.make_targets`);
+2. cut the text (:func:`memlab.probes.chunks.cut.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
+   once as text, the same for every model, and the decoder's targets, :func:`memlab.probes.chunks.cut.make_targets`);
 3. encode once (:func:`encode_data`, disk-cached with ``cache_dir``);
 4. fit the decoders, read out, score and put intervals on the readings (:func:`fit_one`: the probe decoder and its
-   control trained as one group, :mod:`memlab.probes.train`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
+   control trained as one group, :mod:`memlab.probes.decoder.fit`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
    the paired bootstrap intervals, :mod:`memlab.probes.readings`; the calibration,
-   :func:`memlab.probes.synthetic.calibration`);
-5. build and write the report (:class:`memlab.probes.report.ProbeReport`, :mod:`memlab.probes.report`).
+   :func:`memlab.probes.encoders.synthetic.calibration`);
+5. build and write the report (:class:`memlab.probes.report.report.ProbeReport`, :mod:`memlab.probes.report.report`).
 
-The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`; lengths: :mod:`memlab.probes.lengths`)
+The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweeps.layers`; lengths: :mod:`memlab.probes.sweeps.lengths`)
 loop over the same :func:`fit_one`.
 
 By default the decoder reads the true previous tokens (``inputs="teacher"``), the embedding is added to every
@@ -46,11 +46,12 @@ from memlab.data.chunkcache import read_chunk_embeddings
 from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import launched, resolve_device
 from memlab.errors import ConfigError, MemlabError, ModelError
-from memlab.probes import chunks, shards
-from memlab.probes.chunks import ProbeText, fill_pad, make_targets, mask_of, trim
-from memlab.probes.control_cache import ControlCache, compute_side
-from memlab.probes.decoder import FittedProbe
-from memlab.probes.fitloop import train_readouts
+from memlab.probes.chunks import cut as chunks
+from memlab.probes.encoders import shards
+from memlab.probes.chunks.cut import ProbeText, fill_pad, make_targets, mask_of, trim
+from memlab.probes.decoder.control_cache import ControlCache, compute_side
+from memlab.probes.decoder.model import FittedProbe
+from memlab.probes.decoder.fitloop import train_readouts
 from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
 from memlab.probes.parts import (
     check_readouts,
@@ -64,10 +65,10 @@ from memlab.probes.parts import (
     takes_context,
 )
 from memlab.probes.readings import Reading, limit_line, readings, retention
-from memlab.probes.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
+from memlab.probes.report.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
 from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
-from memlab.probes.synthetic import calibration
-from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
+from memlab.probes.encoders.synthetic import calibration
+from memlab.probes.decoder.fit import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
 from memlab.progress import progress_bar
 from memlab.rundir import claim
 
@@ -137,7 +138,7 @@ def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, 
     time to a memory-mapped file in storage ``dtype``, resumed after a kill, read mapped
     (:mod:`memlab.data.mmapcache`); a float32 cache of the earlier safetensors form is still read
     (:mod:`memlab.data.chunkcache`). ``env``: the processes of a launch, each encoding its share
-    (:func:`memlab.probes.shards.cached_sharded`)."""
+    (:func:`memlab.probes.encoders.shards.cached_sharded`)."""
     if env is not None:
         stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}" if cache_dir else None
         return shards.cached_sharded(env, stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)
@@ -173,7 +174,7 @@ def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids
 
 def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int):
     """A fresh decoder of ``opts`` for embeddings of width ``embed_dim`` on the probe's device: what a control kept on
-    disk is loaded into (:class:`~memlab.probes.control_cache.ControlCache`)."""
+    disk is loaded into (:class:`~memlab.probes.decoder.control_cache.ControlCache`)."""
     dec = build_decoder(embed_dim, tokenizer, train_ids, opts, compact=opts.compact_vocab)
     return dec.to(resolve_device(opts.device))
 
@@ -303,7 +304,7 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     opts = resolved(opts)  # checked once: options from load_options are not checked again
     if isinstance(opts.seq_len, list):
         raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.probe, "
-                          "memlab.probes.lengths.run_length_sweep or memlab probe --seq-len")
+                          "memlab.probes.sweeps.lengths.run_length_sweep or memlab probe --seq-len")
     claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -365,8 +366,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
     same decoder options is reused from it (the report names the probe that trained it). With ``opts.cache_dir``
-    control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.control_cache`).
-    In a launch of several processes (:mod:`memlab.probes.shards`) the encoder pass is shared out and the main
+    control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.decoder.control_cache`).
+    In a launch of several processes (:mod:`memlab.probes.encoders.shards`) the encoder pass is shared out and the main
     process fits and reports; the others return None.
     """
     t_start = time.perf_counter()
@@ -410,7 +411,7 @@ def probe(model: str = "minilm", out: str | Path | None = None, config: str | Pa
     """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
     ``report.fitted`` is the fitted probe (an EmbeddingSpace). ``memlab.probes.probe`` also takes a list of lengths
-    (a length sweep, :func:`memlab.probes.lengths.probe`).
+    (a length sweep, :func:`memlab.probes.sweeps.lengths.probe`).
     """
     opts = load_options(config, model=model, **options)
     return run_probe(opts, out, encoder=encoder)

@@ -8,7 +8,7 @@ import transformers as tf
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan,
+from memlab.probes.encoders.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan,
                                    pool_states, right_pad, wrap_special)
 
 V = 101

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from memlab.app.cli import main
-from memlab.probes.decoder import ProbeDecoderConfig
+from memlab.probes.decoder.model import ProbeDecoderConfig
 from memlab.probes.parts import (KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, ReadoutContext, encoder_kind,
                                  takes_context)
 
