@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> dict:
     from memlab.probes.encoders.sources import load_encoder
     from memlab.probes.options import load_options
     from memlab.probes.report.report import peak_memory_mb
-    from memlab.probes.run import encode_all
+    from memlab.probes.encoders.encode import encode_all
     from memlab.probes.decoder.fit import build_decoder
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

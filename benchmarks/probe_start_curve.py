@@ -41,7 +41,8 @@ from memlab.probes.chunks.cut import chunk_chars
 from memlab.probes.decoder.fitloop import train_decoders
 from memlab.probes.options import load_options
 from memlab.probes.readings import readings
-from memlab.probes.decoder.fit import FitData, _held_back_ce, _new_decoder, contain, contained_shares, evaluate
+from memlab.probes.decoder.fit import _held_back_ce, _new_decoder, contain, contained_shares, evaluate
+from memlab.probes.decoder.records import FitData
 
 MODELS = {"minilm": {"pool": "mean"}, "space:memory_ae": {}, "synthetic:concat": {}}
 

@@ -11,8 +11,8 @@ from memlab.registry import SPACES, VERB_RECIPES, VerbRecipe
 
 
 def load_probe(path=None, **kw):
-    """A fitted probe from its run directory (:func:`memlab.probes.decoder.model.load_probe`)."""
-    from memlab.probes.decoder.model import load_probe as load  # start-up: torch, when a probe is loaded
+    """A fitted probe from its run directory (:func:`memlab.probes.decoder.fitted.load_probe`)."""
+    from memlab.probes.decoder.fitted import load_probe as load  # start-up: torch, when a probe is loaded
 
     return load(path, **kw)
 

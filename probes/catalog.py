@@ -25,16 +25,16 @@ for _name, _code, _doc, _honours in [
 
 for _name, _doc in [("last", "the last real token's state"), ("second_last", "the state before the last token"),
                     ("mean", "the mean over real tokens"), ("first", "the first position's state")]:
-    register_part("pool", Part(_name, f"{P}.encoders.capture:pool_{_name}", description=_doc))
+    register_part("pool", Part(_name, f"{P}.encoders.pooling:pool_{_name}", description=_doc))
 
-register_part("conditioning", Part("unrolled", f"{P}.decoder.model:UNROLLED",
+register_part("conditioning", Part("unrolled", f"{P}.decoder.inputs:UNROLLED",
                                    description="projected to max_len vectors, one added to each position"))
-register_part("conditioning", Part("prefix", f"{P}.decoder.model:PREFIX", options=PrefixOptions,
+register_part("conditioning", Part("prefix", f"{P}.decoder.inputs:PREFIX", options=PrefixOptions,
                                    description="projected to prefix_len memory vectors"))
 
-register_part("inputs", Part("teacher", f"{P}.decoder.model:TEACHER", options=TeacherOptions,
+register_part("inputs", Part("teacher", f"{P}.decoder.inputs:TEACHER", options=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
-register_part("inputs", Part("blank", f"{P}.decoder.model:BLANK", description="the start token everywhere (a blank copy)"))
+register_part("inputs", Part("blank", f"{P}.decoder.inputs:BLANK", description="the start token everywhere (a blank copy)"))
 
 register_part("decoder", Part("llama", f"{P}.decoder.model:ProbeDecoder", options=LlamaOptions, honours="all",
                               description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))

@@ -57,7 +57,7 @@ import torch
 
 from memlab.metrics import sentence_bleu
 
-from memlab.probes.chunks.cut import mask_of, rows
+from memlab.probes.chunks.batch import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
 
 

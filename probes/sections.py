@@ -105,7 +105,7 @@ class FitSection:
     batch_size: int = 32
     """Decoder batch size."""
     lr: float = 2e-3
-    """Peak learning rate (AdamW, memlab.probes.decoder.fitloop.optimiser; warmup then cosine to min_lr_ratio)."""
+    """Peak learning rate (AdamW, memlab.probes.decoder.group.optimiser; warmup then cosine to min_lr_ratio)."""
     beta1: float = TrainConfig.beta1
     """AdamW beta1."""
     beta2: float = 0.98

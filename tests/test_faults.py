@@ -295,7 +295,7 @@ def test_probe_refuses_an_unusable_cache_dir_before_compute(tiny_llama, tmp_path
 
 def test_a_damaged_or_foreign_probe_cache_file_is_named_and_rebuilt(tiny_llama, tmp_path, capsys):
     from memlab.probes.encoders.sources import load_encoder
-    from memlab.probes.run import cached_encode
+    from memlab.probes.encoders.encode import cached_encode
 
     enc = load_encoder(str(tiny_llama))
     gen = torch.Generator().manual_seed(0)

@@ -79,7 +79,7 @@ def test_the_searched_state_is_the_probes_pooling_of_the_chunk(pool, model_type,
 
 
 def test_a_one_position_row_pools_as_the_probe_clamps_it():
-    from memlab.probes.encoders.capture import pool_second_last
+    from memlab.probes.encoders.pooling import pool_second_last
     from memlab.probes.invert.pooled.searcher import pool_rows
 
     h = torch.randn(2, 1, 3)

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from memlab.probes.decoder.fitloop import DecoderGroup, held_back_rows, train_decoders
+from memlab.probes.decoder.fitloop import held_back_rows, train_decoders
+from memlab.probes.decoder.group import DecoderGroup
 from memlab.probes.options import ProbeOptions
 from memlab.probes.readings import DecoderScores
 from memlab.probes.report.report import Fit
 from memlab.probes.run import interval_readings
-from memlab.probes.decoder.fit import ControlStore, FitData, _new_decoder, contain, contained_shares, fit_decoders
+from memlab.probes.decoder.fit import _new_decoder, contain, contained_shares, fit_decoders
+from memlab.probes.decoder.records import ControlStore, FitData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

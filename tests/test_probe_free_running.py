@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from memlab.probes.chunks.cut import PAD
+from memlab.probes.chunks.batch import PAD
 from memlab.probes.decoder.model import CompactVocab
 from memlab.probes.readings import (ChunkScores, Reading, free_running_accuracy, free_running_hits, readings,
                                     reconstruction_scores)

@@ -11,8 +11,8 @@ import torch
 
 from memlab.app.cli import main
 from memlab.probes.decoder.model import ProbeDecoderConfig
-from memlab.probes.parts import (KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, ReadoutContext, encoder_kind,
-                                 takes_context)
+from memlab.probes.parts import KINDS, PARTS, ReadoutContext, encoder_kind, takes_context
+from memlab.probes.kinds import Conditioning, DecoderKind, EncoderKind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

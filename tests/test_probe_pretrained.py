@@ -13,7 +13,7 @@ import torch
 
 from memlab.app.cli import main
 from memlab.errors import ModelError
-from memlab.probes.chunks import cut as chunks
+from memlab.probes.chunks import batch, cut as chunks
 from memlab.probes.decoder import fit as T
 from memlab.probes.decoder.fitloop import train_decoder
 from memlab.probes.options import load_options
@@ -57,7 +57,7 @@ def _trained(corpus, **kw):
 
 def test_probe_end_to_end_targets_in_the_decoders_tokenizer(tiny_llama, small_corpus, tmp_path):
     from memlab.probes.encoders.sources import load_tokenizer
-    from memlab.probes.decoder.model import load_probe
+    from memlab.probes.decoder.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--decoder", f"pretrained:{TOY}",
@@ -124,7 +124,7 @@ def test_lora_trains_only_its_adapters_and_the_map(small_corpus, tmp_path):
 
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
 
 
@@ -142,7 +142,7 @@ def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_pa
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
     assert back.config.map_hidden == 12
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     # a control (a constant embedding, standardised to zeros) gets prompts with a spread all the same
     with torch.no_grad():
@@ -185,7 +185,7 @@ def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
     ptrs = {v.data_ptr() for k, v in after.items() if k.startswith(LM_PREFIX)}
     assert len([k for k in saved if k.startswith(LM_PREFIX)]) == len(ptrs)  # every LM tensor, a tied one once
     back = load_decoder(tmp_path / "dec")
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     assert not torch.allclose(back(z[:4], x), _trained(small_corpus)[0].eval()(z[:4], x), atol=1e-3)
 
@@ -247,7 +247,7 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
 
 
 def test_a_scratch_decoder_in_a_named_tokenizer_reloads_in_it(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.decoder.model import load_probe
+    from memlab.probes.decoder.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *RUN,

@@ -11,7 +11,8 @@ import torch
 
 from memlab.probes.decoder.fitloop import RACE_Z, paired_se, race_losers
 from memlab.probes.options import ProbeOptions
-from memlab.probes.decoder.fit import ControlStore, FitData, fit_decoders
+from memlab.probes.decoder.fit import fit_decoders
+from memlab.probes.decoder.records import ControlStore, FitData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

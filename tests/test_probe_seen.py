@@ -2,7 +2,8 @@
 
 import torch
 
-from memlab.probes.chunks.cut import PAD, SEEN_AT_LEAST, Targets
+from memlab.probes.chunks.batch import PAD
+from memlab.probes.chunks.targets import SEEN_AT_LEAST, Targets
 from memlab.probes.report.report import seen_line
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from memlab.app.cli import main
-from memlab.probes.chunks.cut import cap_tokens, mask_of, tokenize_chunks
+from memlab.probes.chunks.cut import cap_tokens, tokenize_chunks
+from memlab.probes.chunks.batch import mask_of
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64", "epochs=1",
         "n_examples=2", "select_decoder=false", "--no-control"]
@@ -82,7 +83,7 @@ def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, 
     import torch
 
     from memlab.probes.encoders.sources import load_encoder
-    from memlab.probes.run import encode_all
+    from memlab.probes.encoders.encode import encode_all
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     texts = ["Emma", "It is a truth universally acknowledged", "short one", "a single man in possession of a good",

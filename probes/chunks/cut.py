@@ -21,7 +21,7 @@ encoder is loaded) and how the report describes them.
 Then what the decoder rebuilds (:func:`make_targets`): the chunks in the
 tokenizer of its targets. The scratch decoder (``decoder=llama``) rebuilds each
 chunk in the encoder's own tokens. A decoder with its own tokenizer (a
-:class:`~memlab.probes.parts.DecoderKind`, ``decoder=pretrained:NAME``) rebuilds
+:class:`~memlab.probes.kinds.DecoderKind`, ``decoder=pretrained:NAME``) rebuilds
 the same chunk *texts* in its tokenizer: every encoder read with that decoder is
 then scored over the same target tokens, and the bits per chunk of two encoders
 compare directly. Its tokenizer must encode the corpus's text: at most
@@ -33,7 +33,7 @@ least :data:`MIN_ROUND_TRIP` of the chunks must decode back to their text
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -45,10 +45,7 @@ from memlab.data.stream import CorpusStream, picked_texts, split_lengths
 from memlab.data.views import token_chunks
 from memlab.errors import DataError, MemlabError
 from memlab.probes.encoders.sources import load_tokenizer
-from memlab.probes.parts import DecoderKind, get_part, split_name
-
-PAD = -1
-"""Id of a padded position in a probe chunk tensor (chunks are right-padded)."""
+from memlab.probes.chunks.batch import PAD, mask_of, rows
 
 
 TEXT_FIELDS = ("chunk_by", "per_chunk", "mean_chars", "mean_tokens", "max_tokens", "truncated_chunks", "rendering")
@@ -67,7 +64,7 @@ class TextAccounting:
     truncated_chunks: int
     rendering: str
     targets: dict | None = None
-    """The decoder's targets (:meth:`memlab.probes.chunks.cut.Targets.describe`)."""
+    """The decoder's targets (:meth:`memlab.probes.chunks.targets.Targets.describe`)."""
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in TEXT_FIELDS}
@@ -98,21 +95,6 @@ class ProbeText:
     def texts(self) -> tuple[list, list]:
         """(training texts, held-out texts)."""
         return self.train_texts, self.eval_texts
-
-
-def mask_of(ids: torch.Tensor) -> torch.Tensor:
-    """(N, T) chunk ids -> (N, T) bool: the real (non-pad) positions."""
-    return ids >= 0
-
-
-def fill_pad(ids: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
-    """(N, T) chunk ids -> (N, T) ids a model reads: each :data:`PAD` replaced by ``pad_id`` (mask it out)."""
-    return ids.masked_fill(ids < 0, int(pad_id))
-
-
-def rows(ids: torch.Tensor) -> list[list[int]]:
-    """The real tokens of each chunk, pads dropped."""
-    return [[t for t in r if t >= 0] for r in ids.tolist()]
 
 
 def pick_texts(texts: list[str], need_chars: int, seed: int) -> list[str]:
@@ -198,18 +180,6 @@ def _most_chunks(opts) -> int:
     """The training chunks read: ``n_train``, or a learning curve's largest size."""
     n = opts.n_train
     return max(n) if isinstance(n, (list, tuple)) else n
-
-
-def shift_right(ids: torch.Tensor, start_id: int) -> torch.Tensor:
-    """(B, T) -> (B, T): the start id, then the tokens up to T-1 (teacher forcing)."""
-    start = torch.full_like(ids[:, :1], start_id)  # (B, 1)
-    return torch.cat([start, ids[:, :-1]], dim=1)  # (B, T)
-
-
-def trim(ids: torch.Tensor) -> torch.Tensor:
-    """(b, T) chunk ids -> (b, T_b): without the columns that are padding in every row (a host tensor: no sync)."""
-    n = int(mask_of(ids).sum(1).max()) if ids.numel() else 0
-    return ids[:, : max(n, 1)]
 
 
 @lru_cache(maxsize=2)
@@ -380,94 +350,3 @@ def eval_note(opts, eval_ids: torch.Tensor) -> str | None:
             f"{opts.seq_len} {opts.chunk_by}: all {m} are scored")
 
 
-MAX_UNK_SHARE = 0.05
-MIN_ROUND_TRIP = 0.5
-SEEN_AT_LEAST = (1, 5, 20)
-"""Occurrence counts at which the report gives the share of held-out target tokens seen that often in training."""
-
-
-@dataclass
-class Targets:
-    """The decoder's targets: ``train_ids`` (N, T) and ``eval_ids`` (M, T) in ``tokenizer`` (PAD after each chunk)."""
-
-    tokenizer: Any
-    train_ids: torch.Tensor
-    eval_ids: torch.Tensor
-    name: str
-    """Whose tokenizer: ``the encoder's`` or the decoder's spec."""
-
-    def first(self, n: int) -> "Targets":
-        """The first ``n`` training chunks (a learning curve's size), the same held-out ones."""
-        return replace(self, train_ids=self.train_ids[:n])
-
-    def seen_in_training(self) -> dict[str, float]:
-        """Share of the held-out target tokens whose id occurs at least k times among the training targets, for each
-        k of :data:`SEEN_AT_LEAST`: a decoder learns each token's output from its occurrences, so a token seen
-        rarely is one it can hardly name, however much the embedding holds."""
-        tr, ev = self.train_ids[self.train_ids >= 0], self.eval_ids[self.eval_ids >= 0]  # (n,), (m,) real ids
-        size = int(max(int(tr.max()) if tr.numel() else 0, int(ev.max()) if ev.numel() else 0)) + 1
-        counts = torch.bincount(tr, minlength=size)[ev]  # (m,) training occurrences of each held-out target
-        return {str(k): int((counts >= k).sum()) / ev.numel() if ev.numel() else 0.0 for k in SEEN_AT_LEAST}
-
-    def describe(self, texts: list[str]) -> dict:
-        """The report's ``text.targets``: whose tokenizer, its size, the held-out target tokens and their rendering,
-        and how often the training targets hold them (``seen_in_training``)."""
-        n = mask_of(self.eval_ids).sum(1).float()  # (M,)
-        return {"tokenizer": self.name, "vocab_size": len(self.tokenizer), "n_tokens": int(n.sum()),
-                "mean_tokens": float(n.mean()), "max_tokens": int(self.eval_ids.shape[1]),
-                "rendering": rendering(texts, self.eval_ids, self.tokenizer),
-                "seen_in_training": self.seen_in_training()}
-
-
-def decoder_tokenizer(opts):
-    """The tokenizer the chosen decoder's targets are in (its own, or ``target_tokenizer``), or None for the
-    encoder's."""
-
-    impl = get_part("decoder", opts.decoder).impl
-    if isinstance(impl, DecoderKind):
-        return impl.tokenizer(split_name(opts.decoder)[1])
-    if getattr(opts, "target_tokenizer", None):
-
-        return load_tokenizer(opts.target_tokenizer)
-    return None
-
-
-def target_name(opts) -> str:
-    """Whose tokenizer the targets are in, for the report."""
-
-    if isinstance(get_part("decoder", opts.decoder).impl, DecoderKind):
-        return opts.decoder.partition(":")[2] or opts.decoder
-    return opts.target_tokenizer
-
-
-def check_encodes(tokenizer, texts: list[str], ids: list[list[int]], what: str) -> None:
-    """Refuse a tokenizer that cannot encode ``texts`` (their ``ids``): too many unknown tokens or chunks that do
-    not decode back (see the module doc)."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    n = sum(len(x) for x in ids)
-    if unk is not None and n:
-        share = sum(t == unk for x in ids for t in x) / n
-        if share > MAX_UNK_SHARE:
-            raise DataError(f"{what}: its tokenizer cannot encode the corpus text ({share:.0%} of the target tokens "
-                            f"are its unknown token {tokenizer.unk_token!r})")
-    back = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    same = sum("".join(a.split()).lower() == "".join(b.split()).lower() for a, b in zip(back, texts))
-    if texts and same / len(texts) < MIN_ROUND_TRIP:
-        raise DataError(f"{what}: its tokenizer cannot encode the corpus text (only {same} of {len(texts)} chunks "
-                        "decode back to their text)")
-
-
-def make_targets(opts, encoder, train_ids, eval_ids, texts_tr: list[str] | None, texts_ev: list[str] | None,
-                 ) -> Targets:
-    """The decoder's targets: the encoder's chunks, or the chunk texts in the decoder's own tokenizer."""
-    tok = decoder_tokenizer(opts)
-    if tok is None:
-        return Targets(encoder.tokenizer, train_ids, eval_ids, "the encoder's")
-    what = f"decoder '{opts.decoder}'" if not opts.target_tokenizer else f"target_tokenizer '{opts.target_tokenizer}'"
-    tr, _ = tokenize_chunks(texts_tr, tok)
-    ev, _ = tokenize_chunks(texts_ev, tok)
-    sample = texts_tr[:256]
-    check_encodes(tok, sample, tok(sample, add_special_tokens=False)["input_ids"], what)
-    t = max(tr.shape[1], ev.shape[1])
-    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]), value=PAD)  # noqa: E731
-    return Targets(tok, pad(tr), pad(ev), target_name(opts))

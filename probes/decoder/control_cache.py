@@ -4,7 +4,7 @@ A control run depends on the token data, the vocabulary and the decoder's option
 (:func:`memlab.probes.run.control_key` hashes them), not on the encoder, so a probe of any model on the same chunks
 with the same decoder options reads the same control. :class:`ControlCache` has the interface of the in-memory dict
 that :func:`memlab.probes.decoder.fit.fit_decoders` reads and fills (``key in cache``, ``cache[key]``,
-``cache[key] = entry``; an entry is a :class:`~memlab.probes.decoder.fit.ControlEntry`) and keeps every entry it is given on disk as well::
+``cache[key] = entry``; an entry is a :class:`~memlab.probes.decoder.records.ControlEntry`) and keeps every entry it is given on disk as well::
 
     CACHE_DIR/controls/<key>-<side>/     side: the compute side (:func:`compute_side`), e.g. cpu-bf16-members
         control.safetensors   the control's weights (its second run)
@@ -37,14 +37,14 @@ from memlab.cachecheck import file_digest, file_matches, seal, sealed
 from memlab.devices import auto_dtype, batched_groups
 from memlab.errors import is_read_error
 from memlab.probes.readings import ChunkScores, DecoderScores
-from memlab.probes.decoder.fit import ControlEntry
+from memlab.probes.decoder.records import ControlEntry
 
 FORMAT = "memlab-probe-control-2"
 """The entry layout's name (version 2: each decoder's scores as metrics, per-chunk numbers and reconstructions)."""
 FOLDER = "controls"
 """Subfolder of ``cache_dir`` holding the control entries (beside the embedding caches)."""
 DECODERS = ("control", "start")
-"""The entry's decoders (their fields of :class:`~memlab.probes.decoder.fit.ControlEntry`)."""
+"""The entry's decoders (their fields of :class:`~memlab.probes.decoder.records.ControlEntry`)."""
 
 
 def encode(x: Any) -> Any:

@@ -28,7 +28,7 @@ positive control (``configs/probes/calibration_pretrained.yaml``;
 docs/results/probes.md).
 
 Targets are the chunk texts in the decoder's own tokenizer (see
-:func:`memlab.probes.chunks.cut.make_targets`), so every encoder read by one pretrained decoder
+:func:`memlab.probes.chunks.targets.make_targets`), so every encoder read by one pretrained decoder
 is scored over the same target tokens. The output layer is the LM's own, over
 its whole vocabulary (``compact_vocab`` does not apply: a compact vocabulary's
 *other* class would throw away what the LM knows of the tokens unseen in the
@@ -61,7 +61,8 @@ from memlab.errors import ConfigError, ModelError
 from memlab.loading import strict_from_pretrained
 from memlab.probes.decoder.model import CompactVocab, EmbeddingNorm, ProbeDecoderConfig
 from memlab.probes.encoders.sources import _load_tokenizer, resolve_source
-from memlab.probes.parts import DecoderKind, get_part
+from memlab.probes.parts import get_part
+from memlab.probes.kinds import DecoderKind
 from memlab.probes.sections import PretrainedOptions
 
 WEIGHTS = "decoder.safetensors"

@@ -6,12 +6,14 @@ over the processes of a launch.
 from memlab.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "capture": ("ARCHITECTURES", "backbone", "find_layers", "hook_plan", "pool_states", "right_pad",
-                "special_affixes", "wrap_special", "model_max_positions", "HiddenStateEncoder", "SpaceEncoder",
-                "pool_last", "pool_second_last", "pool_mean", "pool_first"),
+    "capture": ("ARCHITECTURES", "backbone", "find_layers", "hook_plan", "right_pad", "special_affixes",
+                "wrap_special", "model_max_positions", "HiddenStateEncoder", "SpaceEncoder"),
+    "encode": ("ENCODER_SIDE", "encoder_spec", "encoder_options", "encode_all", "content_hash", "cached_encode",
+               "encode_data"),
     "placement": ("DEVICE_MAPS", "FIT_SHARE", "UNITS", "Placement", "parse_size", "parse_max_memory", "check",
                   "weights_bytes", "free_bytes", "plan", "dispatch", "is_placed", "main_device", "module_device",
                   "describe"),
+    "pooling": ("pool_states", "pool_last", "pool_second_last", "pool_mean", "pool_first"),
     "shards": ("is_main", "check_launch", "start", "encode_sharded", "cached_sharded"),
     "sources": ("TOKENIZER_FILES", "load_space", "resolve_dtype", "shortcut_source", "path_source", "hub_source",
                 "resolve_source", "load_tokenizer", "load_encoder", "load_transformers", "HUB", "FOLDER", "SHORTCUT",

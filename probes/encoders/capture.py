@@ -51,9 +51,10 @@ import torch
 from torch import nn
 
 from memlab.errors import ModelError
-from memlab.probes.parts import PARTS, get_part
+from memlab.probes.parts import PARTS
 from memlab.probes.encoders.placement import describe as placement_of
 from memlab.probes.encoders.placement import main_device
+from memlab.probes.encoders.pooling import pool_states
 
 ARCHITECTURES: dict[str, tuple[str, str | None]] = {
     # decoder-only
@@ -152,14 +153,6 @@ def hook_plan(model: nn.Module) -> tuple[nn.ModuleList, nn.Module | None, dict]:
     layers, norm = find_layers(bb)
     return layers, norm, {"rule": "fallback", "model_type": mt, "layers": _path_of(bb, layers),
                           "final_norm": _path_of(bb, norm), "why": why}
-
-
-def pool_states(h: torch.Tensor, mask: torch.Tensor, pool: str, options=None) -> torch.Tensor:
-    """Pool right-padded states ``(B, T, D)`` with mask ``(B, T)`` to ``(B, D)`` by the registered pooling ``pool``
-    (:mod:`memlab.probes.parts`; the built-in ones registered in :mod:`memlab.probes.catalog`, their code below), given ``options``, its
-    own options, when it has any."""
-    kw = {"options": options} if options is not None else {}
-    return get_part("pool", pool).impl(h, mask, **kw)  # (B, D)
 
 
 def right_pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,20 +386,4 @@ class SpaceEncoder:
 
 # the built-in poolings (registered in memlab.probes.catalog): (B, T, D) states, (B, T) mask -> (B, D)
 
-def pool_last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    rows = torch.arange(h.shape[0], device=h.device)
-    return h[rows, (mask.sum(1).long() - 1).clamp(min=0)]  # (B, D)
 
-
-def pool_second_last(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    rows = torch.arange(h.shape[0], device=h.device)
-    return h[rows, (mask.sum(1).long() - 2).clamp(min=0)]  # (B, D)
-
-
-def pool_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.to(h.dtype).unsqueeze(-1)  # (B, T, 1)
-    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
-
-
-def pool_first(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return h[:, 0]  # (B, D)

@@ -32,7 +32,8 @@ from memlab.errors import ModelError
 from memlab.loading import resolve_model_dir, strict_from_pretrained
 from memlab.probes.encoders import placement as P
 from memlab.probes.encoders.capture import HiddenStateEncoder, SpaceEncoder
-from memlab.probes.parts import EncoderKind, encoder_kind
+from memlab.probes.parts import encoder_kind
+from memlab.probes.kinds import EncoderKind
 from memlab.space import build_space
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",

@@ -35,10 +35,12 @@ import torch
 from memlab.data.tokenizer import load_tokenizer
 from memlab.errors import ModelError
 from memlab.paths import resource
-from memlab.probes.chunks.cut import fill_pad, mask_of
-from memlab.probes.parts import EncoderKind, encoder_kind, fit_readout, resolve
+from memlab.probes.chunks.batch import fill_pad, mask_of
+from memlab.probes.parts import encoder_kind, fit_readout, resolve
+from memlab.probes.kinds import EncoderKind
 from memlab.probes.report.report import Calibration, CalibrationCheck, Fit, ReadoutResult
-from memlab.probes.decoder.fit import FitData, fit_selected
+from memlab.probes.decoder.fit import fit_selected
+from memlab.probes.decoder.records import FitData
 
 KINDS = ("concat", "bag", "constant")
 DEFAULT_TOKENIZER = resource("checkpoints", "token_lm-toy")

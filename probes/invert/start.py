@@ -7,7 +7,8 @@ import torch
 
 from memlab.errors import DataError, ModelError
 from memlab.flops import measure_matmul_flops
-from memlab.probes.chunks.cut import probe_chunks, probe_texts, rows, tokenize_chunks
+from memlab.probes.chunks.cut import probe_chunks, probe_texts, tokenize_chunks
+from memlab.probes.chunks.batch import rows
 from memlab.probes.invert.layer import LayerReader
 
 

@@ -45,11 +45,12 @@ import torch
 
 from memlab.errors import ConfigError, DataError, ModelError
 from memlab.paths import resource
-from memlab.probes.chunks.cut import PAD, fill_pad, mask_of, tokenize_chunks, trim
+from memlab.probes.chunks.cut import tokenize_chunks
+from memlab.probes.chunks.batch import PAD, fill_pad, mask_of, trim
 from memlab.probes.encoders.sources import load_encoder
 from memlab.probes.options import train_sizes
 from memlab.probes.readings import token_set_f1_per_chunk
-from memlab.probes.run import cached_encode
+from memlab.probes.encoders.encode import cached_encode
 from memlab.probes.sections import AlignOptions
 from memlab.probes.decoder.fit import Timer
 

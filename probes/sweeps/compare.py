@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 from memlab.config import apply_overrides, from_dict
 from memlab.errors import ConfigError
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes.chunks.cut import mask_of
+from memlab.probes.chunks.batch import mask_of
 from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
 from memlab.probes.readings import Reading, cell
 from memlab.probes.report.report import jsonable

@@ -25,13 +25,17 @@ import torch
 from memlab.errors import ModelError
 from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.sweeps import compare
-from memlab.probes.chunks.cut import ProbeText, fill_pad, make_targets, mask_of
+from memlab.probes.chunks.cut import ProbeText
+from memlab.probes.chunks.batch import fill_pad, mask_of
+from memlab.probes.chunks.targets import make_targets
 from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.readings import Reading
 from memlab.probes.report.report import Fit, jsonable
-from memlab.probes.run import control_key, encode_data, fit_one, setup
-from memlab.probes.decoder.fit import ControlStore, FitData, Timer
+from memlab.probes.run import control_key, fit_one, setup
+from memlab.probes.encoders.encode import encode_data
+from memlab.probes.decoder.fit import Timer
+from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.rundir import write_atomic
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",

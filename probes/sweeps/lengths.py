@@ -37,20 +37,12 @@ from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import cut as chunks
 from memlab.probes.options import seq_lens
 from memlab.probes.readings import cell
-from memlab.probes.run import (
-    claim_out,
-    control_key,
-    cut_text,
-    encode_data,
-    fit_length,
-    fit_one,
-    load_encoder,
-    load_options,
-    resolved,
-    run_probe,
-)
+from memlab.probes.run import (claim_out, control_key, cut_text, fit_length, fit_one, load_encoder, load_options,
+                               resolved, run_probe)
+from memlab.probes.encoders.encode import encode_data
 from memlab.probes.sweeps.layers import _row
-from memlab.probes.decoder.fit import ControlStore, FitData, Timer
+from memlab.probes.decoder.fit import Timer
+from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.progress import WorkLine
 from memlab.rundir import write_atomic
 

@@ -78,7 +78,7 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
     from torch.utils.flop_counter import FlopCounterMode
 
     from memlab.devices import auto_dtype
-    from memlab.probes.decoder.fitloop import DecoderGroup
+    from memlab.probes.decoder.group import DecoderGroup
     from memlab.probes.options import ProbeOptions
     from memlab.probes.decoder.fit import build_decoder
     from memlab.train.loop import measure_matmul_flops

@@ -1,7 +1,7 @@
 """The trained probe beside the inversion: the same held-out chunks read by a probe run's saved decoder (and its
 control, where the run kept one), per chunk, for the one table of :mod:`memlab.probes.invert.beside.table`.
 
-:func:`read_probe_side` reloads the run (:func:`memlab.probes.decoder.model.load_probe`), cuts its text again with its own
+:func:`read_probe_side` reloads the run (:func:`memlab.probes.decoder.fitted.load_probe`), cuts its text again with its own
 options (:func:`memlab.probes.run.cut_text`: the very chunks it held out, checked against the examples its report
 shows), and reads the first ``n`` of them as the probe defines its readings:
 
@@ -25,12 +25,13 @@ import numpy as np
 import torch
 
 from memlab.errors import ConfigError, DataError, ModelError
-from memlab.probes.chunks.cut import rows
-from memlab.probes.decoder.model import load_probe
+from memlab.probes.chunks.batch import rows
+from memlab.probes.decoder.fitted import load_probe
 from memlab.probes.options import ProbeOptions, load_options
 from memlab.probes.parts import GENERIC, encoder_kind, get_part
 from memlab.probes.readings import free_running_hits, reconstruct_ids, token_set_f1_per_chunk
-from memlab.probes.run import control_key, cut_text, disk_controls, encode_all
+from memlab.probes.run import control_key, cut_text, disk_controls
+from memlab.probes.encoders.encode import encode_all
 from memlab.probes.decoder.fit import evaluate
 
 
