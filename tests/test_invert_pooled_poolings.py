@@ -54,10 +54,10 @@ def chunks(n: int, seed: int) -> torch.Tensor:
 
 def test_every_probe_pooling_is_a_pooled_search():
     assert set(POOLS) == set(POOLED) - {"space"} == set(POOL_TO_STATES) == {"last", "second_last", "mean", "first"}
-    from memlab.probes.encoders import capture
+    from memlab.probes.encoders import pooling
 
-    built_in = {n.removeprefix("pool_") for n in dir(capture) if n.startswith("pool_") and n != "pool_states"}
-    assert built_in == set(POOL_TO_STATES)  # every pooling the probe ships (capture.pool_*)
+    built_in = {n.removeprefix("pool_") for n in dir(pooling) if n.startswith("pool_") and n != "pool_states"}
+    assert built_in == set(POOL_TO_STATES)  # every pooling the probe ships (pooling.pool_*)
     assert all(POOL_TO_STATES[p] == p for p in POOLS)
 
 
