@@ -2,7 +2,7 @@
 
     python benchmarks/bow_memory.py [--n 2000 8000 32000] [--vocab 32000] [--epochs 2]
 
-Fits :func:`memlab.probes.bow.fit_bow` on random chunks (``--seq-len`` ids from a ``--vocab``-token
+Fits :func:`memlab.probes.readouts.bow.fit_bow` on random chunks (``--seq-len`` ids from a ``--vocab``-token
 vocabulary, every id seen in training, so the kept vocabulary K is the whole of it) with 64-dim
 embeddings, for each ``--n`` chunks in a fresh process, and prints one JSON line each: the peak resident memory above the
 start of the fit (:class:`memlab.app.bench.measure.PeakMemory`, RSS sampled every millisecond) and what
@@ -24,7 +24,7 @@ import torch
 def measure(n: int, args) -> dict:
     """One fit of ``n`` chunks in this process: its peak memory above the start of the fit."""
     from memlab.app.bench.measure import PeakMemory
-    from memlab.probes.bow import fit_bow
+    from memlab.probes.readouts.bow import fit_bow
     from memlab.probes.sections import FitSection
 
     g = torch.Generator().manual_seed(n)

@@ -110,10 +110,10 @@ def measure_positions(args, res: dict) -> None:
     import torch
 
     from memlab.probes.invert.options import PositionsOptions, TextOptions
-    from memlab.probes.invert.positions import Searcher
+    from memlab.probes.invert.positions.searcher import Searcher
     from memlab.probes.invert.report import chunk_result, totals
-    from memlab.probes.invert.run_positions import first_table, observed_states
-    from memlab.probes.invert.setup import chunk_ids, load, machine_facts
+    from memlab.probes.invert.positions.run import first_table, observed_states
+    from memlab.probes.invert.start import chunk_ids, load, machine_facts
 
     torch.set_num_threads(args.threads)
     enc, reader = load(args.model, args.layer, "cpu")

@@ -52,8 +52,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from memlab.probes.invert.options import InvertOptions, PooledOptions
-    from memlab.probes.invert.pooled import PooledSearcher
-    from memlab.probes.invert.setup import machine_facts, setup, train_chunk_ids
+    from memlab.probes.invert.pooled.searcher import PooledSearcher
+    from memlab.probes.invert.start import machine_facts, setup, train_chunk_ids
 
     torch.set_num_threads(args.threads)
     machine = machine_facts()

@@ -24,8 +24,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from memlab.probes.invert.options import InvertOptions, PooledOptions
-    from memlab.probes.invert.pooled import PooledSearcher
-    from memlab.probes.invert.setup import setup
+    from memlab.probes.invert.pooled.searcher import PooledSearcher
+    from memlab.probes.invert.start import setup
 
     torch.set_num_threads(1)
     o = InvertOptions()

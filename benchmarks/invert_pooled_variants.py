@@ -27,8 +27,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from memlab.probes.invert.options import InvertOptions, PooledOptions
-    from memlab.probes.invert.run_pooled import PooledRun
-    from memlab.probes.invert.setup import machine_facts, setup
+    from memlab.probes.invert.pooled.run import PooledRun
+    from memlab.probes.invert.start import machine_facts, setup
     from memlab.probes.readings import set_f1
 
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
 Prompts: ``--natural`` held-out chunks of ``--tokens`` tokens of natural text (the probe's held-out chunks, cut in
 the model's tokens) and ``--random`` prompts of as many uniformly drawn token ids; each inverted from its states
-at every layer of ``--layers`` by the lockstep search (:mod:`memlab.probes.invert.lockstep`), all prompts of a
+at every layer of ``--layers`` by the lockstep search (:mod:`memlab.probes.invert.positions.lockstep`), all prompts of a
 layer advancing together. Per model, layer and text kind: the exact rate (prompts recovered token for token), the
 certified share, candidates verified per token (and as a share of the vocabulary; the first position's shared
 table counted apart), where the true token stood in each ranking, seconds and GFLOP-equivalents per token
@@ -52,7 +52,7 @@ def parse(argv=None):
 def prompts(enc, args) -> tuple[list[list[int]], list[str]]:
     """``natural`` held-out chunks of ``tokens`` tokens and ``random`` prompts of random ids; their kinds."""
     from memlab.probes.invert.options import TextOptions
-    from memlab.probes.invert.setup import chunk_ids
+    from memlab.probes.invert.start import chunk_ids
 
     text = TextOptions(seq_len=args.tokens, chunk_by="tokens", n=args.natural, n_eval=max(256, args.natural),
                        seed=args.seed)
@@ -76,16 +76,16 @@ def spread(values) -> dict:
 
 
 def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
-    from memlab.probes.invert.lockstep import Lockstep, LockstepOptions
-    from memlab.probes.invert.run_positions import check_applies, first_table, observed_states
-    from memlab.probes.invert.states import LayerReader
+    from memlab.probes.invert.positions.lockstep import Lockstep, LockstepOptions
+    from memlab.probes.invert.positions.run import check_applies, first_table, observed_states
+    from memlab.probes.invert.layer import LayerReader
 
     reader = LayerReader(enc.model, layer, vocab_size=len(enc.tokenizer))
     check_applies(reader, enc.prefix + seqs[0], args.model)
     opts = LockstepOptions(first_batch=args.first_batch, batch_size=args.batch_size, budget=args.budget,
                            prior=not args.no_prior, chunk_batch=args.chunk_batch, exhaustive_batch=512,
                            secant=not args.no_secant, secant_after=args.secant_after)
-    from memlab.probes.invert.headweight import own_head
+    from memlab.probes.invert.head import own_head
 
     own = None if args.no_prior else own_head(args.model, reader)
     search = Lockstep(reader, opts, head_weight=own)
@@ -141,13 +141,13 @@ def one_layer(enc, layer: int, seqs, kinds, args, gflops: float) -> dict:
 def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    from memlab.probes.encoders import load_transformers
-    from memlab.probes.invert.setup import machine_facts
+    from memlab.probes.encoders.sources import load_transformers
+    from memlab.probes.invert.start import machine_facts
 
     machine = machine_facts()
     enc = load_transformers(args.model, layer=-1, device=args.device)
     seqs, kinds = prompts(enc, args)
-    n_blocks = len(__import__("memlab.probes.capture", fromlist=["hook_plan"]).hook_plan(enc.model)[0])
+    n_blocks = len(__import__("memlab.probes.encoders.capture", fromlist=["hook_plan"]).hook_plan(enc.model)[0])
     layers = [n_blocks // 2 if x.strip() == "mid" else int(x) for x in args.layers.split(",")]
     res = {"model": args.model, "prefix": list(enc.prefix), "machine": machine, "args": vars(args), "layers": []}
     for layer in layers:

@@ -37,11 +37,11 @@ def main(argv=None) -> int:
     import torch
 
     from memlab.probes.invert.options import PositionsOptions, TextOptions
-    from memlab.probes.invert.positions import Searcher
-    from memlab.probes.invert.robust import quantized_copy, recovery, relative_error
-    from memlab.probes.invert.run_positions import first_table, observed_states
-    from memlab.probes.invert.setup import chunk_ids, load, machine_facts
-    from memlab.probes.invert.states import LayerReader
+    from memlab.probes.invert.positions.searcher import Searcher
+    from memlab.probes.invert.positions.robust import quantized_copy, recovery, relative_error
+    from memlab.probes.invert.positions.run import first_table, observed_states
+    from memlab.probes.invert.start import chunk_ids, load, machine_facts
+    from memlab.probes.invert.layer import LayerReader
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -7,7 +7,7 @@ Saves a random Llama-shaped causal LM (by default about 1B parameters: Llama-2's
 width, 18 layers, the bundled corpus's 4096-token BPE) to ``--work``, one tensor at a time and one
 safetensors shard at a time from a model built on the meta device, so that making the folder never holds
 a second copy either (at most one shard, ``--shard-mb``). Then, in a fresh process per ``--dtypes``
-entry, the probe's loader (:func:`memlab.probes.encoders.load_encoder`, ``device=cpu``) reads it. One JSON
+entry, the probe's loader (:func:`memlab.probes.encoders.sources.load_encoder`, ``device=cpu``) reads it. One JSON
 line per load: the weights' bytes in memory, peak resident memory (``VmHWM``, after every weight is read once;
 memory-mapped pages of the files count while they are mapped), the imports' own baseline, and the ratios
 ``peak_over_weights`` and ``added_over_weights`` (the peak less the baseline); the target is a peak within
@@ -91,7 +91,7 @@ def measure(folder: str, dtype: str) -> dict:
     import torch
     import transformers  # noqa: F401  (the imports' own memory, reported as baseline)
 
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     base = peak_rss()
     t0 = time.perf_counter()

@@ -19,13 +19,13 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from memlab.probes.chunks import probe_chunks
-    from memlab.probes.fitloop import train_decoder
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.chunks.cut import probe_chunks
+    from memlab.probes.decoder.fitloop import train_decoder
+    from memlab.probes.encoders.sources import load_encoder
     from memlab.probes.options import load_options
-    from memlab.probes.report import peak_memory_mb
-    from memlab.probes.run import encode_all
-    from memlab.probes.train import build_decoder
+    from memlab.probes.report.report import peak_memory_mb
+    from memlab.probes.encoders.encode import encode_all
+    from memlab.probes.decoder.fit import build_decoder
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="minilm")

@@ -6,7 +6,7 @@ quickstart's chunks and decoder settings (``memlab.app.quickstart.FULL``, the ba
 * the control, trained from its random start (its first run);
 * the probe from a random start (``scratch``), read against that first run;
 * for each share ``s`` of the learning rate: the control trained a second time from its first run with its weights at
-  ``s`` (``contained_lr=s``), and the probe started as the control (:func:`memlab.probes.train.contain`), its
+  ``s`` (``contained_lr=s``), and the probe started as the control (:func:`memlab.probes.decoder.fit.contain`), its
   embedding pathway at the full rate and the control's weights at ``s``, read against that second run.
 
 Each candidate's bits per chunk over the held-out chunks, with its 95 % paired bootstrap interval, its token accuracy
@@ -37,11 +37,12 @@ from memlab.devices import native_bf16
 from memlab.errors import MemlabError
 from memlab.flops import measure_matmul_flops
 from memlab.probes import run as probe_run
-from memlab.probes.chunks import chunk_chars
-from memlab.probes.fitloop import train_decoders
+from memlab.probes.chunks.cut import chunk_chars
+from memlab.probes.decoder.fitloop import train_decoders
 from memlab.probes.options import load_options
 from memlab.probes.readings import readings
-from memlab.probes.train import FitData, _held_back_ce, _new_decoder, contain, contained_shares, evaluate
+from memlab.probes.decoder.fit import _held_back_ce, _new_decoder, contain, contained_shares, evaluate
+from memlab.probes.decoder.records import FitData
 
 MODELS = {"minilm": {"pool": "mean"}, "space:memory_ae": {}, "synthetic:concat": {}}
 

@@ -11,15 +11,15 @@ from memlab.registry import SPACES, VERB_RECIPES, VerbRecipe
 
 
 def load_probe(path=None, **kw):
-    """A fitted probe from its run directory (:func:`memlab.probes.decoder.load_probe`)."""
-    from memlab.probes.decoder import load_probe as load  # start-up: torch, when a probe is loaded
+    """A fitted probe from its run directory (:func:`memlab.probes.decoder.fitted.load_probe`)."""
+    from memlab.probes.decoder.fitted import load_probe as load  # start-up: torch, when a probe is loaded
 
     return load(path, **kw)
 
 
 def probe(model: str = "minilm", out=None, config=None, encoder=None, **options):
-    """Probe ``model`` (:func:`memlab.probes.lengths.probe`: one probe, or a length sweep); returns the report."""
-    from memlab.probes.lengths import probe as run  # start-up: torch, when a probe runs
+    """Probe ``model`` (:func:`memlab.probes.sweeps.lengths.probe`: one probe, or a length sweep); returns the report."""
+    from memlab.probes.sweeps.lengths import probe as run  # start-up: torch, when a probe runs
 
     return run(model, out=out, config=config, encoder=encoder, **options)
 

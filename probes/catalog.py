@@ -15,45 +15,45 @@ P = "memlab.probes"
 # encoder kinds: the first whose ``matches`` takes the spec, newest registration first; each loads its own kind.
 # space and synthetic refuse random_init themselves, in one line that says why.
 for _name, _code, _doc, _honours in [
-    ("hub", "encoders:HUB", "a Hugging Face hub name, read from the local cache", "all"),
-    ("folder", "encoders:FOLDER", "a save_pretrained folder, a memlab run directory or a GGUF file", "all"),
-    ("shortcut", "encoders:SHORTCUT", "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)", "all"),
-    ("space", "encoders:SPACE", "space:NAME[:PATH]: any registered EmbeddingSpace", ("random_init",)),
-    ("synthetic", "synthetic:KIND", "synthetic:concat|bag|constant: a calibration encoder", ("random_init",)),
+    ("hub", "encoders.sources:HUB", "a Hugging Face hub name, read from the local cache", "all"),
+    ("folder", "encoders.sources:FOLDER", "a save_pretrained folder, a memlab run directory or a GGUF file", "all"),
+    ("shortcut", "encoders.sources:SHORTCUT", "a packaged model (memlab.assets: memlab-lm, minilm, smollm2)", "all"),
+    ("space", "encoders.sources:SPACE", "space:NAME[:PATH]: any registered EmbeddingSpace", ("random_init",)),
+    ("synthetic", "encoders.synthetic:KIND", "synthetic:concat|bag|constant: a calibration encoder", ("random_init",)),
 ]:
     register_part("encoder", Part(_name, f"{P}.{_code}", description=_doc, honours=_honours))
 
 for _name, _doc in [("last", "the last real token's state"), ("second_last", "the state before the last token"),
                     ("mean", "the mean over real tokens"), ("first", "the first position's state")]:
-    register_part("pool", Part(_name, f"{P}.capture:pool_{_name}", description=_doc))
+    register_part("pool", Part(_name, f"{P}.encoders.pooling:pool_{_name}", description=_doc))
 
-register_part("conditioning", Part("unrolled", f"{P}.decoder:UNROLLED",
+register_part("conditioning", Part("unrolled", f"{P}.decoder.inputs:UNROLLED",
                                    description="projected to max_len vectors, one added to each position"))
-register_part("conditioning", Part("prefix", f"{P}.decoder:PREFIX", options=PrefixOptions,
+register_part("conditioning", Part("prefix", f"{P}.decoder.inputs:PREFIX", options=PrefixOptions,
                                    description="projected to prefix_len memory vectors"))
 
-register_part("inputs", Part("teacher", f"{P}.decoder:TEACHER", options=TeacherOptions,
+register_part("inputs", Part("teacher", f"{P}.decoder.inputs:TEACHER", options=TeacherOptions,
                              description="the true previous tokens (greedy generation is autoregressive)"))
-register_part("inputs", Part("blank", f"{P}.decoder:BLANK", description="the start token everywhere (a blank copy)"))
+register_part("inputs", Part("blank", f"{P}.decoder.inputs:BLANK", description="the start token everywhere (a blank copy)"))
 
-register_part("decoder", Part("llama", f"{P}.decoder:ProbeDecoder", options=LlamaOptions, honours="all",
+register_part("decoder", Part("llama", f"{P}.decoder.model:ProbeDecoder", options=LlamaOptions, honours="all",
                               description="a small Llama-style causal LM trained from scratch (memlab.probes.decoder)"))
 register_part("decoder", Part(
-    "pretrained", f"{P}.pretrained:KIND", options=PretrainedOptions, honours="all",
+    "pretrained", f"{P}.decoder.pretrained:KIND", options=PretrainedOptions, honours="all",
     argument="NAME: a causal LM, as a shortcut, folder, run, GGUF file or hub name",
-    check=f"{P}.pretrained:check",
+    check=f"{P}.decoder.pretrained:check",
     description="a pretrained causal LM reading the embedding as soft prompts (frozen, LoRA or fine-tuned)"))
 
 register_part("readout", Part(
-    "bow", f"{P}.bow:bow_readout", options=BowOptions, summary=f"{P}.bow:bow_summary",
+    "bow", f"{P}.readouts.bow:bow_readout", options=BowOptions, summary=f"{P}.readouts.bow:bow_summary",
     gain_unit="of the bag of words over its prior",
     readings=(("recovered", "bag-of-words read-out", False, 3),
               ("gain", "bag-of-words read-out over its prior", True, 3)),
-    columns=f"{P}.bow:bow_columns", member=f"{P}.bow:bow_member",
+    columns=f"{P}.readouts.bow:bow_columns", member=f"{P}.readouts.bow:bow_member",
     description="bag-of-words read-out: a linear multi-label head, trained in the fit loop"))
 register_part("readout", Part(
-    "align", f"{P}.align:align_readout", options=AlignOptions, check_context=f"{P}.align:check_target",
-    summary=f"{P}.align:align_summary", columns=f"{P}.align:align_columns",
+    "align", f"{P}.readouts.align:align_readout", options=AlignOptions, check_context=f"{P}.readouts.align:check_target",
+    summary=f"{P}.readouts.align:align_summary", columns=f"{P}.readouts.align:align_columns",
     readings=(("bits_per_chunk", "alignment read-out, bits per chunk over its prior", True, 2),
               ("recovered", "alignment read-out, token accuracy in its target", False, 3),
               ("gain", "alignment read-out over its prior", True, 3),

@@ -83,7 +83,7 @@ class ResolvedOptions(ProbeOptions):
     """The class of options not yet checked (what options derived from these are built as)."""
     explicit: frozenset = field(default=frozenset(), repr=False, compare=False)
     """The options the user set: a ``seq_len`` set is refused when the encoder cannot read its chunks whole, the
-    default one keeps the words that fit (:func:`memlab.probes.chunks.probe_data`)."""
+    default one keeps the words that fit (:func:`memlab.probes.chunks.cut.probe_data`)."""
     methods: tuple = field(default=(), repr=False, compare=False)
     """With ``compare``: (method, its resolved options) of every compared method (:func:`compared`), checked once."""
 
@@ -98,9 +98,9 @@ def option_values(opts: ProbeOptions) -> dict:
 
 
 def compared(opts: ProbeOptions, explicit: set[str] = frozenset()) -> list[tuple]:
-    """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.compare`), each checked as a
+    """(method, its options) of every method of ``opts.compare`` (:mod:`memlab.probes.sweeps.compare`), each checked as a
     probe of that method alone would be (one ConfigError naming the method)."""
-    from memlab.probes.compare import methods  # start-up: plots and torch, only when a comparison is asked for
+    from memlab.probes.sweeps.compare import methods  # start-up: plots and torch, only when a comparison is asked for
 
     out = []
     for m, mine, given in methods(opts, explicit):
@@ -116,8 +116,8 @@ def validate(opts: ProbeOptions, explicit: set[str] = frozenset()) -> ResolvedOp
     resolved, ``auto`` -> the best one present, a missing one refused; with ``compare``, every method's resolved
     options); ``opts`` is not changed. ``explicit``: the options the user set (their parts must be chosen)."""
     from memlab.devices import resolve_device  # start-up: torch, imported when options are checked
-    from memlab.probes import placement  # start-up: accelerate and transformers, likewise
-    from memlab.probes.compare import owners  # start-up: the comparison's plots and torch, likewise
+    from memlab.probes.encoders import placement  # start-up: accelerate and transformers, likewise
+    from memlab.probes.sweeps.compare import owners  # start-up: the comparison's plots and torch, likewise
 
     if opts.pool is not None:
         get_part("pool", opts.pool)

@@ -28,7 +28,7 @@ Contracts (``impl``; ``options``: the part's options dataclass, given to a funct
 * ``inputs``: ``f(decoder_input_ids (B, T), config, training) -> (B, T)`` ids the decoder reads, or an
   :class:`InputMode` that says whether they hold the true tokens; its options are in the decoder's config;
 * ``decoder``: ``f(config: ProbeDecoderConfig[, options]) -> nn.Module`` (the probe decoder's interface,
-  :class:`memlab.probes.decoder.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
+  :class:`memlab.probes.decoder.model.ProbeDecoderAPI`), or a :class:`DecoderKind` (a decoder with its own
   tokenizer, options and save format, e.g. ``pretrained:NAME``);
 * ``readout``: ``f(z_train, train_ids, z_eval, eval_ids, seed, device[, context][, options]) -> dict`` (fitted on
   ``device``, the probe's) with ``recovered``, ``prior``, ``gain`` and ``_per_chunk`` (per held-out chunk:
@@ -47,12 +47,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable
 
 from memlab.errors import ConfigError
 from memlab.probes.sections import PART_OPTIONS
 from memlab.registry import ALL, Registry
+from memlab.probes.kinds import Conditioning, DecoderKind, EncoderKind, InputMode  # noqa: F401  (the part contract)
 
 KINDS = ("encoder", "pool", "conditioning", "inputs", "decoder", "readout", "scorer")
 PARTS: dict[str, Registry] = {k: Registry(f"probe {k}") for k in KINDS}
@@ -95,7 +96,7 @@ class Part:
     """One registered choice of one kind of probe part: its code (``impl``), its own options (``options``, a
     dataclass: each field an option, typed, with its default and a docstring), the generic settings of its kind it
     honours (``honours``: names from :data:`GENERIC`, or ``"all"``) and, for a decoder, how it saves and loads its
-    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.decoder.save_decoder` and a
+    files (``save(decoder, folder)``, ``load(folder)``; default: :func:`memlab.probes.decoder.build.save_decoder` and a
     rebuild from the saved config and options).
 
     Its code and hooks (:data:`LAZY`) may be given as ``"module:attr"``: imported the first time they are used, so
@@ -256,62 +257,6 @@ def check_readouts(opts, context: ReadoutContext) -> None:
         part = get_part("readout", name)
         if part.check_context is not None:
             part.check_context(context)
-
-
-@dataclass(frozen=True)
-class EncoderKind:
-    """How one kind of ``model`` spec becomes a frozen encoder."""
-
-    matches: Callable[[str], bool] | str
-    """Whether a ``model`` spec is of this kind: a function of the spec, or the prefix its specs start with."""
-    load: Callable[..., Any]
-    """``load(spec, layer=, pool=, final_norm=, random_init=, special_tokens=, device=, dtype=, max_len=)``."""
-    source: Callable[[str], tuple] | None = None
-    """A transformers model's kind: ``source(spec) -> (folder or hub name, GGUF file or None, default pooling)``;
-    accelerate may place it (``device_map``, ``max_memory``, ``offload_dir`` apply to it alone)."""
-    known_content: Callable[[str, Any], dict] | str | None = None
-    """A calibration encoder of known content (a function, or its ``"module:attr"``): ``known_content(spec, fit) ->
-    the report's calibration`` checks its own probe against what it must give (``fit``: a
-    :class:`memlab.probes.report.Fit`; its report then describes no corpus split)."""
-
-    def takes(self, spec: str) -> bool:
-        """Whether ``spec`` is of this kind (:attr:`matches`)."""
-        return spec.startswith(self.matches) if isinstance(self.matches, str) else bool(self.matches(spec))
-
-
-@dataclass(frozen=True)
-class Conditioning:
-    """``vectors(config)``: conditioning vectors per chunk; ``join(x (B, T, d), cond (B, P, d)) -> (B, P' + T, d)``
-    and ``offset(config)``: how many leading positions of the decoder's output are not tokens."""
-
-    vectors: Callable[[Any], int]
-    join: Callable[[Any, Any], Any]
-    offset: Callable[[Any], int] = field(default=lambda c: 0)
-
-
-@dataclass(frozen=True)
-class DecoderKind:
-    """A decoder with its own tokenizer: ``build(config, arg, options) -> nn.Module`` (``options``: the part's options
-    dataclass, :func:`part_options`), ``tokenizer(arg)``: the tokenizer its targets are in, ``load(folder)``: a
-    saved decoder back (strict). Calling it as ``f(config)`` is refused: it needs its argument."""
-
-    build: Callable[..., Any]
-    tokenizer: Callable[[str], Any]
-    load: Callable[[Any], Any]
-    config_type: str = ""
-    """The ``model_type`` its saved ``config.json`` holds (how :func:`memlab.probes.decoder.load_probe` finds it)."""
-
-
-@dataclass(frozen=True)
-class InputMode:
-    """A token-input mode: called as ``f(decoder_input_ids (B, T), config, training) -> (B, T)``;
-    ``reads_tokens=False`` says the ids never depend on the true tokens, so every position is decoded at once."""
-
-    ids: Callable[[Any, Any, bool], Any]
-    reads_tokens: bool = True
-
-    def __call__(self, ids, config, training: bool):
-        return self.ids(ids, config, training)
 
 
 def reads_tokens(config) -> bool:

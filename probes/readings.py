@@ -26,7 +26,7 @@ default), as ``scipy.stats.bootstrap(..., paired=True, method="percentile")`` gi
 of sums over chunks, vectorised over resamples.
 
 Readings (:func:`readings`, each a :class:`~memlab.probes.readings.Reading`; nats summed over a chunk's target
-tokens, as :func:`memlab.probes.train.evaluate` gives them per chunk):
+tokens, as :func:`memlab.probes.decoder.fit.evaluate` gives them per chunk):
 
 * ``bits_per_chunk``: mean over chunks of ``(NLL_control - NLL_probe) / ln 2``:
   what the embedding adds, in bits, for a chunk of the shared text;
@@ -57,7 +57,7 @@ import torch
 
 from memlab.metrics import sentence_bleu
 
-from memlab.probes.chunks import mask_of, rows
+from memlab.probes.chunks.batch import mask_of, rows
 from memlab.probes.parts import get_part, own_options, reads_tokens
 
 
@@ -126,7 +126,7 @@ class DecoderScores:
     reconstruction: list | None = None
 
     def with_reconstruction(self, rec: Reconstructed) -> DecoderScores:
-        """These teacher-forced scores (:func:`memlab.probes.train.evaluate`) and the scorers' ``rec``."""
+        """These teacher-forced scores (:func:`memlab.probes.decoder.fit.evaluate`) and the scorers' ``rec``."""
         chunks = None if self.chunks is None else replace(self.chunks, tf1=rec.tf1, free_hits=rec.free_hits)
         return DecoderScores({**self.metrics, **rec.metrics}, chunks, rec.texts)
 

@@ -4,16 +4,16 @@
 
 1. load the encoder (:func:`load_encoder`: the registered encoder kind that takes ``opts.model``,
    :mod:`memlab.probes.parts`);
-2. cut the text (:func:`memlab.probes.chunks.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
-   once as text, the same for every model, and the decoder's targets, :func:`memlab.probes.chunks.make_targets`);
+2. cut the text (:func:`memlab.probes.chunks.cut.probe_data`: chunks of ``seq_len`` words of held-out Austen text, cut
+   once as text, the same for every model, and the decoder's targets, :func:`memlab.probes.chunks.targets.make_targets`);
 3. encode once (:func:`encode_data`, disk-cached with ``cache_dir``);
 4. fit the decoders, read out, score and put intervals on the readings (:func:`fit_one`: the probe decoder and its
-   control trained as one group, :mod:`memlab.probes.train`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
+   control trained as one group, :mod:`memlab.probes.decoder.fit`; the read-outs, :func:`memlab.probes.parts.fit_readout`;
    the paired bootstrap intervals, :mod:`memlab.probes.readings`; the calibration,
-   :func:`memlab.probes.synthetic.calibration`);
-5. build and write the report (:class:`memlab.probes.report.ProbeReport`, :mod:`memlab.probes.report`).
+   :func:`memlab.probes.encoders.synthetic.calibration`);
+5. build and write the report (:class:`memlab.probes.report.report.ProbeReport`, :mod:`memlab.probes.report.report`).
 
-The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweep`; lengths: :mod:`memlab.probes.lengths`)
+The sweeps (layers, learning curve, comparison: :mod:`memlab.probes.sweeps.layers`; lengths: :mod:`memlab.probes.sweeps.lengths`)
 loop over the same :func:`fit_one`.
 
 By default the decoder reads the true previous tokens (``inputs="teacher"``), the embedding is added to every
@@ -33,24 +33,21 @@ Python::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from memlab.data.chunkcache import read_chunk_embeddings
-from memlab.data.mmapcache import cached_embeddings
 from memlab.devices import launched, resolve_device
-from memlab.errors import ConfigError, MemlabError, ModelError
-from memlab.probes import chunks, shards
-from memlab.probes.chunks import ProbeText, fill_pad, make_targets, mask_of, trim
-from memlab.probes.control_cache import ControlCache, compute_side
-from memlab.probes.decoder import FittedProbe
-from memlab.probes.fitloop import train_readouts
+from memlab.errors import ConfigError, ModelError
+from memlab.probes.chunks import cut as chunks
+from memlab.probes.encoders import shards
+from memlab.probes.chunks.cut import ProbeText
+from memlab.probes.chunks.targets import make_targets
+from memlab.probes.decoder.control_cache import ControlCache, compute_side
+from memlab.probes.decoder.fitted import FittedProbe
+from memlab.probes.decoder.fitloop import train_readouts
 from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
 from memlab.probes.parts import (
     check_readouts,
@@ -64,102 +61,12 @@ from memlab.probes.parts import (
     takes_context,
 )
 from memlab.probes.readings import Reading, limit_line, readings, retention
-from memlab.probes.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
-from memlab.probes.sections import AlignOptions, BowOptions, EncoderSection, ReadoutSection, RunSection
-from memlab.probes.synthetic import calibration
-from memlab.probes.train import ControlStore, FitData, Timer, build_decoder, fit_decoders, information_gain
-from memlab.progress import progress_bar
+from memlab.probes.report.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
+from memlab.probes.encoders.synthetic import calibration
+from memlab.probes.decoder.fit import Timer, build_decoder, fit_decoders, information_gain
+from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.rundir import claim
-
-ENCODER_SIDE = ({f.name for s in (EncoderSection, ReadoutSection, RunSection) for f in fields(s)}
-                | {f.name for c in (AlignOptions, BowOptions) for f in fields(c)} | {"race"})
-"""Options a control run does not depend on: the encoder's, the read-outs' and the run's, and the racing of the
-probe's candidates (which starts after the control is trained)."""
-
-
-def encoder_spec(opts: ProbeOptions, encoder=None) -> dict:
-    spec = {"model": opts.model, "layer": opts.layer, "pool": opts.pool, "final_norm": opts.final_norm,
-            "random_init": opts.random_init, "special_tokens": opts.special_tokens, "dtype": opts.encoder_dtype}
-    own = encoder_options(opts)
-    if own:  # a plugin encoder kind's or pooling's own options change the embeddings; no other part's do
-        spec["part_options"] = own
-    if getattr(encoder, "resizable", False):  # a synthetic code's width depends on its length
-        spec["max_len"] = int(getattr(encoder, "max_length", None) or opts.seq_len)
-    return spec
-
-
-def encoder_options(opts: ProbeOptions) -> dict:
-    """The plugin options (``part_options``) of the chosen encoder kind and pooling: the only part options the
-    embeddings depend on (a decoder's or a read-out's are not in the embedding cache's key)."""
-    kind = encoder_kind(opts.model)
-    parts = [kind] if kind is not None else []
-    if opts.pool is not None:
-        parts.append(get_part("pool", opts.pool))
-    names = {o for p in parts for o in p.option_names}
-    return {k: v for k, v in (opts.part_options or {}).items() if k in names}
-
-
-def encode_all(encoder, ids: torch.Tensor, batch_size: int = 32, progress: bool | None = None,
-               desc: str = "encode") -> torch.Tensor:
-    """Run the frozen encoder once over full chunks ``(N, T)`` -> embeddings ``(N, D)`` float32."""
-    out = []
-    pad_id = getattr(encoder.tokenizer, "pad_token_id", None) or 0
-    bar = progress_bar(ids.shape[0], desc, progress)
-    # an encoder that masks its padding (a transformers model) reads chunks of like length together, each batch
-    # cut to its longest chunk: no compute on padding; others (a space of fixed length) read the chunks as given
-    cut = getattr(encoder, "masks_padding", False)
-    order = torch.sort(mask_of(ids).sum(1), stable=True).indices if cut else torch.arange(ids.shape[0])  # (N,)
-    with torch.no_grad():
-        for i in range(0, ids.shape[0], batch_size):
-            b = ids[order[i : i + batch_size]]  # (b, T), PAD after each chunk's tokens
-            b = trim(b) if cut else b  # (b, T_b)
-            out.append(encoder.encode(fill_pad(b, pad_id), mask_of(b).long()))  # (b, D)
-            bar.update(b.shape[0])
-    bar.close()
-    z = torch.empty(ids.shape[0], out[0].shape[1], dtype=out[0].dtype) if out else torch.zeros(0, 0)  # (N, D)
-    z[order] = torch.cat(out)  # back in the chunks' order
-    if not torch.isfinite(z).all():
-        raise MemlabError(f"{getattr(encoder, 'name', 'the encoder')} gave non-finite embeddings")
-    return z
-
-
-def content_hash(key: dict, *tensors: torch.Tensor) -> str:
-    """sha256 of a JSON-able ``key`` and the bytes of ``tensors``: what a cached result depends on."""
-    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
-    for t in tensors:
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
-def cached_encode(encoder, ids: torch.Tensor, key: dict, cache_dir: str | None, dtype: str = "float32", env=None,
-                  **kw) -> tuple[torch.Tensor, bool]:
-    """:func:`encode_all`, memoised on disk under ``cache_dir`` by a hash of ``key`` and the ids: written a piece at a
-    time to a memory-mapped file in storage ``dtype``, resumed after a kill, read mapped
-    (:mod:`memlab.data.mmapcache`); a float32 cache of the earlier safetensors form is still read
-    (:mod:`memlab.data.chunkcache`). ``env``: the processes of a launch, each encoding its share
-    (:func:`memlab.probes.shards.cached_sharded`)."""
-    if env is not None:
-        stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}" if cache_dir else None
-        return shards.cached_sharded(env, stem, ids, lambda b: encode_all(encoder, b, **kw), dtype)
-    if not cache_dir:
-        return encode_all(encoder, ids, **kw), False
-    stem = Path(cache_dir) / f"emb-{content_hash(key, ids)[:20]}"
-    if dtype == "float32" and (z := read_chunk_embeddings(stem.with_suffix(".safetensors"), ids)) is not None:
-        return z, True  # (N, D)
-    return cached_embeddings(stem, ids, lambda b: encode_all(encoder, b, **kw), dtype,
-                             width=getattr(encoder, "dim", None))  # (N, D)
-
-
-def encode_data(opts: ProbeOptions, encoder, train_ids, eval_ids, env=None):
-    """Embeddings (N, D), (M, D) of the chunks (disk-cached under ``opts.cache_dir``) and whether both were cached;
-    ``env``: the processes of a launch, sharing the encoder pass out."""
-    key = {**encoder_spec(opts, encoder), "enc": encoder.describe()}
-    main = env is None or env.is_main
-    kw = dict(batch_size=opts.encode_batch_size, progress=opts.progress if main else False, dtype=opts.cache_dtype,
-              env=env)
-    z_train, hit1 = cached_encode(encoder, train_ids, key, opts.cache_dir, desc="encode train", **kw)  # (N, D)
-    z_eval, hit2 = cached_encode(encoder, eval_ids, key, opts.cache_dir, desc="encode held-out", **kw)  # (M, D)
-    return z_train, z_eval, bool(hit1 and hit2)
+from memlab.probes.encoders.encode import ENCODER_SIDE, content_hash, encode_data, encoder_spec
 
 
 def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
@@ -173,7 +80,7 @@ def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids
 
 def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int):
     """A fresh decoder of ``opts`` for embeddings of width ``embed_dim`` on the probe's device: what a control kept on
-    disk is loaded into (:class:`~memlab.probes.control_cache.ControlCache`)."""
+    disk is loaded into (:class:`~memlab.probes.decoder.control_cache.ControlCache`)."""
     dec = build_decoder(embed_dim, tokenizer, train_ids, opts, compact=opts.compact_vocab)
     return dec.to(resolve_device(opts.device))
 
@@ -303,7 +210,7 @@ def setup(opts: ProbeOptions, run_dir, encoder=None):
     opts = resolved(opts)  # checked once: options from load_options are not checked again
     if isinstance(opts.seq_len, list):
         raise ConfigError("a list of 'seq_len' lengths is a length sweep: run it with memlab.probes.probe, "
-                          "memlab.probes.lengths.run_length_sweep or memlab probe --seq-len")
+                          "memlab.probes.sweeps.lengths.run_length_sweep or memlab probe --seq-len")
     claim_out(run_dir)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -365,8 +272,8 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
 
     ``control_cache``: a dict shared by several probes; a control run already made on the same chunks with the
     same decoder options is reused from it (the report names the probe that trained it). With ``opts.cache_dir``
-    control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.control_cache`).
-    In a launch of several processes (:mod:`memlab.probes.shards`) the encoder pass is shared out and the main
+    control runs are also kept on disk there and reused by later runs (:mod:`memlab.probes.decoder.control_cache`).
+    In a launch of several processes (:mod:`memlab.probes.encoders.shards`) the encoder pass is shared out and the main
     process fits and reports; the others return None.
     """
     t_start = time.perf_counter()
@@ -410,7 +317,7 @@ def probe(model: str = "minilm", out: str | Path | None = None, config: str | Pa
     """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
     ``report.fitted`` is the fitted probe (an EmbeddingSpace). ``memlab.probes.probe`` also takes a list of lengths
-    (a length sweep, :func:`memlab.probes.lengths.probe`).
+    (a length sweep, :func:`memlab.probes.sweeps.lengths.probe`).
     """
     opts = load_options(config, model=model, **options)
     return run_probe(opts, out, encoder=encoder)

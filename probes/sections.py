@@ -42,7 +42,7 @@ class EncoderSection:
     device_map: str | None = None
     """Placement of a transformers encoder: auto (accelerate's big-model inference: its blocks over the GPUs, then
     host memory, then disk in offload_dir), none (whole on the device); default: auto only when its weights do not
-    fit the device's free memory (memlab.probes.placement)."""
+    fit the device's free memory (memlab.probes.encoders.placement)."""
     max_memory: str | dict | None = None
     """device_map=auto: the memory budget per device, e.g. cpu:200MB,0:20GiB (or a mapping); the disk takes the
     rest. Default: each device's free memory (the CPU alone when device=cpu)."""
@@ -75,7 +75,7 @@ class TextSection:
     seq_len: int | list[int] = 32
     """Words per chunk (chunk_by=words) or tokens per chunk in the probed model's tokenizer (chunk_by=tokens); a list
     (e.g. [8, 16, 32]) fits each length on one model load and writes the retention-against-length curve
-    (memlab.probes.lengths)."""
+    (memlab.probes.sweeps.lengths)."""
     max_chunk_tokens: int | None = None
     """chunk_by=words: a chunk's trailing words are dropped until it holds at most this many tokens of
     ``chunk_tokenizer`` (every model still reads the same text; an encoder of fixed length reads it whole)."""
@@ -105,7 +105,7 @@ class FitSection:
     batch_size: int = 32
     """Decoder batch size."""
     lr: float = 2e-3
-    """Peak learning rate (AdamW, memlab.probes.fitloop.optimiser; warmup then cosine to min_lr_ratio)."""
+    """Peak learning rate (AdamW, memlab.probes.decoder.group.optimiser; warmup then cosine to min_lr_ratio)."""
     beta1: float = TrainConfig.beta1
     """AdamW beta1."""
     beta2: float = 0.98
@@ -128,7 +128,7 @@ class FitSection:
     """Race the probe's candidates (the contained probe, the plain decoder, the random start): after each epoch a
     candidate whose held-back gain over its control trails the leader's by more than it could still gain (its last
     epoch's improvement times the patience) and than two paired standard errors stops, as early stopping stops it
-    (memlab.probes.fitloop.race_losers)."""
+    (memlab.probes.decoder.fitloop.race_losers)."""
     contained_lr: float = 0.1
     """The probe started as its trained control: the share of ``lr`` at which the weights it takes from the control
     train (its embedding pathway, which starts at zero, trains at ``lr``); the control's second run trains at the same
@@ -143,7 +143,7 @@ class DecoderSection:
     decoder: str = "llama"
     """The decoder (a registered part: ``memlab list probe_decoders``): llama (a small Llama trained from scratch,
     in the encoder's tokenizer) or pretrained:NAME (a pretrained causal LM: shortcut, folder, run, GGUF file or hub
-    name, reading the embedding through a trained map; targets in its own tokenizer; memlab.probes.pretrained)."""
+    name, reading the embedding through a trained map; targets in its own tokenizer; memlab.probes.decoder.pretrained)."""
     conditioning: str = "unrolled"
     """How the decoder reads the embedding (a registered part): unrolled (projected and added per position) or
     prefix (memory prefix)."""
@@ -195,7 +195,7 @@ class RunSection:
     name: str | None = None
     """The run's name: the default output folder is runs/NAME-TIMESTAMP (default: probe-MODEL)."""
     compare: str | list[str] | None = None
-    """Methods read from one encoder pass, as a comparison (memlab.probes.compare): decoders (llama,
+    """Methods read from one encoder pass, as a comparison (memlab.probes.sweeps.compare): decoders (llama,
     pretrained:NAME) and read-outs (align, bow), each with options of its own in brackets (e.g. [llama,
     "pretrained:memlab-lm[conditioning=prefix]", align], or that comma string); every method at every n_train size,
     one table (curve.md/json) and one plot (plots/compare.png). Each row names the target tokens its bits are over."""
@@ -290,7 +290,7 @@ class AlignOptions:
 
     align_target: str = "space:memory_ae"
     """The space the embedding is mapped into and read by its own decoder (space:NAME[:PATH]; space:memory_ae alone
-    is the shipped memory autoencoder). memlab.probes.align."""
+    is the shipped memory autoencoder). memlab.probes.readouts.align."""
 
 
 PART_OPTIONS: dict[tuple[str, str], type] = {

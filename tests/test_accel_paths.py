@@ -12,16 +12,17 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-import memlab.probes.fitloop as group_mod
+import memlab.probes.decoder.group as group_mod
 from conftest import one_line_error, write_config
 from memlab import devices
 from memlab.app.cli import main
 from memlab.config import TrainConfig
 from memlab.errors import MemlabError
-from memlab.probes.capture import HiddenStateEncoder
-from memlab.probes.fitloop import DecoderGroup, autocast_context, train_decoders
+from memlab.probes.encoders.capture import HiddenStateEncoder
+from memlab.probes.decoder.fitloop import train_decoders
+from memlab.probes.decoder.group import DecoderGroup, autocast_context
 from memlab.probes.run import load_options, run_probe
-from memlab.probes.encoders import resolve_dtype
+from memlab.probes.encoders.sources import resolve_dtype
 from memlab.registry import FAMILIES
 from memlab.train import processes as train_devices
 from memlab.train.loop import Trainer

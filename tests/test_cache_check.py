@@ -216,7 +216,7 @@ def _resaved(path, change):
 @pytest.mark.parametrize("change", ["swap", "scale", "nodigest"])
 def test_the_safetensors_cache_is_checked_and_a_damaged_one_removed(tmp_path, capsys, change):
     from memlab.data import chunkcache as cc
-    from memlab.probes.run import content_hash
+    from memlab.probes.encoders.encode import content_hash
 
     ids, key = _ids(), {"model": "m"}
     z = _encode(ids)

@@ -98,8 +98,8 @@ def test_a_damaged_sentence_embedding_cache_is_named_and_rebuilt(tmp_path, capsy
 def test_a_damaged_control_entry_is_named_and_trained_again(tokenizer, small_corpus, tmp_path, capsys, damage):
     from test_probe_control_cache import _probe
 
-    from memlab.probes import train
-    from memlab.probes.control_cache import FOLDER
+    from memlab.probes.decoder import fit as train
+    from memlab.probes.decoder.control_cache import FOLDER
 
     a = _probe(tokenizer, small_corpus, tmp_path)
     (entry,) = (tmp_path / FOLDER).iterdir()

@@ -8,8 +8,9 @@ import transformers as tf
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.probes.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan,
-                                   pool_states, right_pad, wrap_special)
+from memlab.probes.encoders.capture import (ARCHITECTURES, HiddenStateEncoder, find_layers, hook_plan, right_pad,
+                                            wrap_special)
+from memlab.probes.encoders.pooling import pool_states
 
 V = 101
 SMALL = dict(vocab_size=V)

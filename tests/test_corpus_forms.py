@@ -115,7 +115,7 @@ def test_the_probe_picks_from_the_stream_what_it_picked_from_the_whole_list(smal
     the very order, that the in-memory list of every unit gave."""
     from memlab.data.corpus import make_splits, units
     from memlab.data.views import clean_text
-    from memlab.probes.chunks import _picked, pick_texts
+    from memlab.probes.chunks.cut import _picked, pick_texts
 
     for corpus, field in ((str(small_corpus), "text"), (str(forms["saved"]), "body")):
         splits = make_splits(units(load_corpus(corpus, field), "chapter"), 0.05, 0.05, 0)

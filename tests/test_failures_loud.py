@@ -146,9 +146,9 @@ def test_sigterm_ends_train_naming_the_last_checkpoint_and_the_resume_is_exact(s
 
 
 def test_sigint_ends_a_probe_keeping_nothing_and_no_folder(tmp_path, capsys, monkeypatch):
-    from memlab.probes import run as probe_run
+    from memlab.probes.encoders import encode
 
-    _signal_at(monkeypatch, probe_run, "encode_all", signal.SIGINT)
+    _signal_at(monkeypatch, encode, "encode_all", signal.SIGINT)
     out = tmp_path / "probe"
     assert main(["probe", "--model", "synthetic:concat", "--out", str(out), *TINY_PROBE]) == 130
     err = capsys.readouterr().err

@@ -207,7 +207,7 @@ def test_7_resume_of_a_run_still_setting_up_names_its_process(tmp_path, capsys):
 
 
 def test_8_probe_sets_a_damaged_checkpoint_aside_and_leaves_it_while_the_run_is_in_use(run, capsys):
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     newest = run / "checkpoints" / STEP.format(6)
     (newest / "trainer_state.json").write_text("")
@@ -294,8 +294,8 @@ def test_probe_refuses_an_unusable_cache_dir_before_compute(tiny_llama, tmp_path
 
 
 def test_a_damaged_or_foreign_probe_cache_file_is_named_and_rebuilt(tiny_llama, tmp_path, capsys):
-    from memlab.probes.encoders import load_encoder
-    from memlab.probes.run import cached_encode
+    from memlab.probes.encoders.sources import load_encoder
+    from memlab.probes.encoders.encode import cached_encode
 
     enc = load_encoder(str(tiny_llama))
     gen = torch.Generator().manual_seed(0)

@@ -14,9 +14,9 @@ from transformers import AutoConfig, AutoModel
 
 from memlab.errors import ModelError
 from memlab.probes.invert.options import PositionsOptions
-from memlab.probes.invert.positions import Searcher
-from memlab.probes.invert.run_positions import check_applies
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.positions.searcher import Searcher
+from memlab.probes.invert.positions.run import check_applies
+from memlab.probes.invert.layer import LayerReader
 
 V = 211
 DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4)

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers as tf
 
-from memlab.probes.invert.headweight import output_embeddings
-from memlab.probes.invert.lockstep import Lockstep, LockstepOptions
-from memlab.probes.invert.ranking import NextTokenHead
-from memlab.probes.invert.setup import load
+from memlab.probes.invert.head import output_embeddings
+from memlab.probes.invert.positions.lockstep import Lockstep, LockstepOptions
+from memlab.probes.invert.positions.rank import NextTokenHead
+from memlab.probes.invert.start import load
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from memlab.probes.invert.chunklog import ChunkLog, read_chunks
-from memlab.probes.invert.firsttable import read_table, table_path, write_table
-from memlab.probes.invert.lockstep import Lockstep, LockstepOptions
-from memlab.probes.invert.ranking import NextTokenHead, interleave
+from memlab.probes.invert.positions.firsttable import read_table, table_path, write_table
+from memlab.probes.invert.positions.lockstep import Lockstep, LockstepOptions
+from memlab.probes.invert.positions.rank import NextTokenHead, interleave
 from memlab.probes.invert.report import chunk_result
-from memlab.probes.invert.states import LayerReader, select_rows
+from memlab.probes.invert.layer import LayerReader, select_rows
 from test_invert import V, tiny
 
 FAST = LockstepOptions(first_batch=4, batch_size=32, budget=96, exhaustive_batch=64, accept_gap=float("inf"))
@@ -166,7 +166,7 @@ def test_a_long_chunk_in_passes_bounded_by_memory(length):
 
 
 def test_fused_order_puts_the_token_every_ranking_likes_first():
-    from memlab.probes.invert.ranking import fused
+    from memlab.probes.invert.positions.rank import fused
 
     a = torch.arange(10.0)  # token 0 first, token 1 second, token 9 last
     b = torch.arange(10.0).flip(0)  # token 9 first, token 0 last

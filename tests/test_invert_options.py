@@ -53,7 +53,8 @@ def test_help_is_grouped_by_section():
 
 def test_defaults_are_written_once():
     """The searches take their section's dataclass: no second copy of a default in the search modules."""
-    from memlab.probes.invert import pooled, positions
+    from memlab.probes.invert.pooled import searcher as pooled
+    from memlab.probes.invert.positions import searcher as positions
 
     assert positions.PositionsOptions is SECTIONS["positions"] and pooled.PooledOptions is SECTIONS["pooled"]
     opts = InvertOptions()

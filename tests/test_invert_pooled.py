@@ -11,8 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from memlab.probes.invert.options import PooledOptions
-from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.pooled.searcher import LanguageHead, PooledSearcher
+from memlab.probes.invert.layer import LayerReader
 from memlab.probes.readings import set_f1
 
 V, T = 40, 5

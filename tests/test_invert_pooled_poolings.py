@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from memlab.probes.capture import HiddenStateEncoder
-from memlab.probes.invert.correct import CorrectOptions
+from memlab.probes.encoders.capture import HiddenStateEncoder
+from memlab.probes.invert.pooled.correct import CorrectOptions
 from memlab.probes.invert.options import POOLED, PooledOptions
-from memlab.probes.invert.pooled import POOLS, PooledSearcher, blind_spot
-from memlab.probes.invert.probe_run import POOL_TO_STATES
-from memlab.probes.invert.recover import Recoverer
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.pooled.searcher import POOLS, PooledSearcher, blind_spot
+from memlab.probes.invert.beside.probe_run import POOL_TO_STATES
+from memlab.probes.invert.pooled.recover import Recoverer
+from memlab.probes.invert.layer import LayerReader
 
 WORDS = [f"w{i}" for i in range(36)]  # + [UNK], [PAD], [CLS], [SEP]: 40 tokens
 V, T = 40, 4
@@ -54,10 +54,10 @@ def chunks(n: int, seed: int) -> torch.Tensor:
 
 def test_every_probe_pooling_is_a_pooled_search():
     assert set(POOLS) == set(POOLED) - {"space"} == set(POOL_TO_STATES) == {"last", "second_last", "mean", "first"}
-    from memlab.probes import capture
+    from memlab.probes.encoders import pooling
 
-    built_in = {n.removeprefix("pool_") for n in dir(capture) if n.startswith("pool_") and n != "pool_states"}
-    assert built_in == set(POOL_TO_STATES)  # every pooling the probe ships (capture.pool_*)
+    built_in = {n.removeprefix("pool_") for n in dir(pooling) if n.startswith("pool_") and n != "pool_states"}
+    assert built_in == set(POOL_TO_STATES)  # every pooling the probe ships (pooling.pool_*)
     assert all(POOL_TO_STATES[p] == p for p in POOLS)
 
 
@@ -79,8 +79,8 @@ def test_the_searched_state_is_the_probes_pooling_of_the_chunk(pool, model_type,
 
 
 def test_a_one_position_row_pools_as_the_probe_clamps_it():
-    from memlab.probes.capture import pool_second_last
-    from memlab.probes.invert.pooled import pool_rows
+    from memlab.probes.encoders.pooling import pool_second_last
+    from memlab.probes.invert.pooled.searcher import pool_rows
 
     h = torch.randn(2, 1, 3)
     assert torch.equal(pool_rows(h, "second_last"), pool_second_last(h, torch.ones(2, 1)))

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from memlab.probes.invert.correct import CorrectOptions, correct
-from memlab.probes.invert.pooled import LanguageHead, PooledOptions, PooledSearcher
-from memlab.probes.invert.propose import ProposeOptions, Proposer
-from memlab.probes.invert.recover import Recoverer
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.pooled.correct import CorrectOptions, correct
+from memlab.probes.invert.pooled.searcher import LanguageHead, PooledOptions, PooledSearcher
+from memlab.probes.invert.pooled.propose import ProposeOptions, Proposer
+from memlab.probes.invert.pooled.recover import Recoverer
+from memlab.probes.invert.layer import LayerReader
 
 WORDS = [f"w{i}" for i in range(38)]  # + [UNK], [PAD]: 40 tokens
 V, T = 40, 5
@@ -180,7 +180,7 @@ def test_cli_no_proposer_when_none_is_asked(argv, capsys, tmp_path):
 
 
 def test_edits_keep_the_length_and_do_what_they_say():
-    from memlab.probes.invert.correct import apply, order_edits
+    from memlab.probes.invert.pooled.correct import apply, order_edits
 
     ids = [10, 11, 12, 13, 14, 15]
     assert apply(ids, ("swap", 2, 99)) == [10, 11, 99, 13, 14, 15]

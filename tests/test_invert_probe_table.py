@@ -11,7 +11,7 @@ import pytest
 
 from memlab.errors import ConfigError
 from memlab.probes.invert.options import InvertOptions, ModelOptions
-from memlab.probes.invert.probe_run import read_probe_run, reconcile
+from memlab.probes.invert.beside.probe_run import read_probe_run, reconcile
 
 N_EVAL = 8
 

@@ -12,10 +12,10 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from memlab.probes.invert.options import PooledOptions
-from memlab.probes.invert.pooled import LanguageHead, PooledSearcher
-from memlab.probes.invert.relax import RelaxJob, Relaxer, RelaxOptions
-from memlab.probes.invert.relaxed import groups
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.pooled.searcher import LanguageHead, PooledSearcher
+from memlab.probes.invert.pooled.relax import RelaxJob, Relaxer, RelaxOptions
+from memlab.probes.invert.pooled.relaxed import groups
+from memlab.probes.invert.layer import LayerReader
 
 V, T = 48, 4
 LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from memlab.probes.invert.lockstep import Lockstep, LockstepOptions
-from memlab.probes.invert.ranking import rank_of
-from memlab.probes.invert.secant import secant_scores
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.positions.lockstep import Lockstep, LockstepOptions
+from memlab.probes.invert.positions.rank import rank_of
+from memlab.probes.invert.positions.secant import secant_scores
+from memlab.probes.invert.layer import LayerReader
 from test_invert import V, tiny
 
 

@@ -12,7 +12,7 @@ import torch
 
 from memlab.models.memory import MemoryConfig, MemoryModel
 from memlab.probes.invert.options import PooledOptions
-from memlab.probes.invert.pooled import PooledSearcher
+from memlab.probes.invert.pooled.searcher import PooledSearcher
 from memlab.probes.invert.space_reader import SpaceReader
 
 
@@ -46,7 +46,7 @@ def _main(*argv, capsys):
                                                       (3, "last", "mixer")])
 def test_the_searched_vector_is_the_memory_models_encoding(tokenizer, k, pooling, encoder_type):
     from memlab.models.memory.space import MemorySpace
-    from memlab.probes.capture import SpaceEncoder
+    from memlab.probes.encoders.capture import SpaceEncoder
 
     model = tiny_memory(tokenizer, k, pooling, encoder_type)
     space = MemorySpace(model, tokenizer)
@@ -84,7 +84,7 @@ def test_a_default_proposer_that_cannot_load_leaves_a_note(saved, small_corpus, 
     """--proposer auto for a space is SmolLM2; where it cannot be loaded, the correction starts from a blank chunk
     and the report says so in one line."""
     from memlab.errors import ModelError
-    from memlab.probes.invert import setup
+    from memlab.probes.invert import start as setup
 
     real = setup.load
 

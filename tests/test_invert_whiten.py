@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from memlab.probes.invert.correct import CorrectOptions
-from memlab.probes.invert.pooled import PooledOptions, PooledSearcher
-from memlab.probes.invert.recover import Recoverer
-from memlab.probes.invert.states import LayerReader
+from memlab.probes.invert.pooled.correct import CorrectOptions
+from memlab.probes.invert.pooled.searcher import PooledOptions, PooledSearcher
+from memlab.probes.invert.pooled.recover import Recoverer
+from memlab.probes.invert.layer import LayerReader
 
 V, T = 40, 5
 

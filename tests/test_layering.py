@@ -188,3 +188,78 @@ def test_the_checks_catch_wrong_imports(tmp_path):
     assert "memlab.probes.p -> memlab.app.cli: a plugin imports the application layer" in bad
     assert not any(b.startswith("memlab.models.b.mod") for b in bad)  # families may use the library
     assert cycles(g) == [["memlab.models.sentence.other", "memlab.models.sentence.shared"]]
+
+
+# The probe's rooms (probes/: one folder a stage; probes/invert/: one folder a search), docs/architecture.md.
+STAGES = ("chunks", "encoders", "decoder", "readouts", "report")
+"""The probe's stage rooms: text, states, fit, read, report."""
+ORCHESTRATION = ("memlab.probes.run", "memlab.probes.sweeps")
+"""What runs the stages: the one probe and the many probes of a sweep."""
+SEARCHES = ("memlab.probes.invert.positions", "memlab.probes.invert.pooled")
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import between the probe's rooms that points the wrong way, as 'importer -> imported: rule'."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            if not inside(mod, "memlab.probes") or mod == "memlab.probes":
+                continue
+            for a in SEARCHES:
+                for b in SEARCHES:
+                    if a != b and inside(mod, a) and inside(dep, b):
+                        bad.append(f"{mod} -> {dep}: one search imports the other")
+            if inside(mod, "memlab.probes.invert.beside") and any(inside(dep, s) for s in SEARCHES):
+                bad.append(f"{mod} -> {dep}: the probe beside the inversion imports a search")
+            if not inside(mod, "memlab.probes.invert") and inside(dep, "memlab.probes.invert"):
+                bad.append(f"{mod} -> {dep}: the probe imports the inversion")
+            stage = any(inside(mod, f"memlab.probes.{s}") for s in STAGES)
+            if stage and any(inside(dep, o) for o in ORCHESTRATION):
+                bad.append(f"{mod} -> {dep}: a stage imports what runs the stages")
+            if inside(mod, "memlab.probes.chunks") and any(inside(dep, f"memlab.probes.{s}") for s in
+                                                            ("decoder", "readouts", "report")):
+                bad.append(f"{mod} -> {dep}: the text imports a later stage")
+    return bad
+
+
+def test_the_probes_rooms_point_downward(graph):
+    assert {m for m in graph if inside(m, "memlab.probes.invert.pooled")} and room_violations(graph) == []
+
+
+def test_the_rooms_checks_catch_wrong_imports():
+    g = {"memlab.probes.invert.pooled.run": {"memlab.probes.invert.positions.rank"},
+         "memlab.probes.invert.beside.table": {"memlab.probes.invert.pooled.report"},
+         "memlab.probes.decoder.fit": {"memlab.probes.sweeps.layers", "memlab.probes.invert.layer"},
+         "memlab.probes.chunks.cut": {"memlab.probes.report.report"}}
+    assert room_violations(g) == [
+        "memlab.probes.chunks.cut -> memlab.probes.report.report: the text imports a later stage",
+        "memlab.probes.decoder.fit -> memlab.probes.invert.layer: the probe imports the inversion",
+        "memlab.probes.decoder.fit -> memlab.probes.sweeps.layers: a stage imports what runs the stages",
+        "memlab.probes.invert.beside.table -> memlab.probes.invert.pooled.report: "
+        "the probe beside the inversion imports a search",
+        "memlab.probes.invert.pooled.run -> memlab.probes.invert.positions.rank: one search imports the other"]
+
+
+MAX_MODULES, MAX_LINES, MAX_FUNCTION = 12, 400, 80
+LONG_FUNCTIONS = {("decoder/fitloop.py", "train_members"), ("invert/pooled/correct.py", "correct")}
+"""Functions still over MAX_FUNCTION lines, to be split (none may join them)."""
+
+
+def test_the_rooms_stay_small():
+    probes = ROOT / "probes"
+    for folder in (probes, probes / "invert"):
+        assert len(list(folder.glob("*.py"))) <= MAX_MODULES, folder
+    long_modules, long_functions = [], set()
+    for f in probes.rglob("*.py"):
+        text = f.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_LINES:
+            long_modules.append(str(f.relative_to(probes)))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > MAX_FUNCTION:
+                long_functions.add((str(f.relative_to(probes)), node.name))
+    assert long_modules == [] and long_functions <= LONG_FUNCTIONS, (long_modules, long_functions)

@@ -27,7 +27,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 def test_read_by_tensor_gives_transformers_own_weights(tmp_path, tokenizer, monkeypatch, file_dtype, dtype):
     import safetensors
 
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     folder = tmp_path / "m"
     _bench().save_random_llama(folder, tokenizer, TINY, dtype=file_dtype, shard_mb=0)  # one shard per tensor
@@ -48,7 +48,7 @@ def test_read_by_tensor_gives_transformers_own_weights(tmp_path, tokenizer, monk
 
 def test_a_damaged_shard_read_by_tensor_is_one_model_error(tmp_path, tokenizer):
     from memlab.errors import ModelError
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     folder = tmp_path / "m"
     _bench().save_random_llama(folder, tokenizer, TINY, dtype="float32", shard_mb=0)

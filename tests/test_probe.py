@@ -184,8 +184,8 @@ def test_bad_input_gives_one_clear_error(tiny_llama, small_corpus, tmp_path, cap
 
 
 def test_decoder_rejects_wrong_width(tokenizer):
-    from memlab.probes.fitloop import train_decoder
-    from memlab.probes.train import build_decoder
+    from memlab.probes.decoder.fitloop import train_decoder
+    from memlab.probes.decoder.fit import build_decoder
 
     ids = torch.randint(0, len(tokenizer), (8, 16))
     opts = ProbeOptions(hidden_size=32, num_heads=4, num_layers=1, seq_len=16, epochs=1, batch_size=4)

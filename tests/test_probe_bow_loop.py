@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from memlab.app.cli import main
-from memlab.probes import bow, fitloop
+from memlab.probes.readouts import bow
+from memlab.probes.decoder import fitloop
 from memlab.probes.options import ProbeOptions
 from memlab.probes.sections import BowOptions
-from memlab.probes.train import build_decoder
+from memlab.probes.decoder.fit import build_decoder
 
 from conftest import SixtyTokens
 

@@ -112,7 +112,7 @@ def test_a_cache_in_pieces_gives_the_same_probe_reading(tiny_llama, small_corpus
 
 
 def test_a_cache_of_the_earlier_safetensors_form_is_still_read(tmp_path):
-    from memlab.probes.run import cached_encode, content_hash
+    from memlab.probes.encoders.encode import cached_encode, content_hash
 
     z, ids = _data()
     key = {"model": "m"}

@@ -11,7 +11,7 @@ import transformers as tf
 
 from memlab.app.cli import main
 from memlab.probes.run import ProbeOptions, load_options, run_probe
-from memlab.probes.synthetic import SyntheticEncoder
+from memlab.probes.encoders.synthetic import SyntheticEncoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,7 +59,7 @@ def test_constant_gives_nothing(readings):
 
 
 def test_failed_positive_control_is_reported(tokenizer, small_corpus):
-    from memlab.probes.report import format_summary
+    from memlab.probes.report.report import format_summary
 
     opts = load_options(None, SMALL, model="synthetic:concat", corpus=str(small_corpus), epochs=1, n_train=64,
                         readouts=[])
@@ -74,7 +74,7 @@ def test_scores_agree_with_references():
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
     from memlab.metrics import sentence_bleu as memlab_bleu
-    from memlab.probes.bow import recovered_per_chunk
+    from memlab.probes.readouts.bow import recovered_per_chunk
     from memlab.probes.readings import exact_match, limit_line, token_set_f1
 
     true = torch.tensor([[1, 2, 3, 4], [5, 5, 6, 7]])
@@ -112,7 +112,7 @@ def test_synthetic_on_the_command_line(small_corpus, tmp_path, capsys):
 
 
 def test_layer_sweep_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
-    from memlab.probes.encoders import load_encoder
+    from memlab.probes.encoders.sources import load_encoder
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     ids = torch.randint(5, 300, (3, 8))

@@ -1,4 +1,4 @@
-"""probe --compare (memlab.probes.compare): the scratch decoder, a pretrained decoder and the alignment read-out on
+"""probe --compare (memlab.probes.sweeps.compare): the scratch decoder, a pretrained decoder and the alignment read-out on
 one encoder pass, over a learning curve; each row as a probe of that one method gives it; the table names each
 row's targets; the plot is written; bad methods refused in one line."""
 
@@ -26,7 +26,7 @@ COMMON = ["--model", "synthetic:bag", "--seq-len", "8", "--n-eval", "16", "--epo
 @pytest.fixture
 def encoded(monkeypatch):
     """Chunks the probed (synthetic) encoder embeds, call by call."""
-    from memlab.probes.synthetic import SyntheticEncoder
+    from memlab.probes.encoders.synthetic import SyntheticEncoder
 
     rows, real = [], SyntheticEncoder.encode
 
@@ -64,7 +64,7 @@ def test_a_comparison_reads_every_method_from_one_encoder_pass(tmp_path, encoded
     assert all(s in md for s in specs) and "targets" in md
     png = out / "plots" / "compare.png"
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
-    from memlab.probes.compare import plot
+    from memlab.probes.sweeps.compare import plot
 
     one = plot([r for r in rows if r["n_train"] == 48], tmp_path / "one.png", "one size")  # error bars
     assert one.read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,5 @@
 """A probe that contains its control: started as the trained control with its embedding pathway silent
-(memlab.probes.train.contain), it computes what the control computes at step 0, for every decoder kind, and its
+(memlab.probes.decoder.fit.contain), it computes what the control computes at step 0, for every decoder kind, and its
 pathway still learns; the fit keeps the lowest held-back CE, epoch 0 (the control itself) included."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from memlab.probes.fitloop import DecoderGroup, held_back_rows, train_decoders
+from memlab.probes.decoder.fitloop import held_back_rows, train_decoders
+from memlab.probes.decoder.group import DecoderGroup
 from memlab.probes.options import ProbeOptions
 from memlab.probes.readings import DecoderScores
-from memlab.probes.report import Fit
+from memlab.probes.report.report import Fit
 from memlab.probes.run import interval_readings
-from memlab.probes.train import ControlStore, FitData, _new_decoder, contain, contained_shares, fit_decoders
+from memlab.probes.decoder.fit import _new_decoder, contain, contained_shares, fit_decoders
+from memlab.probes.decoder.records import ControlStore, FitData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,7 +67,7 @@ def test_the_contained_probe_starts_as_its_trained_control(kind):
     opts = _opts(**KINDS[kind])
     tok = _Tok()
     if kind.startswith("pretrained"):
-        from memlab.probes.encoders import load_tokenizer
+        from memlab.probes.encoders.sources import load_tokenizer
 
         tok = load_tokenizer(str(TOY))
     z, ids = _data()

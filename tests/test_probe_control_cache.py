@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from memlab.devices import native_bf16, pretend
-from memlab.probes import train
-from memlab.probes.control_cache import FOLDER, compute_side, decode, encode
+from memlab.probes.decoder import fit as train
+from memlab.probes.decoder.control_cache import FOLDER, compute_side, decode, encode
 from memlab.probes.run import load_options, run_probe
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=6", "n_train=64", "n_eval=16",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memlab.errors import ConfigError
-from memlab.probes.decoder import ProbeDecoder, ProbeDecoderConfig
+from memlab.probes.decoder.model import ProbeDecoder, ProbeDecoderConfig
 from memlab.probes.options import ProbeOptions, validate
 from memlab.probes.readings import reconstruct_ids
 

@@ -8,7 +8,7 @@ import torch
 from conftest import one_line_error
 from memlab.app.cli import main
 from memlab.devices import best_device, pretend
-from memlab.probes.encoders import resolve_dtype
+from memlab.probes.encoders.sources import resolve_dtype
 from memlab.probes.options import ProbeOptions, load_options
 
 

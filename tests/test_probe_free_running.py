@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from memlab.probes.chunks import PAD
-from memlab.probes.decoder import CompactVocab
+from memlab.probes.chunks.batch import PAD
+from memlab.probes.decoder.model import CompactVocab
 from memlab.probes.readings import (ChunkScores, Reading, free_running_accuracy, free_running_hits, readings,
                                     reconstruction_scores)
-from memlab.probes.train import evaluate
+from memlab.probes.decoder.fit import evaluate
 
 V, T, START = 12, 6, 0
 

@@ -11,8 +11,8 @@ import transformers as tf
 
 from memlab import assets
 from memlab.app.cli import main
-from memlab.probes.capture import HiddenStateEncoder
-from memlab.probes.encoders import load_encoder
+from memlab.probes.encoders.capture import HiddenStateEncoder
+from memlab.probes.encoders.sources import load_encoder
 
 gguf = pytest.importorskip("gguf")
 

@@ -1,4 +1,4 @@
-"""Decoders trained as one batched group (memlab.probes.fitloop) train as they would one by one; the decoder's
+"""Decoders trained as one batched group (memlab.probes.decoder.fitloop) train as they would one by one; the decoder's
 incremental greedy decoding gives the reconstruction a full pass per token gives."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from memlab.probes.fitloop import train_decoders
+from memlab.probes.decoder.fitloop import train_decoders
 from memlab.probes.options import ProbeOptions
-from memlab.probes.train import build_decoder
+from memlab.probes.decoder.fit import build_decoder
 
 from conftest import SixtyTokens
 
@@ -84,7 +84,7 @@ def test_a_plain_member_keeps_a_zero_bag_head_and_its_own_noise():
     opts = _opts(epochs=2, patience=3)
     (probe, _), (plain, _), _ = _members(opts, z, ids)
     before = {k: v.clone() for k, v in plain.state_dict().items()}
-    from memlab.probes.fitloop import DecoderGroup
+    from memlab.probes.decoder.group import DecoderGroup
 
     g = DecoderGroup([probe, plain], [z, z], ids, opts)
     bag = g.names.index("bag.weight")
@@ -115,7 +115,7 @@ def test_incremental_greedy_decoding_matches_the_full_pass():
 
 
 def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
-    from memlab.probes.decoder import ProbeDecoder
+    from memlab.probes.decoder.model import ProbeDecoder
 
     class Whole(ProbeDecoder):  # another decoder kind: forward(z, ids) only
         group_modes = False
@@ -133,8 +133,8 @@ def test_a_decoder_without_the_group_modes_trains_whole_member_by_member():
 
 
 def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
-    from memlab.probes.decoder import ProbeDecoder
-    from memlab.probes.fitloop import DecoderGroup
+    from memlab.probes.decoder.model import ProbeDecoder
+    from memlab.probes.decoder.group import DecoderGroup
 
     class Whole(ProbeDecoder):  # the pretrained decoder's kind: each member's own forward, own weights only
         group_modes = False
@@ -155,7 +155,8 @@ def test_a_plain_member_left_alone_still_trains_without_the_bag_head():
 def test_a_constant_embedding_reuses_the_cached_control_run():
     """A probe of a constant embedding, with the control of the same chunks cached, is that control's run: the same
     decoder and metrics, without training again; its control trained anew gives the same CE to the last bit."""
-    from memlab.probes.train import ControlStore, FitData, fit_decoders
+    from memlab.probes.decoder.fit import fit_decoders
+    from memlab.probes.decoder.records import ControlStore, FitData
 
     class Tok(SixtyTokens):
         def batch_decode(self, rows, skip_special_tokens=True):

@@ -37,7 +37,7 @@ def _base(corpus, out, *extra):
 
 
 def test_a_decoder_from_an_installed_plugin_is_listed_trains_and_loads(gru_plugin, small_corpus, tmp_path, capsys):
-    from memlab.probes.decoder import load_probe
+    from memlab.probes.decoder.fitted import load_probe
 
     assert main(["list", "probe_decoders"]) == 0
     assert re.search(r"^  gru .*\[options: hidden_size=24, gru_layers=1\]$", capsys.readouterr().out, re.M)
@@ -83,7 +83,7 @@ def test_a_generic_setting_the_plugin_decoder_does_not_honour_is_refused(gru_plu
 
 def test_a_saved_run_of_an_unregistered_decoder_part_says_so(gru_plugin, tmp_path):
     from memlab.errors import ModelError
-    from memlab.probes.decoder import load_decoder
+    from memlab.probes.decoder.build import load_decoder
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "memlab_probe_decoder",
                                                       "probe_part": {"name": "no_such_part", "options": {}}}))

@@ -9,7 +9,7 @@ import pytest
 from memlab.app.cli import main
 from memlab.data.corpus import load_corpus, make_splits, split_chapters, units
 from memlab.data.views import token_chunks
-from memlab.probes import chunks as T
+from memlab.probes.chunks import cut as T
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64",
         "epochs=1", "n_examples=2", "select_decoder=false", "--no-bow", "--no-control"]

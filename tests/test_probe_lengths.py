@@ -12,7 +12,7 @@ import yaml
 
 from memlab.app.cli import main
 from memlab.errors import ConfigError
-from memlab.probes import lengths
+from memlab.probes.sweeps import lengths
 from memlab.probes.options import load_options
 from memlab.probes.run import run_probe
 from tests.conftest import one_line_error

@@ -10,9 +10,9 @@ import transformers as tf
 from conftest import one_line_error
 from memlab.app.cli import main
 from memlab.errors import ConfigError
-from memlab.probes import placement
+from memlab.probes.encoders import placement
 from memlab.probes.run import load_options, run_probe
-from memlab.probes.encoders import load_encoder
+from memlab.probes.encoders.sources import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from memlab.app.cli import main
-from memlab.probes.decoder import ProbeDecoderConfig
-from memlab.probes.parts import (KINDS, PARTS, Conditioning, DecoderKind, EncoderKind, ReadoutContext, encoder_kind,
-                                 takes_context)
+from memlab.probes.decoder.model import ProbeDecoderConfig
+from memlab.probes.parts import KINDS, PARTS, ReadoutContext, encoder_kind, takes_context
+from memlab.probes.kinds import Conditioning, DecoderKind, EncoderKind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,10 +13,11 @@ import torch
 
 from memlab.app.cli import main
 from memlab.errors import ModelError
-from memlab.probes import chunks, train as T
-from memlab.probes.fitloop import train_decoder
+from memlab.probes.chunks import batch, cut as chunks
+from memlab.probes.decoder import fit as T
+from memlab.probes.decoder.fitloop import train_decoder
 from memlab.probes.options import load_options
-from memlab.probes.pretrained import LM_PREFIX, WEIGHTS, PretrainedDecoder
+from memlab.probes.decoder.pretrained import LM_PREFIX, WEIGHTS, PretrainedDecoder
 from tests.conftest import one_line_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,12 +39,12 @@ def _opts(corpus, **kw):
 
 def _trained(corpus, **kw):
     """A pretrained decoder built and trained on 24 random embeddings of real chunks, and its state before."""
-    from memlab.probes.encoders import load_tokenizer
+    from memlab.probes.encoders.sources import load_tokenizer
 
     opts = _opts(corpus, **kw)
     tok = load_tokenizer(str(TOY))
     texts = chunks.probe_texts(4, 24, "train", str(corpus))
-    from memlab.probes.chunks import tokenize_chunks
+    from memlab.probes.chunks.cut import tokenize_chunks
 
     ids, _ = tokenize_chunks(texts, tok)  # (24, T)
     z = torch.randn(24, 6, generator=torch.Generator().manual_seed(0))  # (24, D)
@@ -55,8 +56,8 @@ def _trained(corpus, **kw):
 
 
 def test_probe_end_to_end_targets_in_the_decoders_tokenizer(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.encoders import load_tokenizer
-    from memlab.probes.decoder import load_probe
+    from memlab.probes.encoders.sources import load_tokenizer
+    from memlab.probes.decoder.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--decoder", f"pretrained:{TOY}",
@@ -119,16 +120,16 @@ def test_lora_trains_only_its_adapters_and_the_map(small_corpus, tmp_path):
     frozen = [k for k in after if k.startswith(LM_PREFIX) and "lora_" not in k]
     assert all(torch.equal(before[k], after[k]) for k in frozen)
     assert any(not torch.equal(before[k], after[k]) for k in after if "lora_" in k)  # the adapters moved
-    from memlab.probes.pretrained import load_decoder
+    from memlab.probes.decoder.pretrained import load_decoder
 
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
 
 
 def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_path):
-    from memlab.probes.pretrained import load_decoder
+    from memlab.probes.decoder.pretrained import load_decoder
 
     dec, before, z, ids, _ = _trained(small_corpus, map_hidden=12)
     first, out = dec.cond[0], dec.cond[2]
@@ -141,7 +142,7 @@ def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_pa
     dec.save_pretrained(tmp_path / "dec")
     back = load_decoder(tmp_path / "dec")
     assert back.config.map_hidden == 12
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     # a control (a constant embedding, standardised to zeros) gets prompts with a spread all the same
     with torch.no_grad():
@@ -153,8 +154,8 @@ def test_a_hidden_layer_in_the_map_trains_saves_and_reloads(small_corpus, tmp_pa
 def test_a_probe_and_its_control_start_alike_whatever_the_embeddings_width(small_corpus, extra):
     """The map's draws do not depend on the embedding's width: a constant embedding (standardised to zeros) gives
     the same soft prompts from decoders built for widths 6 and 10, so probes of any width can share one control."""
-    from memlab.probes.chunks import tokenize_chunks
-    from memlab.probes.encoders import load_tokenizer
+    from memlab.probes.chunks.cut import tokenize_chunks
+    from memlab.probes.encoders.sources import load_tokenizer
 
     tok = load_tokenizer(str(TOY))
     ids, _ = tokenize_chunks(chunks.probe_texts(4, 8, "train", str(small_corpus)), tok)  # (8, T)
@@ -172,7 +173,7 @@ def test_a_probe_and_its_control_start_alike_whatever_the_embeddings_width(small
 def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
     from safetensors.torch import load_file
 
-    from memlab.probes.pretrained import load_decoder
+    from memlab.probes.decoder.pretrained import load_decoder
 
     dec, before, z, ids, _ = _trained(small_corpus, finetune=True)
     after = dec.state_dict()
@@ -184,7 +185,7 @@ def test_finetune_trains_the_whole_lm_and_saves_it_once(small_corpus, tmp_path):
     ptrs = {v.data_ptr() for k, v in after.items() if k.startswith(LM_PREFIX)}
     assert len([k for k in saved if k.startswith(LM_PREFIX)]) == len(ptrs)  # every LM tensor, a tied one once
     back = load_decoder(tmp_path / "dec")
-    x = chunks.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
+    x = batch.shift_right(ids.clamp(min=0)[:4], int(dec.config.start_id))  # (4, T)
     assert torch.allclose(dec.eval()(z[:4], x), back(z[:4], x), atol=1e-6)
     assert not torch.allclose(back(z[:4], x), _trained(small_corpus)[0].eval()(z[:4], x), atol=1e-3)
 
@@ -246,7 +247,7 @@ def test_bad_decoders_are_refused_in_one_line(tokenizer, small_corpus, tmp_path,
 
 
 def test_a_scratch_decoder_in_a_named_tokenizer_reloads_in_it(tiny_llama, small_corpus, tmp_path):
-    from memlab.probes.decoder import load_probe
+    from memlab.probes.decoder.fitted import load_probe
 
     out = tmp_path / "run"
     assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out), *RUN,

@@ -1,4 +1,4 @@
-"""Racing the probe's candidates (memlab.probes.fitloop.race_losers): a candidate that cannot catch the leader stops
+"""Racing the probe's candidates (memlab.probes.decoder.fitloop.race_losers): a candidate that cannot catch the leader stops
 early, and the fit keeps what it keeps without racing, with the same reading."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from memlab.probes.fitloop import RACE_Z, paired_se, race_losers
+from memlab.probes.decoder.fitloop import RACE_Z, paired_se, race_losers
 from memlab.probes.options import ProbeOptions
-from memlab.probes.train import ControlStore, FitData, fit_decoders
+from memlab.probes.decoder.fit import fit_decoders
+from memlab.probes.decoder.records import ControlStore, FitData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,7 +74,7 @@ def test_racing_keeps_the_same_probe_with_the_same_reading_in_fewer_steps(tokeni
     ids = 5 + torch.randint(0, 40, (240, 6), generator=g)  # (N, T)
     tr, ev = ids[:192], ids[192:]
     code = lambda x: torch.nn.functional.one_hot(x - 5, 40).float().flatten(1)  # noqa: E731  (N, 6 * 40)
-    import memlab.probes.fitloop as fitloop
+    import memlab.probes.decoder.fitloop as fitloop
 
     stopped, real = [], fitloop.race_losers
     monkeypatch.setattr(fitloop, "race_losers", lambda *a: stopped.extend(out := real(*a)) or out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.probes.report import SCHEMA_VERSION, ProbeReport
+from memlab.probes.report.report import SCHEMA_VERSION, ProbeReport
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,8 +14,9 @@ from conftest import one_line_error
 from memlab.app.cli import main
 from memlab.errors import MemlabError
 from memlab.paths import resource
-from memlab.probes import chunks, compare
-from memlab.probes.encoders import load_tokenizer
+from memlab.probes.chunks import cut as chunks
+from memlab.probes.sweeps import compare
+from memlab.probes.encoders.sources import load_tokenizer
 from memlab.probes.options import load_options, option_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -2,8 +2,9 @@
 
 import torch
 
-from memlab.probes.chunks import PAD, SEEN_AT_LEAST, Targets
-from memlab.probes.report import seen_line
+from memlab.probes.chunks.batch import PAD
+from memlab.probes.chunks.targets import SEEN_AT_LEAST, Targets
+from memlab.probes.report.report import seen_line
 
 
 def test_seen_in_training_counts_occurrences_by_hand():
@@ -34,9 +35,9 @@ def test_report_says_how_often_training_holds_the_targets(tmp_path):
 def test_chunk_texts_are_cut_once_per_process_for_the_same_options(monkeypatch):
     """Entries of one comparison read the same chunk texts: the second probe of the same options cuts nothing."""
     from memlab.paths import resource
-    from memlab.probes import chunks
+    from memlab.probes.chunks import cut as chunks
     from memlab.probes.options import ProbeOptions
-    from memlab.probes.synthetic import load_synthetic
+    from memlab.probes.encoders.synthetic import load_synthetic
 
     chunks._cut_by_name.cache_clear()
     calls = []

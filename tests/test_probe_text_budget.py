@@ -7,7 +7,8 @@ import json
 import pytest
 
 from memlab.app.cli import main
-from memlab.probes.chunks import cap_tokens, mask_of, tokenize_chunks
+from memlab.probes.chunks.cut import cap_tokens, tokenize_chunks
+from memlab.probes.chunks.batch import mask_of
 
 TINY = ["hidden_size=32", "num_heads=4", "num_layers=1", "batch_size=16", "seq_len=16", "n_train=64", "epochs=1",
         "n_examples=2", "select_decoder=false", "--no-control"]
@@ -44,7 +45,7 @@ def test_probe_chunks_fit_the_counting_tokenizer(tiny_llama, tokenizer, small_co
     rep = json.loads((out / "report.json").read_text())
     assert rep["text"]["max_tokens"] <= 10 and "fit 10 tokens of" in rep["text"]["per_chunk"]
     # without the cap the same 16-word chunks are longer than 10 tokens
-    from memlab.probes import chunks as T
+    from memlab.probes.chunks import cut as T
 
     texts = T.probe_texts(16, 8, "test", str(small_corpus), 0, at_most=True)
     ids, _ = tokenize_chunks(texts, tokenizer)
@@ -81,8 +82,8 @@ def test_chunks_encoded_by_length_give_each_chunk_its_own_embedding(tiny_llama, 
     order, are each chunk's own (as encoded alone)."""
     import torch
 
-    from memlab.probes.encoders import load_encoder
-    from memlab.probes.run import encode_all
+    from memlab.probes.encoders.sources import load_encoder
+    from memlab.probes.encoders.encode import encode_all
 
     enc = load_encoder(str(tiny_llama), pool="mean")
     texts = ["Emma", "It is a truth universally acknowledged", "short one", "a single man in possession of a good",

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from memlab.probes.chunks import ProbeText, TextAccounting
+from memlab.probes.chunks.cut import ProbeText, TextAccounting
 from memlab.probes.readings import ChunkScores, DecoderScores, Reading, Reconstructed, cell, retention, shows_retention
-from memlab.probes.report import Calibration, CalibrationCheck, Fit, ReadoutResult, jsonable
-from memlab.probes.sweep import _row
+from memlab.probes.report.report import Calibration, CalibrationCheck, Fit, ReadoutResult, jsonable
+from memlab.probes.sweeps.layers import _row
 
 TEXT = {"chunk_by": "words", "per_chunk": "8 words", "mean_chars": 41.5, "mean_tokens": 9.25, "max_tokens": 12,
         "truncated_chunks": 0, "rendering": "the chunks as their tokens decode",

@@ -19,7 +19,7 @@ from memlab import progress
 from memlab.app import quickstart, quiet
 from memlab.app.cli import main
 from memlab.errors import MemlabError
-from memlab.probes.encoders import load_encoder
+from memlab.probes.encoders.sources import load_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -61,12 +61,12 @@ def test_one_large_text_file_is_cut_into_blocks_and_trains(one_file, tmp_path, s
 
 def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
     from memlab.data.tokenizer import train_bpe
-    from memlab.probes.chunks import probe_chunks
+    from memlab.probes.chunks.cut import probe_chunks
 
     tok = train_bpe([one_file.read_text()], 300)
     ids = probe_chunks(tok, 16, 8, "test", str(one_file), 0)
     assert ids.shape == (8, 16)
-    from memlab.probes.chunks import split_description
+    from memlab.probes.chunks.cut import split_description
 
     assert "paragraph blocks" in split_description(str(one_file))
     # and `memlab probe --corpus book.txt` runs end to end
@@ -86,7 +86,7 @@ def test_probe_accepts_one_text_file(one_file, small_corpus, tmp_path):
 
 
 def test_an_empty_split_is_named(tmp_path):
-    from memlab.probes.chunks import probe_chunks
+    from memlab.probes.chunks.cut import probe_chunks
     from memlab.data.tokenizer import train_bpe
 
     f = tmp_path / "tiny.txt"

@@ -130,7 +130,7 @@ def test_a_run_whose_files_disagree_is_refused_in_one_line(rnn_run, tmp_path, ca
     lines = cap.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "recorded settings disagree" in lines[0] and says in lines[0], cap.err
     assert not out.exists()
-    from memlab.probes.decoder import load_probe  # reloading the probe itself refuses it too
+    from memlab.probes.decoder.fitted import load_probe  # reloading the probe itself refuses it too
 
     with pytest.raises(ConfigError, match="recorded settings disagree"):
         load_probe(edited)

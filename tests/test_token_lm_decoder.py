@@ -18,7 +18,7 @@ SHIPPED = resource("checkpoints") / "token_lm-decoder"
 def test_the_shortcut_names_the_shipped_folder_and_it_loads_as_a_llama_lm_with_memlabs_tokenizer():
     from transformers import LlamaForCausalLM
 
-    from memlab.probes.encoders import load_tokenizer, resolve_source
+    from memlab.probes.encoders.sources import load_tokenizer, resolve_source
 
     folder, gguf, pool = resolve_source("memlab-lm")
     assert folder == str(SHIPPED) and gguf is None and pool == "last"

@@ -17,7 +17,7 @@ and how to get its frozen encoder (with its tokenizer). The default entries:
   much of the bag of words (a mean of fixed token vectors), so it is no floor
   for content: the table shows its bag-of-words read-out beside MiniLM's;
 * calibration rows ``synthetic:concat``, ``synthetic:bag``, ``synthetic:constant``
-  (:mod:`memlab.probes.synthetic`, in token_lm's tokenizer): embeddings of known
+  (:mod:`memlab.probes.encoders.synthetic`, in token_lm's tokenizer): embeddings of known
   content; the probe must rebuild concat (token accuracy >= 0.99), the set of
   bag (its bag-of-words read-out) and nothing of constant (information gain 0).
   A failed row means the probe's budget, not the models, limits the other
@@ -48,12 +48,12 @@ from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.paths import resource, shipped_config
 from memlab.plots import finish_axes, pyplot, save_figure
-from memlab.probes.encoders import load_encoder
+from memlab.probes.encoders.sources import load_encoder
 from memlab.probes.readings import cell
-from memlab.probes.report import seen_line
+from memlab.probes.report.report import seen_line
 from memlab.probes.run import load_options, run_probe
 from memlab.probes.sections import LlamaOptions
-from memlab.probes.synthetic import load_synthetic
+from memlab.probes.encoders.synthetic import load_synthetic
 from memlab.progress import WorkLine
 
 CHECKPOINTS = resource("checkpoints")
@@ -91,7 +91,7 @@ class Context:
 
 @dataclass
 class Entry:
-    """One probed thing: ``load(ctx)`` returns a frozen encoder (``memlab.probes.encoders.load_encoder`` style)."""
+    """One probed thing: ``load(ctx)`` returns a frozen encoder (``memlab.probes.encoders.sources.load_encoder`` style)."""
 
     name: str
     embedding: str

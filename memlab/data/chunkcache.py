@@ -1,6 +1,6 @@
 """The probe's embedding cache (``--cache-dir``): chunk embeddings ``z (N, D)`` beside the chunks' ``ids (N, T)``.
 
-A cache is named by its caller (``emb-<hash>.safetensors``, :func:`memlab.probes.train.cached_encode`). One of
+A cache is named by its caller (``emb-<hash>.safetensors``, :func:`memlab.probes.encoders.encode.cached_encode`). One of
 at most :data:`SHARD_BYTES` (embeddings and ids together) is that one safetensors file. A larger one is
 written as shards of at most :data:`SHARD_BYTES` each, ``emb-<hash>-00001-of-00004.safetensors`` and so on
 (each holding its rows of ``z`` and ``ids``), named by a small index written last,

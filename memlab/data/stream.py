@@ -127,7 +127,7 @@ class CorpusStream:
 
 def picked_texts(stream: CorpusStream, split: str, need_chars: int, seed: int, lengths=None) -> list[str]:
     """The cleaned texts of ``split``'s units in a seeded order until they hold ``need_chars`` characters: what
-    ``memlab.probes.chunks.pick_texts`` gives of the split's whole list of texts, with only the chosen texts held
+    ``memlab.probes.chunks.cut.pick_texts`` gives of the split's whole list of texts, with only the chosen texts held
     (one pass for the texts' lengths, unless ``lengths`` gives them, one to collect the chosen)."""
     if lengths is None:
         lengths = split_lengths(stream, split)

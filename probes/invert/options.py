@@ -187,7 +187,7 @@ class PositionsOptions:
 METHODS = ("propose-correct", "relax-correct", "propose", "correct", "relax", "swap")
 """The pooled search's --method words."""
 RELAX_METHODS = ("relax-correct", "relax")
-"""The --method words that run the continuous relaxation (:mod:`memlab.probes.invert.relax`)."""
+"""The --method words that run the continuous relaxation (:mod:`memlab.probes.invert.pooled.relax`)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 from memlab.probes.readings import Reading, bootstrap
 
 CERTIFICATES = ("match", "separated", "nearest", "none")
-"""The kinds of certificate (:mod:`memlab.probes.invert.positions`), strongest first."""
+"""The kinds of certificate (:mod:`memlab.probes.invert.positions.searcher`), strongest first."""
 
 
 @dataclass
@@ -123,7 +123,7 @@ class InvertReport(InvertRun):
     share_of_vocab: float = math.nan
     """Mean candidates verified per ranked position over the vocabulary size (table-read positions apart)."""
     table: dict | None = None
-    """The trained probe beside the inversion on the same chunks (``--probe``, :mod:`memlab.probes.invert.table`)."""
+    """The trained probe beside the inversion on the same chunks (``--probe``, :mod:`memlab.probes.invert.beside.table`)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -132,7 +132,7 @@ class InvertReport(InvertRun):
 
 
 def chunk_result(index: int, text: str, true: list[int], positions, decode, seconds: float) -> ChunkResult:
-    """A chunk's :class:`ChunkResult` from its searched positions (:class:`~memlab.probes.invert.positions.Position`)."""
+    """A chunk's :class:`ChunkResult` from its searched positions (:class:`~memlab.probes.invert.positions.searcher.Position`)."""
     got = [p.token for p in positions]
     hits = sum(a == b for a, b in zip(got, true))
     return ChunkResult(index, text, list(true), got, decode(got), got == list(true), hits / max(len(true), 1),

@@ -2,13 +2,13 @@
 chosen search checks it applies -> take the observed states -> anything shared across chunks -> search each
 chunk -> report.
 
-The chunks are the probe's held-out chunks (:mod:`memlab.probes.chunks`): with the same ``seq_len``, ``chunk_by``,
+The chunks are the probe's held-out chunks (:mod:`memlab.probes.chunks.cut`): with the same ``seq_len``, ``chunk_by``,
 ``corpus``, split, ``seed`` and ``n_eval``, ``memlab probe`` scores the same chunk texts, and ``memlab invert``
 inverts the first ``n`` of them. Each chunk is read as the probe's encoder reads it (the tokenizer's special tokens
 before it, e.g. a BOS token, are the fixed prefix the search starts from).
 
-The searches (:class:`~memlab.probes.invert.run_positions.PositionsRun` for ``--states positions``,
-:class:`~memlab.probes.invert.run_pooled.PooledRun` for a pooled one) each provide ``check(opts)``
+The searches (:class:`~memlab.probes.invert.positions.run.PositionsRun` for ``--states positions``,
+:class:`~memlab.probes.invert.pooled.run.PooledRun` for a pooled one) each provide ``check(opts)``
 (before the model loads), ``units``, ``targets``, ``prepare`` (given the chunks to do and the machine's facts,
 measured once), ``chunk``, ``report`` and ``summary``.
 """
@@ -19,19 +19,19 @@ import sys
 from pathlib import Path
 
 from memlab.probes.invert.options import InvertOptions, check_space_states
-from memlab.probes.invert.pooled_report import PooledChunk
+from memlab.probes.invert.pooled.report import PooledChunk
 from memlab.probes.invert.report import ChunkResult
-from memlab.probes.invert.run_pooled import PooledRun
-from memlab.probes.invert.run_positions import PositionsRun
-from memlab.probes.invert.setup import affixes, machine_facts, setup
+from memlab.probes.invert.pooled.run import PooledRun
+from memlab.probes.invert.positions.run import PositionsRun
+from memlab.probes.invert.start import affixes, machine_facts, setup
 
 
 def beside_probe(report, side, lines: list[str]) -> list[str]:
-    """``report.table`` (the probe run's side by side with the inversion, :mod:`memlab.probes.invert.table`) and
+    """``report.table`` (the probe run's side by side with the inversion, :mod:`memlab.probes.invert.beside.table`) and
     the summary lines with the table after them; the lines unchanged without a probe run."""
     if side is None:
         return lines
-    from memlab.probes.invert.table import build_table, table_lines
+    from memlab.probes.invert.beside.table import build_table, table_lines
 
     table = build_table(side, report.chunks, report.states, report.layer, seed=report.text.get("seed") or 0)
     report.table = table.to_dict()

@@ -1,11 +1,11 @@
 """A memlab space's encoder as the pooled search reads it: ``memlab invert --model space:NAME:ARG --states space``.
 
 A space maps a chunk to one vector (a memory model: its ``K`` memory vectors, flattened as the trained probe's
-``SpaceEncoder`` flattens them). The pooled search (:class:`~memlab.probes.invert.pooled.PooledSearcher`) needs,
+``SpaceEncoder`` flattens them). The pooled search (:class:`~memlab.probes.invert.pooled.searcher.PooledSearcher`) needs,
 for the encoder, the table of its input embeddings ``(V, D_e)`` and that vector as a differentiable function of
 the input embeddings; a space that offers both (``input_embeddings`` and ``encode_embeddings``, see
 :mod:`memlab.space`) is read by :class:`SpaceReader`, which gives the search what it gives a transformers model's
-pooled state (:class:`~memlab.probes.invert.pooled.PooledLayer`): ``embedding``, ``vocab_size``, ``device``,
+pooled state (:class:`~memlab.probes.invert.pooled.searcher.PooledLayer`): ``embedding``, ``vocab_size``, ``device``,
 ``embed``, ``vectors`` and a bfloat16 copy for the screen. A space that offers neither (a fitted probe, SONAR's
 port, a toy space) has no weights to search with and is refused in one line.
 

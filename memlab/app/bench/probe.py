@@ -66,7 +66,7 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
                 vocab: int = 4096, hidden_size: int = 128, num_layers: int = 2, members: int = 2,
                 batched: bool | None = None, matmul_n: int = 1024, log=print) -> dict[str, Any]:
     """Training MFU of the probe's decoders (the quickstart's shape by default: a probe and its control trained as
-    one group, :mod:`memlab.probes.fitloop`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
+    one group, :mod:`memlab.probes.decoder.fitloop`; ``members=3`` adds the plain decoder of ``select_decoder``): FLOPs of
     one training step of the group (counted by torch's FlopCounterMode, forward and backward) times the steps per
     second, over the FLOP/s of a float32 ``matmul_n`` x ``matmul_n`` matrix multiply timed in the same run, just
     before. The decoders compute as the probe's do on ``device`` (bf16 autocast where
@@ -78,9 +78,9 @@ def decoder_mfu(device="cpu", steps: int = 20, batch_size: int = 32, seq_len: in
     from torch.utils.flop_counter import FlopCounterMode
 
     from memlab.devices import auto_dtype
-    from memlab.probes.fitloop import DecoderGroup
+    from memlab.probes.decoder.group import DecoderGroup
     from memlab.probes.options import ProbeOptions
-    from memlab.probes.train import build_decoder
+    from memlab.probes.decoder.fit import build_decoder
     from memlab.train.loop import measure_matmul_flops
 
     dev = torch.device(device)

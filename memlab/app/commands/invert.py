@@ -119,7 +119,7 @@ def options(args: argparse.Namespace):
                     parse_value(section, name, value))
     names = {name for (_, name) in given}
     if opts.model.probe is not None:  # the run's model, layer, pooling and chunks (JSON only: no torch yet)
-        from memlab.probes.invert.probe_run import read_probe_run, reconcile
+        from memlab.probes.invert.beside.probe_run import read_probe_run, reconcile
 
         opts = reconcile(opts, names, read_probe_run(opts.model.probe))
         for flag, value in (("--states-from", opts.model.states_from), ("--noise", opts.model.noise)):

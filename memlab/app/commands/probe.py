@@ -171,11 +171,11 @@ def run(args) -> int:
 
     from memlab.errors import ConfigError
     from memlab.probes.run import load_options, run_probe
-    from memlab.probes.report import format_summary
+    from memlab.probes.report.report import format_summary
 
-    from memlab.probes.lengths import run_length_sweep
+    from memlab.probes.sweeps.lengths import run_length_sweep
     from memlab.probes.options import parse_sizes, seq_lens
-    from memlab.probes.sweep import run_layer_sweep, run_learning_curve
+    from memlab.probes.sweeps.layers import run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
     kw = flag_values(args)
@@ -201,7 +201,7 @@ def run(args) -> int:
     from memlab.devices import launched
 
     if launched():  # a launch of several processes runs one probe, no sweep
-        from memlab.probes.shards import check_launch
+        from memlab.probes.encoders.shards import check_launch
 
         check_launch(opts)
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here

@@ -1,0 +1,245 @@
+"""The relaxation search: every position a distribution over the vocabulary, the frozen model run on their
+mixture of embedding rows, descended with the weights' own gradients; projected to tokens and verified each step.
+
+A pooled target (a last-token, mean or first state, a space's vector, or a causal model's next-token distribution,
+``--states logits``) fixes one vector; a discrete search that edits a token or two sees almost no change in the
+distance until about half the chunk is right (``docs/results/invert-pooled.md``). A continuous relaxation moves
+every position at once. The recipe is SODA's (Skapars et al. 2025, "GPT, But Backwards"), written for every
+vector reader memlab has and batched over chunks and restarts:
+
+1. **Relax.** A row is ``T`` logit vectors ``theta`` ``(T, V)``; its input is ``softmax(theta / temp) @ E``, the
+   mixture of the embedding rows ``E`` ``(V, D_e)`` (between the fixed special tokens the encoder reads), run
+   through the frozen model to the pooled vector.
+2. **Loss.** A state target: the relative squared distance ``|z - z*|^2 / |z*|^2`` (in the whitened metric when
+   the search descends one); ``--states logits``: the divergence ``KL(p* || p)`` of the next-token distributions.
+3. **Step.** Adam without bias correction (the first steps move every logit by about the learning rate), then
+   every logit multiplied by ``decay`` (the mixture cannot saturate: a logit stays within ``lr / (1 - decay)``, so
+   a token that stops being pushed fades); the optimiser's moments reset every ``reset`` steps and a row is drawn
+   again from small noise every ``reinit`` steps (periodic restarts).
+4. **Project and verify.** Every step each row's argmax tokens are run exactly, all rows in one batched forward
+   pass; the nearest sequence of each target is kept. A target whose projection matches within ``tol`` is
+   certified and leaves the batch (its rows stop costing).
+
+What the relaxation cannot certify within its share of the budget is handed on: its nearest projection (and
+each position's best-weighted tokens) start the discrete correction (:mod:`memlab.probes.invert.pooled.correct`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from memlab.probes.invert.pooled.searcher import LOGITS
+
+
+@dataclass
+class RelaxOptions:
+    """The relaxation's schedule (the pooled search's ``relax_*`` options hand these on)."""
+
+    steps: int = 3000
+    """Most steps per target (each one forward and backward pass of its rows)."""
+    rows: int = 4
+    """Relaxed sequences per target, optimised side by side from different draws."""
+    lr: float = 0.065
+    """Adam's learning rate on the logits."""
+    temp: float = 0.05
+    """Softmax temperature of the mixture."""
+    decay: float = 0.9
+    """Every logit multiplied by this after each step."""
+    beta1: float = 0.9
+    beta2: float = 0.995
+    reset: int = 50
+    """Steps between resets of the optimiser's moments (0: never)."""
+    reinit: int = 1500
+    """Steps between fresh draws of a row (0: never)."""
+    init_std: float = 0.1
+    """Spread of the logits a row is drawn from (normal); the first draw of row 0 is all zeros, as SODA starts."""
+    keep: int = 8
+    """Best-weighted tokens per position reported for the correction."""
+    tol: float = 1e-5
+    """A projection within this relative distance is certified and its target leaves the batch."""
+
+    @classmethod
+    def of(cls, pooled) -> "RelaxOptions":
+        """The relaxation's share of :class:`~memlab.probes.invert.options.PooledOptions`."""
+        return cls(steps=pooled.relax_steps, rows=pooled.relax_rows, lr=pooled.relax_lr, temp=pooled.relax_temp,
+                   decay=pooled.relax_decay, reset=pooled.relax_reset, reinit=pooled.relax_reinit, tol=pooled.tol)
+
+
+@dataclass
+class RelaxJob:
+    """One target to relax: its vector ``(D,)``, the chunk length and a seed for its draws."""
+
+    target: torch.Tensor
+    length: int
+    seed: int
+
+
+@dataclass
+class Relaxed:
+    """What the relaxation found for one target."""
+
+    ids: list[int]
+    """The nearest projection (argmax tokens of one row at one step)."""
+    distance: float
+    """Its relative distance to the target (exact: one forward pass of the tokens)."""
+    certified: bool
+    steps: int
+    """Steps this target took part in."""
+    forwards: int
+    """Sequences run for it (each row twice a step: relaxed with its gradient, and projected)."""
+    seconds: float
+    """Its share of the batch's wall time (the batch's time split over the targets it held)."""
+    candidates: list[list[int]] = field(default_factory=list)
+    """``(T, keep)``: each position's best-weighted tokens of the nearest row at the end."""
+
+
+class Relaxer:
+    """The relaxation over a :class:`~memlab.probes.invert.pooled.PooledSearcher`'s vector reader (any pooled
+    target it reads: ``searcher.vec.vectors(embeds)`` is differentiable in the input embeddings).
+
+    ``banned``: token ids never given weight (the tokenizer's special tokens, which a chunk never holds)."""
+
+    def __init__(self, searcher, opt: RelaxOptions, banned: list[int] = ()):
+        self.s, self.opt = searcher, opt
+        self.vec = searcher.vec
+        v = self.vec.vocab_size
+        self.mask = torch.zeros(v)
+        ids = [b for b in banned if 0 <= b < v]
+        if ids:
+            self.mask[ids] = -math.inf
+        self.kl = searcher.pool == LOGITS
+
+    # the loss and the exact distance, per row
+    def _loss(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Per-row loss ``(B,)`` of vectors ``z`` ``(B, D)`` against targets ``t`` ``(B, D)``: the logarithm of the
+        divergence, so its gradient keeps its scale as the divergence falls (Adam's moments, filled far from the
+        target, would otherwise shrink the steps until the decay wins and the mixture spreads out again)."""
+        return self._divergence(z, t).clamp_min(1e-12).log()
+
+    def _divergence(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.kl:  # log-probabilities: KL(p* || p)
+            return (t.exp() * (t - z)).sum(-1)
+        w, c = self.s.metric, self.s.center
+        if w is None:
+            return (z - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-30)
+        w = w.to(z.device)
+        return ((z - t) @ w).pow(2).sum(-1) / ((t - c.to(z.device)) @ w).pow(2).sum(-1).clamp_min(1e-30)
+
+    @staticmethod
+    def _distance(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The plain relative distance ``(B,)`` the certificate reads."""
+        return (z - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)
+
+    def _embeds(self, mix: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D_e)`` chunk embeddings -> whole rows with the fixed special tokens ``(B, p + T + s, D_e)``."""
+        b, dev = mix.shape[0], mix.device
+        parts = []
+        if self.s.prefix:
+            parts.append(self.vec.embed(torch.tensor([self.s.prefix], device=dev)).float().expand(b, -1, -1))
+        parts.append(mix)
+        if self.s.suffix:
+            parts.append(self.vec.embed(torch.tensor([self.s.suffix], device=dev)).float().expand(b, -1, -1))
+        return torch.cat(parts, 1).to(self.vec.embedding.dtype)
+
+    def _draw(self, rows: int, length: int, gen: torch.Generator, first: bool) -> torch.Tensor:
+        th = torch.randn(rows, length, self.vec.vocab_size, generator=gen) * self.opt.init_std
+        if first:
+            th[0] = 0.0
+        return th
+
+    def run(self, jobs: list[RelaxJob], seconds_each: float, note=None) -> list[Relaxed]:
+        """Relax every job (all of one chunk length) side by side within ``seconds_each`` per job (the batch stops
+        when its jobs' time is spent, every job is certified, or at ``steps``); ``note(text)``: progress lines."""
+        if not jobs:
+            return []
+        lengths = {j.length for j in jobs}
+        if len(lengths) != 1:
+            raise ValueError(f"a relaxation batch holds chunks of one length, got {sorted(lengths)}")
+        o, n, T = self.opt, len(jobs), jobs[0].length
+        E = self.vec.embedding.float()  # (V, D_e)
+        dev = E.device
+        gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
+        theta = torch.cat([self._draw(o.rows, T, g, True) for g in gens]).to(dev)  # (n R, T, V)
+        m, v = torch.zeros_like(theta), torch.zeros_like(theta)
+        owner = torch.arange(n, device=dev).repeat_interleave(o.rows)  # (n R,): the job of each row
+        targets = torch.stack([j.target.float() for j in jobs]).to(dev)  # (n, D)
+        mask = self.mask.to(dev)
+        best_ids = [None] * n
+        best_d = [math.inf] * n
+        done = [False] * n
+        steps_of, fw_of, secs_of = [0] * n, [0] * n, [0.0] * n
+        began = time.perf_counter()
+        budget = seconds_each * n
+        age = 0
+        for step in range(o.steps):
+            live = [k for k in range(n) if not done[k]]
+            if not live or time.perf_counter() - began >= budget:
+                break
+            t0 = time.perf_counter()
+            tgt = targets[owner]  # (B, D)
+            th = theta.detach().requires_grad_(True)
+            with torch.enable_grad():
+                p = torch.softmax(th / o.temp + mask, -1)  # (B, T, V)
+                z = self.vec.vectors(self._embeds(p @ E))  # (B, D)
+                loss = self._loss(z.float(), tgt)
+                (g,) = torch.autograd.grad(loss.sum(), th)
+            with torch.no_grad():
+                m.mul_(o.beta1).add_(g, alpha=1 - o.beta1)
+                v.mul_(o.beta2).addcmul_(g, g, value=1 - o.beta2)
+                theta = theta - o.lr * m / (v.sqrt() + 1e-8)
+                theta.mul_(o.decay)
+                age += 1
+                if o.reset and age % o.reset == 0:
+                    m.zero_()
+                    v.zero_()
+                if o.reinit and age % o.reinit == 0:
+                    theta = torch.cat([self._draw(o.rows, T, gens[int(owner[r * o.rows])], False)
+                                       for r in range(len(theta) // o.rows)]).to(dev)
+                ids = p.argmax(-1)  # (B, T): the projection of the mixture this step ran
+                zd = self.vec.vectors(self.vec.embed(self.s.wrap(ids).to(dev))).float()  # (B, D)
+                d = self._distance(zd, tgt)  # (B,)
+            spent = time.perf_counter() - t0
+            rows_of = {}
+            for r, k in enumerate(owner.tolist()):
+                rows_of.setdefault(k, []).append(r)
+            for k, rows in rows_of.items():
+                steps_of[k] += 1
+                fw_of[k] += 2 * len(rows)
+                secs_of[k] += spent * len(rows) / len(owner)
+                r = min(rows, key=lambda i: float(d[i]))
+                if float(d[r]) < best_d[k]:
+                    best_d[k], best_ids[k] = float(d[r]), ids[r].tolist()
+                if best_d[k] <= o.tol:
+                    done[k] = True
+            if any(done[k] for k in rows_of):  # certified targets leave the batch
+                keep = torch.tensor([not done[int(k)] for k in owner], device=dev)
+                theta, m, v, owner = theta[keep], m[keep], v[keep], owner[keep]
+            if note is not None and (step + 1) % 100 == 0:
+                left = [best_d[k] for k in range(n) if not done[k]]
+                note(f"relax: step {step + 1}, {sum(done)} of {n} certified"
+                     + (f", nearest of the rest {min(left):.3g}" if left else ""))
+            self._last = (theta.detach(), owner)
+        cands = self._candidates(n, T)
+        return [Relaxed(best_ids[k] or [0] * T, best_d[k], done[k], steps_of[k], fw_of[k], secs_of[k], cands[k])
+                for k in range(n)]
+
+    def _candidates(self, n: int, T: int) -> list[list[list[int]]]:
+        """Each job's best-weighted tokens per position ``(T, keep)`` from its first row left (none for a job that
+        left the batch certified)."""
+        out: list[list[list[int]]] = [[] for _ in range(n)]
+        last = getattr(self, "_last", None)
+        if last is None:
+            return out
+        theta, owner = last
+        seen = set()
+        for r, k in enumerate(owner.tolist()):
+            if k in seen:
+                continue
+            seen.add(k)
+            kk = min(self.opt.keep, theta.shape[-1])
+            out[k] = (theta[r] + self.mask.to(theta.device)).topk(kk, -1).indices.tolist()
+        return out
