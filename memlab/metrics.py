@@ -78,6 +78,15 @@ def rouge_l(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return mean(float(scorer.score(r, h)["rougeL"].fmeasure) for h, r in zip(hyps, refs))
 
 
+def sentence_rouge(hyp: str, ref: str) -> tuple[float, float]:
+    """ROUGE-1 and ROUGE-L F-measures (rouge_score, Porter stemmer, 0-1) of one hypothesis against one reference:
+    what ALGEN and Zero2Text report for embedding inversion."""
+    from rouge_score import rouge_scorer
+
+    s = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True).score(ref, hyp)
+    return float(s["rouge1"].fmeasure), float(s["rougeL"].fmeasure)
+
+
 # ---------------------------------------------------------------------- WordNet
 def nltk_data_dirs() -> list[Path]:
     """Candidate NLTK_DATA folders, in search order: ``$NLTK_DATA`` entries, the memlab cache, NLTK's defaults."""

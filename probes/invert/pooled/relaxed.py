@@ -80,4 +80,5 @@ def relaxed_chunks(run, todo: list[int], texts, chunks, targets, step):
             ctrl, j, _ = by_chunk[i].get("control", (None, None, None))
             c = pooled_chunk(i, texts[i], chunks[i], got, decode, ctrl, j, tol=o.tol)
             c.relax_distance, c.relax_steps = rel.distance, rel.steps
+            c.cosine = run.cosine(got.ids, targets[i])
             yield c

@@ -57,6 +57,12 @@ class PooledChunk(ChunkRead):
     """The proposer's text before correction (empty without one)."""
     control_exact_text: bool = False
     control_bleu: float = math.nan
+    rouge1: float = math.nan
+    """ROUGE-1 F-measure of the recovered text against the true text (rouge_score, stemmed)."""
+    rouge_l: float = math.nan
+    """ROUGE-L F-measure of the recovered text against the true text."""
+    cosine: float = math.nan
+    """Cosine between the recovered text's pooled vector and the target."""
     relax_distance: float = math.nan
     """--method relax or relax-correct: the relative distance of the relaxation's nearest projection."""
     relax_steps: int = 0
@@ -89,6 +95,9 @@ def pooled_chunk(index: int, text: str, true: list[int], res, decode, control=No
     runner = float(getattr(res, "runner_up", math.nan))
     c.runner_up, c.bleu = (runner if math.isfinite(runner) else math.nan), sentence_bleu(got, ref)
     c.proposal = getattr(res, "proposal", "")
+    from memlab.metrics import sentence_rouge
+
+    c.rouge1, c.rouge_l = sentence_rouge(got, ref)
     if control is not None:
         c.control_of, c.control_ids = control_of, control.ids
         c.control_exact = control.ids == list(true)
@@ -107,7 +116,8 @@ def pooled_totals(chunks: list[PooledChunk], n_resamples: int = 2000, level: flo
             "control_hits": np.array([c.control_token_accuracy for c in chunks]) * n}
     means = {"exact_match": "exact", "exact_text": "exact_text", "certified": "certified", "bleu": "bleu",
              "runner_up": "runner_up", "control_exact_text": "control_exact_text", "control_bleu": "control_bleu",
-             "token_f1": "token_f1", "distance": "distance",
+             "token_f1": "token_f1", "distance": "distance", "rouge1": "rouge1", "rouge_l": "rouge_l",
+             "cosine": "cosine",
              "start_distance": "start_distance", "forwards_per_chunk": "forwards", "seconds_per_chunk": "seconds",
              "control_exact_match": "control_exact", "control_token_f1": "control_token_f1",
              "control_distance": "control_distance"}
@@ -189,6 +199,8 @@ def pooled_summary(rep: PooledReport) -> list[str]:
         f"token accuracy:  {_cell(t['token_accuracy'])}   " + (_cell(t['control_token_accuracy']) if control else "-"),
         f"token-set F1:    {_cell(t['token_f1'])}   " + (_cell(t['control_token_f1']) if control else "-"),
         f"BLEU:            {_cell(t['bleu'], 1)}   " + (_cell(t['control_bleu'], 1) if control else "-"),
+        f"ROUGE-1, ROUGE-L: {t['rouge1'].value:.3f}, {t['rouge_l'].value:.3f}; cosine to the target "
+        f"{t['cosine'].value:.3f}",
         f"certified:       {t['certified'].value:.2f} of the chunks matched their target within {s['tol']:g} "
         f"(relative distance); the nearest other sequence tried was at {t['runner_up'].value:.4g} on average",
         f"relative distance: {_cell(t['distance'], 4)} reached, from {t['start_distance'].value:.4f} at the start"

@@ -176,7 +176,14 @@ class PooledRun:
             j = (i + 1) % len(targets)
             ctrl = search(targets[j], len(ids), seed=seed)
             step()
-        return pooled_chunk(i, text, ids, got, self.enc.tokenizer.decode, ctrl, j, tol=self.opts.pooled.tol)
+        c = pooled_chunk(i, text, ids, got, self.enc.tokenizer.decode, ctrl, j, tol=self.opts.pooled.tol)
+        c.cosine = self.cosine(got.ids, targets[i])
+        return c
+
+    def cosine(self, ids: list[int], target: torch.Tensor) -> float:
+        """Cosine between the pooled vector of ``ids`` and ``target`` (one forward pass)."""
+        z = self.searcher.pooled(torch.tensor([ids]))[0]
+        return float(torch.nn.functional.cosine_similarity(z, target.float().cpu(), dim=0))
 
     def report(self, results: list, common: dict):
         common = dict(common, text=common["text"] | {"suffix": self.suffix})
