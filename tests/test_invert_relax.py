@@ -73,7 +73,6 @@ def test_banned_tokens_get_no_weight_and_a_relaxation_that_cannot_certify_keeps_
         [RelaxJob(targets[i], T, i) for i in range(2)], 30)
     assert banned[0] not in out[0].ids
     assert not out[0].certified and math.isfinite(out[0].distance) and out[0].steps == 60
-    assert len(out[0].candidates) == T and all(banned[0] not in c for c in out[0].candidates)
 
 
 def test_budget_stops_the_batch_and_lengths_must_agree():
@@ -111,6 +110,7 @@ def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
     assert rep["states"] == states and rep["search"]["method"] == "relax-correct" and len(rep["chunks"]) == 2
     for c in rep["chunks"]:
         assert 1 <= c["relax_steps"] <= 60 and c["distance"] <= c["relax_distance"] + 1e-9
+        assert c["forwards"] <= 100  # the relaxation and the correction share --forwards
         assert c["certified"] == (c["distance"] <= rep["search"]["tol"])
         assert c["control_of"] == (c["index"] + 1) % 2
     assert "relaxation:" in cap.out and "relax-correct" in cap.out

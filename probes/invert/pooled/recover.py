@@ -87,10 +87,11 @@ class Recoverer:
         return torch.full((length,), fill), 0, ""
 
     def search(self, target: torch.Tensor, length: int, seed: int = 0, start: list[int] | None = None,
-               seconds: float | None = None) -> RecoverResult:
+               seconds: float | None = None, forwards: int | None = None) -> RecoverResult:
         """The best sequence of ``length`` encoder tokens for the pooled ``target`` ``(D,)`` within the budget
-        (``seconds``: this search's, else the Recoverer's); ``start``: the hypothesis the correction starts from
-        (e.g. the relaxation's nearest projection) instead of a proposal."""
+        (``seconds``, ``forwards``: this search's, else the Recoverer's); ``start``: the hypothesis the correction
+        starts from (e.g. the relaxation's nearest projection) instead of a proposal."""
+        cap = self.forwards if forwards is None else forwards
         gen = torch.Generator().manual_seed(seed)
         target = target.float().cpu()
         began = time.perf_counter()
@@ -107,8 +108,8 @@ class Recoverer:
         best, best_obj, best_d, start_d = cur, float(obj[0]), float(d[0]), float(d[0])
         runner, steps, rounds, accepted, fails = math.inf, 0, 0, {}, 0
         if self.method != "propose":
-            while used < self.forwards and best_d > self.copt.tol and time.perf_counter() < deadline:
-                r = correct(self.s, cur, target, self.copt, self.forwards - used, deadline, gen)
+            while used < cap and best_d > self.copt.tol and time.perf_counter() < deadline:
+                r = correct(self.s, cur, target, self.copt, cap - used, deadline, gen)
                 used, steps, rounds = used + r.forwards, steps + r.steps, rounds + 1
                 for k, v in r.accepted.items():
                     accepted[k] = accepted.get(k, 0) + v

@@ -20,15 +20,15 @@ vector reader memlab has and batched over chunks and restarts:
    pass; the nearest sequence of each target is kept. A target whose projection matches within ``tol`` is
    certified and leaves the batch (its rows stop costing).
 
-What the relaxation cannot certify within its share of the budget is handed on: its nearest projection (and
-each position's best-weighted tokens) start the discrete correction (:mod:`memlab.probes.invert.pooled.correct`).
+What the relaxation cannot certify within its share of the budget is handed on: its nearest projection starts the
+discrete correction (:mod:`memlab.probes.invert.pooled.correct`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -57,8 +57,6 @@ class RelaxOptions:
     """Steps between fresh draws of a row (0: never)."""
     init_std: float = 0.1
     """Spread of the logits a row is drawn from (normal); the first draw of row 0 is all zeros, as SODA starts."""
-    keep: int = 8
-    """Best-weighted tokens per position reported for the correction."""
     tol: float = 1e-5
     """A projection within this relative distance is certified and its target leaves the batch."""
 
@@ -93,8 +91,6 @@ class Relaxed:
     """Sequences run for it (each row twice a step: relaxed with its gradient, and projected)."""
     seconds: float
     """Its share of the batch's wall time (the batch's time split over the targets it held)."""
-    candidates: list[list[int]] = field(default_factory=list)
-    """``(T, keep)``: each position's best-weighted tokens of the nearest row at the end."""
 
 
 class Relaxer:
@@ -151,9 +147,11 @@ class Relaxer:
             th[0] = 0.0
         return th
 
-    def run(self, jobs: list[RelaxJob], seconds_each: float, note=None) -> list[Relaxed]:
+    def run(self, jobs: list[RelaxJob], seconds_each: float, note=None, forwards_each: int | None = None
+            ) -> list[Relaxed]:
         """Relax every job (all of one chunk length) side by side within ``seconds_each`` per job (the batch stops
-        when its jobs' time is spent, every job is certified, or at ``steps``); ``note(text)``: progress lines."""
+        when its jobs' time is spent, every job is certified, or at ``steps``); a job leaves the batch once it has
+        run ``forwards_each`` sequences; ``note(text)``: progress lines."""
         if not jobs:
             return []
         lengths = {j.length for j in jobs}
@@ -213,7 +211,7 @@ class Relaxer:
                 r = min(rows, key=lambda i: float(d[i]))
                 if float(d[r]) < best_d[k]:
                     best_d[k], best_ids[k] = float(d[r]), ids[r].tolist()
-                if best_d[k] <= o.tol:
+                if best_d[k] <= o.tol or (forwards_each is not None and fw_of[k] + 2 * len(rows) > forwards_each):
                     done[k] = True
             if any(done[k] for k in rows_of):  # certified targets leave the batch
                 keep = torch.tensor([not done[int(k)] for k in owner], device=dev)
@@ -222,24 +220,5 @@ class Relaxer:
                 left = [best_d[k] for k in range(n) if not done[k]]
                 note(f"relax: step {step + 1}, {sum(done)} of {n} certified"
                      + (f", nearest of the rest {min(left):.3g}" if left else ""))
-            self._last = (theta.detach(), owner)
-        cands = self._candidates(n, T)
-        return [Relaxed(best_ids[k] or [0] * T, best_d[k], done[k], steps_of[k], fw_of[k], secs_of[k], cands[k])
+        return [Relaxed(best_ids[k] or [0] * T, best_d[k], best_d[k] <= o.tol, steps_of[k], fw_of[k], secs_of[k])
                 for k in range(n)]
-
-    def _candidates(self, n: int, T: int) -> list[list[list[int]]]:
-        """Each job's best-weighted tokens per position ``(T, keep)`` from its first row left (none for a job that
-        left the batch certified)."""
-        out: list[list[list[int]]] = [[] for _ in range(n)]
-        last = getattr(self, "_last", None)
-        if last is None:
-            return out
-        theta, owner = last
-        seen = set()
-        for r, k in enumerate(owner.tolist()):
-            if k in seen:
-                continue
-            seen.add(k)
-            kk = min(self.opt.keep, theta.shape[-1])
-            out[k] = (theta[r] + self.mask.to(theta.device)).topk(kk, -1).indices.tolist()
-        return out

@@ -39,7 +39,8 @@ def _finish(run, rel, target, length: int, seed: int, decode) -> RecoverResult:
         return RecoverResult(rel.ids, rel.distance, rel.distance, rel.forwards, rel.seconds, rel.steps,
                              proposal=text)
     left = max(run.budget_s - rel.seconds, 0.0)
-    r = run.recoverer.search(target, length, seed=seed, start=rel.ids, seconds=left)
+    r = run.recoverer.search(target, length, seed=seed, start=rel.ids, seconds=left,
+                             forwards=max(run.opts.pooled.forwards - rel.forwards, 1))
     if rel.distance < r.distance:  # never worse than the relaxation's own best
         r.ids, r.distance = rel.ids, rel.distance
     r.start_distance = rel.distance
@@ -69,7 +70,8 @@ def relaxed_chunks(run, todo: list[int], texts, chunks, targets, step):
                 j = (i + 1) % len(targets)
                 jobs.append(RelaxJob(targets[j], len(chunks[i]), seed))
                 slots.append((i, j))
-        relaxed = run.relaxer.run(jobs, run.budget_s * share, note=note)
+        relaxed = run.relaxer.run(jobs, run.budget_s * share, note=note,
+                                  forwards_each=max(int(o.forwards * share), 2))
         by_chunk: dict[int, dict] = {}
         for (i, j), job, rel in zip(slots, jobs, relaxed):
             res = _finish(run, rel, job.target, job.length, job.seed, decode)
