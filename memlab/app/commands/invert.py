@@ -1,4 +1,4 @@
-"""memlab invert --model NAME --layer L --states positions|last|mean|first|second_last (or --model
+"""memlab invert --model NAME --layer L --states positions|last|mean|first|second_last|logits (or --model
 space:memory_ae:PATH, --states space): recover the input from a model's states.
 
 The flags are made from the option dataclasses of :mod:`memlab.probes.invert.options` (one section each: model,
@@ -73,9 +73,11 @@ def add_parser(sub) -> None:
                     "model's own weights and no training: rank candidates by the gradient of the distance, verify "
                     "them through the blocks up to the layer with the prefix's key-value cache, search the whole "
                     "vocabulary when no ranked candidate matches. With a pooled --states (last, mean, first, "
-                    "second_last: the trained probe's poolings; space: a memory model's memory vector, --model "
-                    "space:memory_ae:PATH), search the token sequence whose vector matches, beside a control "
-                    "search from another chunk's vector. "
+                    "second_last: the trained probe's poolings; logits: a causal model's next-token distribution; "
+                    "space: a memory model's memory vector, --model space:memory_ae:PATH), search the token "
+                    "sequence whose vector matches (proposals, or with --method relax-correct a continuous "
+                    "relaxation of the input, then corrections), beside a control search from another chunk's "
+                    "vector. "
                     "Writes report.json into --out and prints a summary.")
     shared = _shared()
     for section, cls in _sections().items():
