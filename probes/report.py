@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from memlab.plots import finish_axes, pyplot, save_figure
+from memlab.probes import pointwise, saturation
 from memlab.probes.chunks import ProbeText, TextAccounting
 from memlab.probes.parts import readout_lines, readout_summary
 from memlab.probes.readings import NO_EVIDENCE, ChunkScores, DecoderScores, Reading, cell, shows_retention
@@ -216,6 +217,12 @@ class ProbeReport:
     budget_note: str | None = None
     eval_note: str | None = None
     """Set when the held-out split holds fewer chunks than ``n_eval`` asked: all there are are scored."""
+    saturation: dict | None = None
+    """The learning curve inside the run and its verdict (:mod:`memlab.probes.saturation`)."""
+    online_code: dict | None = None
+    """The online code of the training chunks against the control's (:mod:`memlab.probes.online_code`)."""
+    pointwise: dict | None = None
+    """Bits per held-out chunk and the chunks the embedding helps most and least (:mod:`memlab.probes.pointwise`)."""
     run_dir: str | None = None
     schema_version: int = SCHEMA_VERSION
     """The layout of this report (:data:`SCHEMA_VERSION`)."""
@@ -320,6 +327,8 @@ def calibration_lines(cal: Calibration | None) -> list[str]:
 
 
 READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char", "bits per character", True, 4),
+                 ("online_bits_per_chunk", "online code saved, bits per chunk", True, 2),
+                 ("online_compression", "online code compression over the control", False, 3),
                  ("information_gain", "information gain", True, 3), ("token_accuracy", "token accuracy", False, 3),
                  ("token_accuracy_gain", "token accuracy over the control", True, 3),
                  ("free_running_accuracy", "free-running token accuracy", False, 3),
@@ -368,6 +377,7 @@ def format_summary(report) -> str:
     if tg.get("seen_in_training") and p:
         lines.append(seen_line(tg["seen_in_training"]) + " (a decoder learns each token from its occurrences)")
     lines += reading_lines(report.readings, report.options.get("ci_level", 0.95), list(report.readouts or {}))
+    lines += saturation.summary_lines(report.saturation, report.online_code)
     if p:
         lines.append(_metrics_line("probe:", p))
     if c:
@@ -388,6 +398,7 @@ def format_summary(report) -> str:
     for name, result in (report.readouts or {}).items():
         lines.append(readout_summary(name, result.values))
     lines += calibration_lines(report.calibration)
+    lines += pointwise.summary_lines(report.pointwise)
     if report.budget_note:
         lines.append(f"note: {report.budget_note}")
     t = report.timing
