@@ -42,7 +42,7 @@ from memlab.probes.online_code import Block, online_code, uniform_block
 from memlab.probes.readings import ChunkScores, Reading, readings
 from memlab.probes.train import ControlStore, FitData, evaluate, fit_decoders
 
-MIN_CHUNKS = 32
+MIN_CHUNKS = 64
 """The fewest training chunks a share of the curve is fitted on."""
 TOLERANCE = 0.05
 """The share of the reading the last doubling must be shown to add for the reading to count as still rising."""

@@ -97,7 +97,7 @@ def test_a_curve_at_its_ceiling_is_saturated():
 
 def test_curve_sizes_leave_out_small_shares():
     assert curve_sizes([0.0625, 0.125, 0.25, 0.5], 8000) == [500, 1000, 2000, 4000]
-    assert curve_sizes([0.0625, 0.5], 100) == [50] and MIN_CHUNKS > 100 * 0.0625
+    assert curve_sizes([0.0625, 0.5], 200) == [100] and MIN_CHUNKS > 200 * 0.0625
     assert curve_sizes([], 8000) == [] and curve_sizes([1.0], 64) == []
 
 
