@@ -25,8 +25,8 @@ The verdict, report.json's ``saturation``:
 * ``limit`` (where still rising): the curve's limit as ``n`` grows, a saturating power law
   ``b(n) = L - a * n^-alpha`` (alpha on a grid, L and a by least squares; L at most the ceiling) fitted to the last :data:`FIT_POINTS`
   points, with the percentile interval of the same fit over bootstrap resamples of the held-out chunks; the same for
-  token accuracy (capped at 1). A fit whose alpha sits at the grid's low end grows like ``log n`` over the range:
-  ``limit`` is then None, with a note.
+  token accuracy (capped at 1). A fit whose alpha sits at the grid's low end grows like ``log n`` (or faster) over the
+  range: ``limit`` is then None, with a note.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _limit(ns, curves: np.ndarray, value: float, level: float, cap: float | None
     out = {"value": float(lim[0]), "low": float(lo), "high": float(hi), "alpha": float(alpha[0])}
     if alpha[0] <= ALPHAS[1]:  # at the grid's low end: log-like growth, no limit in sight
         return {"value": None, "low": None, "high": None, "alpha": float(alpha[0]),
-                "note": "still growing like log n over the fitted sizes: no limit in sight"}
+                "note": "growing like log n or faster over the fitted sizes: no limit in sight"}
     return out
 
 
