@@ -109,3 +109,26 @@ def test_pointwise_information_is_the_bits_of_each_chunk():
     assert [r["text"] for r in pw["most"]] == ["c", "a"] and [r["text"] for r in pw["least"]] == ["b", "a"]
     assert pw["most"][0]["bits_per_token"] == pytest.approx(8.0)
     assert pointwise(p, None) is None
+
+
+def test_a_probe_run_carries_its_curve_and_code_and_none_without_shares(tmp_path):
+    from memlab.probes.report import format_summary
+    from memlab.probes.run import probe
+
+    tiny = dict(n_eval=8, seq_len=8, epochs=1, hidden_size=16, num_layers=1, num_heads=2, batch_size=32, n_examples=1,
+                ci_resamples=50, progress=False, readouts=[], chunk_by="tokens")
+    rep = probe(model="synthetic:concat", n_train=128, curve_shares=[0.5, 0.25], **tiny)
+    sat, code = rep.saturation, rep.online_code
+    assert [r["n_train"] for r in sat["curve"]] == [64, 128] and sat["saturated"] in (True, False)  # 32: too few
+    assert sat["curve"][-1]["bits_per_chunk"] == rep["readings"]["bits_per_chunk"]
+    assert [(b["start"], b["end"]) for b in code["blocks"]] == [(0, 64), (64, 128)] and code["n_chunks"] == 128
+    first, v = code["blocks"][0], rep.vocab_size  # the first block: the uniform code, log2 V bits a target token
+    assert first["probe_bits"] == first["control_bits"] > 0
+    tokens = first["probe_bits"] / math.log2(v)
+    assert tokens == pytest.approx(round(tokens)) and 64 <= round(tokens) <= 64 * 8
+    assert code["probe_bits"] == pytest.approx(sum(b["probe_bits"] for b in code["blocks"]))
+    assert "learning curve (bits per chunk by training chunks): 64:" in format_summary(rep)
+    assert "online code:" in format_summary(rep) and rep["readings"]["online_compression"] == code["compression"]
+    none = probe(model="synthetic:concat", n_train=128, curve_shares=[], **tiny)
+    assert none.saturation["curve"][0]["n_train"] == 128 and none.saturation["saturated"] is None
+    assert none.online_code is None and "online_compression" not in none.readings
