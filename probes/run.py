@@ -402,7 +402,7 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     fit = fit_one(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval),
                   ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), opts.model),
                   text, sequence=opts.sequence, fit_readouts=bool(opts.readouts))
-    # the learning curve and its verdict, the online code, the bits per chunk
+    # the learning curve and its verdict, and the online code, from fits on prefixes of the training chunks
     sat, code = curve_of(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval), fit, control_cache,
                          text)
     # the report
