@@ -60,11 +60,14 @@ from memlab.probes.parts import (
     takes,
     takes_context,
 )
+from memlab.probes.readouts.online_code import readings_of as online_readings
+from memlab.probes.readouts.pointwise import pointwise
 from memlab.probes.readings import Reading, limit_line, readings, retention
 from memlab.probes.report.report import Fit, ProbeReport, ReadoutResult, format_summary, peak_memory_mb, write_report
 from memlab.probes.encoders.synthetic import calibration
 from memlab.probes.decoder.fit import Timer, build_decoder, fit_decoders, information_gain
 from memlab.probes.decoder.records import ControlStore, FitData
+from memlab.probes.readouts.saturation import learning_curve, limit_note
 from memlab.rundir import claim
 from memlab.probes.encoders.encode import ENCODER_SIDE, content_hash, encode_data, encoder_spec
 
@@ -266,6 +269,16 @@ def disk_controls(opts: ProbeOptions, tg, memory: dict | None = None) -> Control
                         side=compute_side(resolve_device(opts.device)))
 
 
+def curve_of(opts: ProbeOptions, data: FitData, fit: Fit, control_cache, text: ProbeText):
+    """The run's learning curve with its verdict and its online code (:func:`memlab.probes.readouts.saturation.learning_curve`),
+    or (None, None) without a sequence probe and its control."""
+    if not (opts.sequence and opts.control and fit.probe_chunks is not None and fit.control_chunks is not None):
+        return None, None
+    kept = ((fit.probe or {}).get("start") or {}).get("kept")
+    return learning_curve(opts, data, fit.probe_chunks, fit.control_chunks, kept, control_key, control_cache,
+                          opts.model, text.chars, fit.timing.get("train_s", 0.0) + fit.timing.get("control_s", 0.0))
+
+
 def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=None, verbose: bool = False,
               control_cache: dict | None = None) -> ProbeReport | None:
     """Probe ``opts.model`` (or a ready ``encoder``); writes report.json, plots and the decoder into ``run_dir``.
@@ -296,8 +309,16 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     fit = fit_one(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval),
                   ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), opts.model),
                   text, sequence=opts.sequence, fit_readouts=bool(opts.readouts))
+    # the learning curve and its verdict, and the online code, from fits on prefixes of the training chunks
+    sat, code = curve_of(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval), fit, control_cache,
+                         text)
     # the report
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
+    report.saturation, report.online_code, report.limited_by = sat, code, limit_note(report.limited_by, sat)
+    report.readings.update(online_readings(code))
+    report.pointwise = pointwise(fit.probe_chunks, fit.control_chunks, text.eval_texts)
+    if sat:
+        report.timing["curve_s"] = sat["seconds"]
     _notes(report, opts, eval_ids)
     report.timing.update(load_s=load_s, encode_s=t_enc.seconds, encode_cached=cached,
                          total_s=time.perf_counter() - t_start)

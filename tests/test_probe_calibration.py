@@ -179,3 +179,24 @@ def test_decoder_selection_keeps_the_lower_held_back_ce(tokenizer, small_corpus,
     assert dec.config.input_dropout == (ProbeOptions.plain_input_dropout if kept_plain else 0.0)
     best = min(h["best_val_ce"] for h in r["history"]["probe"] if "best_val_ce" in h)
     assert best == pytest.approx(min(choice["plain"], choice["bag_head"]))  # the kept decoder's own history
+
+
+def test_the_learning_curve_reads_a_whole_code_saturated_and_a_constant_one_as_its_control(readings):
+    concat, const = readings["concat"], readings["constant"]
+    sat = concat["saturation"]
+    assert [r["n_train"] for r in sat["curve"]] == [75, 150, 300, 600]  # the shares (38 is too few), then the run
+    assert sat["curve"][-1]["bits_per_chunk"] == concat["readings"]["bits_per_chunk"]
+    assert sat["saturated"] is True and sat["ceiling"]["reached"]  # read whole: nothing left to rise to
+    code = concat["online_code"]
+    assert code["n_chunks"] == 600 and code["blocks"][0] == {**code["blocks"][0], "start": 0, "end": 75}
+    assert code["compression"]["low"] > 1.3 and code["probe_bits"] < 0.75 * code["control_bits"]
+    assert concat["readings"]["online_compression"] == code["compression"]
+    # a constant embedding: its probe is its control at every size, so its code is the control's, bit for bit
+    assert const["online_code"]["compression"] == {"value": 1.0, "low": 1.0, "high": 1.0}
+    assert const["online_code"]["probe_bits"] == const["online_code"]["control_bits"]
+    assert const["saturation"]["saturated"] is True
+    assert all(r["bits_per_chunk"]["value"] == 0 for r in const["saturation"]["curve"])
+    pw = concat["pointwise"]
+    assert len(pw["bits"]) == concat["n_eval"] and sum(pw["bits"]) / len(pw["bits"]) == pytest.approx(
+        concat["readings"]["bits_per_chunk"]["value"], abs=1e-3)
+    assert pw["most"][0]["bits"] >= pw["least"][0]["bits"] and pw["most"][0]["text"]

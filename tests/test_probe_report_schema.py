@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TOP = {"model", "encoder", "options", "vocab_size", "seq_len", "n_train", "n_eval", "text", "probe", "control",
        "information_gain", "readings", "retention", "bow", "readouts", "calibration", "limited_by",
        "control_shared_with", "decoder", "history", "examples", "timing", "memory", "definitions", "data_split",
-       "budget_note", "eval_note", "run_dir", "schema_version"}
+       "budget_note", "eval_note", "run_dir", "schema_version", "saturation", "online_code", "pointwise"}
 TEXT = {"chunk_by", "per_chunk", "mean_chars", "mean_tokens", "max_tokens", "truncated_chunks", "rendering", "targets"}
 METRICS = {"ce", "token_accuracy", "entropy_ratio", "accuracy_by_position", "n_tokens", "token_set_f1",
            "sentence_bleu", "exact_match", "free_running_accuracy"}

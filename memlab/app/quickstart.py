@@ -242,6 +242,23 @@ COLUMNS = (("bits per chunk", "bits_per_chunk", True, 1), ("bits per char", "bit
 """The table's reading columns: (header, reading, is a gain, digits); each cell is ``value [low, high]``."""
 
 
+CEILINGS = {"synthetic:concat": "1.0 (every token kept)",
+            "memory_ae": "0.969 (its own decoder, on its evaluation chunks: docs/results.md)"}
+"""The rows whose most readable token accuracy is known, and that ceiling."""
+
+
+def saturation_cell(sat: dict | None) -> str:
+    """The learning curve's verdict in a table cell: saturated, or still rising with its extrapolated limit."""
+    if not sat or sat.get("saturated") is None:
+        return "—"
+    if sat["saturated"]:
+        return "saturated" + (" (at the ceiling)" if (sat.get("ceiling") or {}).get("reached") else "")
+    lim = ((sat.get("limit") or {}).get("token_accuracy") or {})
+    if lim.get("value") is not None:
+        return f"rising: token acc limit {lim['value']:.2f} [{lim['low']:.2f}, {lim['high']:.2f}]"
+    return "rising" + (f" ({lim['note']})" if lim.get("note") else "")
+
+
 def not_probed(row: dict) -> bool:
     """A row that holds no probe: skipped (not installed) or not run at the quickstart's budget."""
     return "skipped" in row or "not_run" in row
@@ -251,7 +268,7 @@ def format_table(rows: list[dict]) -> str:
     """A markdown table led by the bits per chunk the embedding adds (every reading with its interval; a gain
     without evidence reads "no evidence [low, high]"), then H_r, V, tokens per chunk, calibration and time."""
     head = (["model", "embedding", "dim"] + [c[0] for c in COLUMNS]
-            + ["H_r", "V", "tokens/chunk", "calibration", "time (s)"])
+            + ["H_r", "V", "tokens/chunk", "calibration", "saturation", "ceiling (token acc)", "time (s)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if not_probed(r):
@@ -262,6 +279,7 @@ def format_table(rows: list[dict]) -> str:
         h_r = "—" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.3f}"
         lines.append("| " + " | ".join([r["name"], r["embedding"], str(r["dim"]), *cells, h_r,
                                         str(r["vocab_size"]), f"{r['mean_tokens']:.1f}", r["calibration"],
+                                        saturation_cell(r.get("saturation")), r.get("ceiling") or "",
                                         f"{r['seconds']:.0f}"]) + " |")
     return "\n".join(lines)
 
@@ -280,6 +298,7 @@ def _row(e: Entry, rep, seconds: float) -> dict:
             "bow_prior": b.prior if b else None,
             "calibration": rep.calibration.status if e.name.startswith("synthetic:") else "",
             "limited_by": rep.limited_by, "seconds": seconds, "vocab_size": rep.vocab_size,
+            "saturation": rep.saturation, "ceiling": CEILINGS.get(e.name),
             "mean_tokens": rep.text.mean_tokens, "rendering": rep.text.target_rendering}  # the bits' text
 
 
@@ -342,18 +361,19 @@ def format_invert_table(rows: list[dict], gflops: float) -> str:
 
 
 def plot_comparison(rows: list[dict], reports: dict, path: Path) -> Path:
-    """Token accuracy per model (probe and control), and accuracy by position."""
+    """Bits per chunk per model with their intervals, and token accuracy by position."""
     plt = pyplot()
 
     done = [r for r in rows if not not_probed(r) and r["token_accuracy"] is not None]  # read-out-only rows aside
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(done))
-    a.bar([x - 0.2 for x in xs], [r["token_accuracy"] for r in done], 0.4, label="probe")
-    a.bar([x + 0.2 for x in xs], [r["control_accuracy"] if r["control_accuracy"] is not None else float("nan")
-                                  for r in done], 0.4, label="control")  # a row that fits no control: no bar
+    bits = [r["readings"].get("bits_per_chunk") or {} for r in done]  # a row without a control: no bar
+    val = [b.get("value", float("nan")) for b in bits]
+    err = [[max(v - b.get("low", v), 0) for v, b in zip(val, bits)], [max(b.get("high", v) - v, 0)
+                                                                       for v, b in zip(val, bits)]]
+    a.bar(list(xs), val, 0.6, yerr=err, capsize=3, label="bits per chunk, 95 % interval")
     a.set_xticks(list(xs), [r["name"] for r in done], rotation=20)
-    a.set_ylabel("held-out token accuracy")
-    a.set_ylim(0, 1)
+    a.set_ylabel("bits per chunk the embedding adds")
     a.legend()
     for r in done:
         acc = reports[r["name"]].probe["accuracy_by_position"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks.cut import ProbeText, TextAccounting
+from memlab.probes.readouts import pointwise, saturation
 from memlab.probes.parts import readout_lines, readout_summary
 from memlab.probes.readings import NO_EVIDENCE, ChunkScores, DecoderScores, Reading, cell, shows_retention
 from memlab.rundir import write_atomic
@@ -216,6 +216,12 @@ class ProbeReport:
     budget_note: str | None = None
     eval_note: str | None = None
     """Set when the held-out split holds fewer chunks than ``n_eval`` asked: all there are are scored."""
+    saturation: dict | None = None
+    """The learning curve inside the run and its verdict (:mod:`memlab.probes.readouts.saturation`)."""
+    online_code: dict | None = None
+    """The online code of the training chunks against the control's (:mod:`memlab.probes.readouts.online_code`)."""
+    pointwise: dict | None = None
+    """Bits per held-out chunk and the chunks the embedding helps most and least (:mod:`memlab.probes.readouts.pointwise`)."""
     run_dir: str | None = None
     schema_version: int = SCHEMA_VERSION
     """The layout of this report (:data:`SCHEMA_VERSION`)."""
@@ -255,42 +261,14 @@ def peak_memory_mb() -> dict:
     return out
 
 
-def plot_accuracy_by_position(report, path: Path) -> Path:
-    """Token accuracy at each chunk position, probe against control."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key, style in (("probe", "-o"), ("control", "--")):
-        if getattr(report, key):
-            acc = getattr(report, key)["accuracy_by_position"]
-            ax.plot(range(len(acc)), acc, style, ms=3, label=key)
-    ax.set_ylim(0, 1)
-    ax.set_title(f"{report.model} (layer {report.encoder.get('layer')}, {report.encoder.get('pool')})")
-    finish_axes(ax, "position in chunk", "token accuracy")
-    return save_figure(fig, path)
-
-
-def plot_training(report, path: Path) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key in ("probe", "control"):
-        hist = report.history.get(key) or []
-        train = [h for h in hist if "loss" in h]
-        val = [h for h in hist if "val_ce" in h]
-        if train:
-            line, = ax.plot([h["step"] for h in train], [h["loss"] for h in train], label=f"{key} train")
-            if val:
-                ax.plot([h["step"] for h in val], [h["val_ce"] for h in val], "o--", color=line.get_color(),
-                        label=f"{key} held-back (early stopping)")
-    finish_axes(ax, "step", "CE (nats per token, full vocabulary)")
-    return save_figure(fig, path)
-
-
 def write_report(report, run_dir: str | Path) -> list[Path]:
     """Write report.json (``report.to_dict()``) and plots/*.png into ``run_dir``; returns the files written."""
     out = Path(run_dir)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     files = [out / "report.json"]
     write_atomic(files[0], json.dumps(report.to_dict(), indent=2))
+    from memlab.probes.report.plots import plot_accuracy_by_position, plot_training
+
     files.append(plot_accuracy_by_position(report, out / "plots" / "accuracy_by_position.png"))
     files.append(plot_training(report, out / "plots" / "training.png"))
     return files
@@ -320,6 +298,8 @@ def calibration_lines(cal: Calibration | None) -> list[str]:
 
 
 READING_LINES = (("bits_per_chunk", "bits per chunk", True, 2), ("bits_per_char", "bits per character", True, 4),
+                 ("online_bits_per_chunk", "online code saved, bits per chunk", True, 2),
+                 ("online_compression", "online code compression over the control", False, 3),
                  ("information_gain", "information gain", True, 3), ("token_accuracy", "token accuracy", False, 3),
                  ("token_accuracy_gain", "token accuracy over the control", True, 3),
                  ("free_running_accuracy", "free-running token accuracy", False, 3),
@@ -368,6 +348,7 @@ def format_summary(report) -> str:
     if tg.get("seen_in_training") and p:
         lines.append(seen_line(tg["seen_in_training"]) + " (a decoder learns each token from its occurrences)")
     lines += reading_lines(report.readings, report.options.get("ci_level", 0.95), list(report.readouts or {}))
+    lines += saturation.summary_lines(report.saturation, report.online_code)
     if p:
         lines.append(_metrics_line("probe:", p))
     if c:
@@ -388,6 +369,7 @@ def format_summary(report) -> str:
     for name, result in (report.readouts or {}).items():
         lines.append(readout_summary(name, result.values))
     lines += calibration_lines(report.calibration)
+    lines += pointwise.summary_lines(report.pointwise)
     if report.budget_note:
         lines.append(f"note: {report.budget_note}")
     t = report.timing
