@@ -210,6 +210,11 @@ def check_records(kept: dict, texts: list[str], chunks: list[list[int]], decode)
     return good, bad
 
 
+TABLE_SLACK = 2e-3
+"""How much farther than its recorded distance a position read off the first-position table may lie when
+recomputed (the table's distances carry the float noise of a matmul expansion)."""
+
+
 def reverify(kept: dict, reader, prefix: list[int], targets: list, tol: float, slack: float = 2e-4) -> list:
     """Each kept per-position record's recovered tokens through ``reader`` (one forward pass of the prefix and the
     recovered ids per chunk): ``(index, why)`` for each whose recomputed relative distances to the observed states
@@ -223,8 +228,12 @@ def reverify(kept: dict, reader, prefix: list[int], targets: list, tol: float, s
             h = reader.full_states(torch.tensor([list(prefix) + list(c.recovered_ids)]))[0, len(prefix):].cpu()
             t = targets[i].float()
             d = ((h.float() - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)).tolist()
+            table = list(c.from_table or []) + [False] * len(d)
             for pos, (now, rec, cert) in enumerate(zip(d, c.distances, c.certificates)):
-                if abs(now - rec) > slack + 0.05 * rec or (cert == "match" and now > tol + slack):
+                # a position read off the first-position table kept the table's distance, read through a matmul
+                # expansion (torch.cdist) whose float noise is ~3e-4 of the state's norm: the exact pass may be nearer
+                off = (now > rec + TABLE_SLACK) if table[pos] else abs(now - rec) > slack + 0.05 * rec
+                if off or (cert == "match" and now > tol + slack):
                     bad.append((i, f"position {pos}'s recovered token lies at relative distance {now:.3g} from the "
                                    f"observed state, not the recorded {rec:.3g}"))
                     break
