@@ -33,6 +33,9 @@ from pathlib import Path
 
 LAUNCH = "launch.json"
 POLL_S = 0.2
+LAUNCHER_ENV = "MEMLAB_LAUNCHER_PID"
+"""Set by ``memlab launch`` in every process it starts (:data:`memlab.app.launched.LAUNCHER_ENV`; read here by
+name, as a plugin does not import the application layer): part of the launch's id."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -52,8 +55,6 @@ class Share:
 
     @classmethod
     def of_launch(cls) -> "Share":
-        from memlab.app.launched import LAUNCHER_ENV
-
         world = _env_int("WORLD_SIZE", 1)
         if world <= 1:
             return cls()
