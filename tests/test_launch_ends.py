@@ -94,14 +94,14 @@ def _errors(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("memlab: error:")]
 
 
-@pytest.mark.parametrize("verb", [["invert", "--model", "m"], ["generate", "x"], ["quickstart"], ["bench"],
+@pytest.mark.parametrize("verb", [["generate", "x"], ["quickstart"], ["bench"],
                                   ["eval", "x"]])
 def test_a_verb_that_runs_in_one_process_is_refused_under_launch(tmp_path, capsys, verb):
     out = tmp_path / "run"
     assert main(["launch", "--multi_gpu", "--num_processes", "2", *verb, "--out", str(out)]) == 2
     (line,) = _errors(capsys.readouterr().err)
-    assert line == (f"memlab: error: memlab launch: `memlab {verb[0]}` runs in one process (only train and probe "
-                    "run on several): run it without memlab launch")
+    assert line == (f"memlab: error: memlab launch: `memlab {verb[0]}` runs in one process (only train, probe "
+                    "and invert run on several): run it without memlab launch")
     assert not out.exists()
 
 

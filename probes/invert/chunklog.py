@@ -15,13 +15,11 @@ included: a run resumed after a kill ends with the report an uninterrupted run g
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from memlab.errors import ConfigError
-from memlab.probes.invert.report import ChunkResult
 
 SETTINGS = "invert.json"
 CHUNKS = "chunks.jsonl"
@@ -30,7 +28,9 @@ LOG = "log.txt"
 
 def write_settings(folder, vals: dict) -> None:
     """The run's settings into ``folder`` (an :class:`~memlab.outdir.OutputFolder`), whole."""
-    folder.write_json(SETTINGS, {"kind": "memlab invert", "options": vals})
+    from memlab.probes.invert.trust import fingerprint
+
+    folder.write_json(SETTINGS, {"kind": "memlab invert", "options": vals, "fingerprint": fingerprint(vals)})
 
 
 def read_settings(run: str | Path) -> dict:
@@ -42,13 +42,20 @@ def read_settings(run: str | Path) -> dict:
         raise ConfigError(f"--resume {run}: not a run of memlab invert --states positions (no {SETTINGS})")
     try:
         got = json.loads(path.read_text())
-        return dict(got["options"])
+        options = dict(got["options"])
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--resume {run}: {SETTINGS} cannot be read") from None
+    from memlab.probes.invert.trust import check_settings
+
+    check_settings(run, got)  # the options against the run's fingerprint (an edited invert.json is refused)
+    return options
 
 
-def read_chunks(run: str | Path, kind: type = ChunkResult) -> dict:
-    """The finished chunks of ``run`` by index, each a ``kind`` (a line cut short by a kill is skipped)."""
+def read_chunks(run: str | Path, kind: type | None = None) -> dict:
+    """The finished chunks of ``run`` by index, each a ``kind`` (default ``ChunkResult``; a line cut short by a kill
+    is skipped). A run reads its records back checked (:mod:`memlab.probes.invert.trust`)."""
+    if kind is None:
+        from memlab.probes.invert.report import ChunkResult as kind
     path = Path(run) / CHUNKS
     if not path.is_file():
         return {}
@@ -67,6 +74,11 @@ def read_chunks(run: str | Path, kind: type = ChunkResult) -> dict:
 class ChunkLog:
     """Appends each finished chunk to ``chunks.jsonl`` (flushed and synced) and a progress line to ``log.txt``."""
 
+    chunks_file, log_file = CHUNKS, LOG
+    """The files written (a launched process writes its own, :mod:`memlab.probes.invert.merge`)."""
+    fingerprint: str | None = None
+    """The run's fingerprint, sealed into each record with its checksum (:mod:`memlab.probes.invert.trust`)."""
+
     def __init__(self, run: str | Path, total_tokens: int, done_tokens: int = 0, total_chunks: int = 0):
         self.run = Path(run)
         self.total, self.done, self.t0 = total_tokens, done_tokens, time.monotonic()
@@ -77,11 +89,9 @@ class ChunkLog:
     def add(self, result: ChunkResult, finished: int, units_now: int | None = None) -> str:
         """Keep ``result``; the progress line (also appended to ``log.txt``). ``units_now``: the units done so far,
         unfinished chunks' positions included (the estimate of the time left reads them)."""
-        line = json.dumps(asdict(result))
-        with open(self.run / CHUNKS, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        from memlab.probes.invert.trust import append_line, seal
+
+        append_line(self.run / self.chunks_file, json.dumps(seal(asdict(result), self.fingerprint)))
         self.done += self.units(result)
         msg = (f"chunk {result.index} {'exact' if result.exact else 'not exact'} "
                f"({finished}/{self.total_chunks} chunks, {self.done}/{self.total} units); {self.eta(units_now)}")
@@ -103,7 +113,7 @@ class ChunkLog:
 
     def note(self, msg: str) -> None:
         """A line of its own in ``log.txt``."""
-        with open(self.run / LOG, "a") as f:
+        with open(self.run / self.log_file, "a") as f:
             f.write(time.strftime("%H:%M:%S ") + msg + "\n")
 
     def eta(self, tokens_now: int | None = None) -> str:

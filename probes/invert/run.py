@@ -55,10 +55,13 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
     again."""
     from dataclasses import asdict
 
-    from memlab.outdir import OutputFolder
-    from memlab.probes.invert.chunklog import ChunkLog, read_chunks, write_settings
+    from memlab.probes.invert.chunklog import ChunkLog, write_settings
+    from memlab.probes.invert.merge import Share, gather_share, open_share
+    from memlab.probes.invert.trust import fingerprint
     from memlab.progress import progress_bar
 
+    share = Share.of_launch()  # one process, or one of a launch's (memlab.probes.invert.merge)
+    share.start(opts)
     check_space_states(opts.model)  # a space's vector and --states space go together
     kind = PooledRun if opts.pooled_search else PositionsRun
     kind.check(opts)
@@ -66,17 +69,20 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
     search = kind(opts, enc, reader, device, chunks)
     machine = machine_facts()
     show = opts.output.progress or None
-    kept = read_chunks(out, PooledChunk if opts.pooled_search else ChunkResult) if resume else {}
-    todo = [i for i in range(len(chunks)) if i not in kept]
-    folder = OutputFolder.existing(out, "inversion") if resume else OutputFolder.new(out, "inversion")
+    kind_of, fp, mine = PooledChunk if opts.pooled_search else ChunkResult, fingerprint(asdict(opts)), []
+    folder = share.folder(out, resume)
     stopped = None
     with folder:
-        if not resume:
+        if not resume and share.main:
             write_settings(folder, asdict(opts))
         targets = search.targets(chunks)
+        kept = open_share(share, out, resume, kind_of, fp, search, texts, chunks, targets, enc, opts)  # checked
+        todo = share.mine([i for i in range(len(chunks)) if i not in kept])
         search.prepare(targets, todo, machine)
         total = search.units(chunks)
         log = ChunkLog(out, total, 0, len(chunks))
+        log.fingerprint = fp
+        share.name_files(log)
         done_units = sum(log.units(r) for r in kept.values())
         log.done = log.at_start = done_units
         bar = progress_bar(total, f"invert: {search.label}", show=show, initial=done_units)
@@ -101,10 +107,16 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         try:
             for res in _each(search, todo, texts, chunks, targets, step):
                 kept[res.index] = res
+                mine.append(res.index)
                 log.add(res, len(kept), units[0])
+            if share.launched:  # the main process gathers every process's records, checked
+                kept, processes = gather_share(share, out, kept, mine, machine, opts.model.device, kind_of, fp,
+                                               search, texts, chunks, targets, enc, opts)
         except BaseException as e:  # noqa: BLE001  (Ctrl-C, a signal, a failure: what was found is kept)
             stopped = e
         bar.close()
+        if stopped is None and not share.main:
+            return None, []
         if stopped is None:
             results = [kept[i] for i in range(len(chunks))]
             text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
@@ -114,7 +126,12 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
                           noise=opts.model.noise, machine=machine)
             report = search.report(results, common)
             lines = beside_probe(report, side, search.summary(report))
-            folder.write_json("report.json", report.to_dict())
+            if share.launched:
+                from memlab.probes.invert.merge import process_lines
+
+                lines = lines + process_lines(processes)
+            folder.write_json("report.json", report.to_dict() | ({"processes": processes} if share.launched else {}))
+            share.clean(out)
             folder.write("summary.txt", "\n".join(lines) + "\n")
     if stopped is not None:
         print(f"memlab: invert: stopped with {len(kept)} of {len(chunks)} chunks kept in {out}; "

@@ -203,8 +203,10 @@ def check(args: argparse.Namespace) -> None:
     check_corpus_spec(opts.text.corpus)
     if opts.positions.cache_dir:
         check_writable_dir(opts.positions.cache_dir, "--cache-dir")
-    if not opts.output.resume:  # a resumed run writes into its own folder, which holds files
-        check_new_out(opts.output.out, "inversion")
+    from memlab.app.launched import rank
+
+    if not opts.output.resume and rank() == 0:  # a resumed run writes into its own folder, which holds files; the
+        check_new_out(opts.output.out, "inversion")  # other processes of a launch find the one the first is filling
 
 
 def run(args) -> int:
@@ -219,6 +221,8 @@ def run(args) -> int:
     out = Path(opts.output.out) if opts.output.out else Path("runs") / (
         f"invert-{safe_name(Path(model).name or model)}-{time.strftime('%Y%m%d-%H%M%S')}")
     report, lines = run_invert(opts, out, resume=bool(opts.output.resume))
+    if report is None:  # a launched process other than the main one: the main one reports
+        return 0
     for line in lines:
         print(line)
     print(f"run: {out}")

@@ -12,8 +12,8 @@ that failed with memlab's own one-line error has printed it already; the
 processes the launcher stopped because of it print nothing more.
 
 Refused in one line before any process starts: a verb that does not run on
-several processes (:data:`MULTI_PROCESS`: every verb but ``train`` and
-``probe``; each would run whole on every process), and a sharded or offloaded
+several processes (:data:`MULTI_PROCESS`: every verb but ``train``,
+``probe`` and ``invert``; each would run whole on every process), and a sharded or offloaded
 engine (FSDP, DeepSpeed, Megatron-LM, TPU or SageMaker launches, asked by a
 flag or by an accelerate config file): memlab trains data-parallel (DDP)
 replicas only. The processes end with the launcher: one that is killed, by any
@@ -40,13 +40,13 @@ STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.S
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("launch", help="run train or probe on several processes (accelerate launch), failures in one "
+    p = sub.add_parser("launch", help="run train, probe or invert on several processes (accelerate launch), failures in one "
                                       "line",
                        description="accelerate launch's options, then a memlab verb and its arguments (e.g. "
                                    "`memlab launch --multi_gpu --num_processes 2 train CONFIG`); `--` may separate "
                                    "them. The launcher's and the collectives' tracebacks become one line naming the "
-                                   "process that failed; the processes end with the launcher. Only train and probe "
-                                   "run on several processes, data parallel (no FSDP or DeepSpeed).")
+                                   "process that failed; the processes end with the launcher. Only train, probe and "
+                                   "invert run on several processes, data parallel (no FSDP or DeepSpeed).")
     p.add_argument("argv", nargs=argparse.REMAINDER, help="accelerate launch options, then VERB and its arguments")
     p.set_defaults(func=run)
 
@@ -103,9 +103,10 @@ def quiet_launcher_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-MULTI_PROCESS = ("train", "probe")
+MULTI_PROCESS = ("train", "probe", "invert")
 """The verbs that run on several processes (``train``: data-parallel replicas; ``probe``: the encoder pass shared
-out). Every other verb is refused under ``memlab launch``: it would run whole on every process."""
+out; ``invert``: the chunks shared out, :mod:`memlab.probes.invert.merge`). Every other verb is refused under
+``memlab launch``: it would run whole on every process."""
 
 ENGINE_OPTIONS = {"--use_fsdp": "FSDP", "--fsdp_": "FSDP", "--use_deepspeed": "DeepSpeed", "--deepspeed_": "DeepSpeed",
                   "--zero_stage": "DeepSpeed", "--zero3_": "DeepSpeed", "--offload_": "DeepSpeed",
@@ -124,7 +125,8 @@ def check_verb(verb: list[str]) -> None:
     """A verb that does not run on several processes, refused before any process starts."""
     if verb and verb[0] not in MULTI_PROCESS and verb[0] not in ("-h", "--help"):
         raise MemlabError(f"memlab launch: `memlab {verb[0]}` runs in one process (only "
-                          f"{' and '.join(MULTI_PROCESS)} run on several): run it without memlab launch")
+                          f"{', '.join(MULTI_PROCESS[:-1])} and {MULTI_PROCESS[-1]} run on several): run it without "
+                          "memlab launch")
 
 
 def check_engine(launcher: list[str]) -> None:

@@ -201,13 +201,17 @@ class Searcher:
         d1 = torch.full((n,), math.inf)
         d2 = torch.full((n,), math.inf)
         tok = torch.zeros(n, dtype=torch.long)
+        tok2 = torch.zeros(n, dtype=torch.long)  # the runner-up token
         for cand, h in self._first_batches(prefix_ids, table, on_batch):
             d = torch.cdist(h, tg) / norms  # (B, n)
             both = torch.cat([torch.stack([d1, d2]), d], 0)  # (B + 2, n) the best two so far, then the batch
-            ids = torch.cat([torch.stack([tok, tok]), cand[:, None].expand(-1, n)], 0)  # (B + 2, n)
+            ids = torch.cat([torch.stack([tok, tok2]), cand[:, None].expand(-1, n)], 0)  # (B + 2, n)
             vals, idx = torch.topk(both, 2, dim=0, largest=False)  # (2, n)
-            new_tok = ids.gather(0, idx[:1])[0]  # (n,)
-            d1, d2, tok = vals[0], vals[1], new_tok  # rows 0 and 1 are two other tokens: vals[1] is the runner-up
+            new_tok, new_tok2 = ids.gather(0, idx[:1])[0], ids.gather(0, idx[1:2])[0]  # (n,)
+            d1, d2, tok, tok2 = vals[0], vals[1], new_tok, new_tok2  # rows 0 and 1: the best two so far
+        from memlab.probes.invert.numerics import exact_pair
+
+        tok, d1, d2 = exact_pair(self.reader, prefix_ids, table, tok, tok2, tg)  # cdist's noise out of the certificate
         share = (time.perf_counter() - start) / n
         out = []
         for j in range(n):
