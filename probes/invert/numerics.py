@@ -1,6 +1,6 @@
 """The float noise of the distances a certificate reads, and where it is taken out.
 
-The first-position pass (:meth:`memlab.probes.invert.positions.Searcher.first_positions`) compares every token's
+The first-position pass (:meth:`memlab.probes.invert.positions.searcher.Searcher.first_positions`) compares every token's
 state with every chunk's first state by ``torch.cdist``, which on the CPU (past 25 rows) computes
 ``|a - b|`` as ``sqrt(|a|^2 - 2 a.b + |b|^2)``: a matmul, fast, but its cancellation leaves an absolute error of about
 ``sqrt(eps) |a|``, a relative distance of ~3e-4 in float32 where the true token's state equals the target to ~1e-7

@@ -48,6 +48,36 @@ def _each(search, todo: list[int], texts, chunks, targets, step):
         yield search.chunk(i, texts[i], chunks[i], targets, step)
 
 
+def _noter(log, bar):
+    """A search's progress line: into the run's log and onto the terminal (beside the progress bar)."""
+
+    def note(msg: str) -> None:
+        log.note(msg)
+        (bar.write if hasattr(bar, "write") else lambda m: print(m, file=sys.stderr, flush=True))(f"invert: {msg}")
+
+    return note
+
+
+def _write_report(opts, search, reader, enc, machine, side, share, folder, out, results, processes):
+    """The run's report.json and summary.txt from every chunk's result (a launch: with each process's line);
+    (report, summary lines)."""
+    text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
+    common = dict(model=opts.model.model, states_from=search.src, layer=reader.layer,
+                  num_layers=reader.num_layers, states=opts.model.states, hooks=dict(reader.hooks),
+                  text=text | {"split": opts.text.eval_split, "prefix": affixes(enc)[0]},
+                  noise=opts.model.noise, machine=machine)
+    report = search.report(results, common)
+    lines = beside_probe(report, side, search.summary(report))
+    if share.launched:
+        from memlab.probes.invert.merge import process_lines
+
+        lines = lines + process_lines(processes)
+    folder.write_json("report.json", report.to_dict() | ({"processes": processes} if share.launched else {}))
+    share.clean(out)
+    folder.write("summary.txt", "\n".join(lines) + "\n")
+    return report, lines
+
+
 def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
     """Invert the chunks ``opts`` names (the checked options of ``memlab invert``) into ``out``; (report, summary
     lines). Each chunk's result is kept in ``out`` as it finishes (:mod:`memlab.probes.invert.chunklog`);
@@ -87,12 +117,7 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         log.done = log.at_start = done_units
         bar = progress_bar(total, f"invert: {search.label}", show=show, initial=done_units)
 
-        def note(msg: str) -> None:  # progress lines of a search that runs long between chunks
-            log.note(msg)
-            (bar.write if hasattr(bar, "write") else lambda m: print(m, file=sys.stderr, flush=True))(
-                f"invert: {msg}")
-
-        search.note = note
+        search.note = _noter(log, bar)  # progress lines of a search that runs long between chunks
         if kept:
             log.note(f"resumed: {len(kept)} of {len(chunks)} chunks kept, {len(todo)} to search")
         units = [done_units]
@@ -104,6 +129,7 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
                 bar.set_postfix(left=log.eta(units[0]).split("about ")[-1].replace(" left", ""))
             log.tick(units[0])
 
+        processes = None
         try:
             for res in _each(search, todo, texts, chunks, targets, step):
                 kept[res.index] = res
@@ -118,21 +144,8 @@ def run_invert(opts: InvertOptions, out: Path, resume: bool = False):
         if stopped is None and not share.main:
             return None, []
         if stopped is None:
-            results = [kept[i] for i in range(len(chunks))]
-            text = {k: getattr(opts.text, k) for k in ("corpus", "chunk_by", "seq_len", "seed", "n_eval")}
-            common = dict(model=opts.model.model, states_from=search.src, layer=reader.layer,
-                          num_layers=reader.num_layers, states=opts.model.states, hooks=dict(reader.hooks),
-                          text=text | {"split": opts.text.eval_split, "prefix": affixes(enc)[0]},
-                          noise=opts.model.noise, machine=machine)
-            report = search.report(results, common)
-            lines = beside_probe(report, side, search.summary(report))
-            if share.launched:
-                from memlab.probes.invert.merge import process_lines
-
-                lines = lines + process_lines(processes)
-            folder.write_json("report.json", report.to_dict() | ({"processes": processes} if share.launched else {}))
-            share.clean(out)
-            folder.write("summary.txt", "\n".join(lines) + "\n")
+            report, lines = _write_report(opts, search, reader, enc, machine, side, share, folder, out,
+                                          [kept[i] for i in range(len(chunks))], processes)
     if stopped is not None:
         print(f"memlab: invert: stopped with {len(kept)} of {len(chunks)} chunks kept in {out}; "
               f"memlab invert --resume {out} continues the run", file=sys.stderr)

@@ -54,7 +54,7 @@ def _finish(run, rel, target, length: int, seed: int, decode) -> RecoverResult:
 def relaxed_chunks(run, todo: list[int], texts, chunks, targets, step):
     """Each chunk of ``todo`` relaxed (in batches) and corrected; its
     :class:`~memlab.probes.invert.pooled.report.PooledChunk` yielded as its batch ends (``run``: the
-    :class:`~memlab.probes.invert.run_pooled.PooledRun`)."""
+    :class:`~memlab.probes.invert.pooled.run.PooledRun`)."""
     o = run.opts.pooled
     decode = run.enc.tokenizer.decode
     control = o.control and len(targets) > 1
