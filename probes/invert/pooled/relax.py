@@ -218,7 +218,7 @@ class Relaxer:
                 theta, m, v, owner = theta[keep], m[keep], v[keep], owner[keep]
             if note is not None and (step + 1) % 100 == 0:
                 left = [best_d[k] for k in range(n) if not done[k]]
-                note(f"relax: step {step + 1}, {sum(done)} of {n} certified"
+                note(f"relax: step {step + 1}, {sum(d <= o.tol for d in best_d)} of {n} certified"
                      + (f", nearest of the rest {min(left):.3g}" if left else ""))
         return [Relaxed(best_ids[k] or [0] * T, best_d[k], best_d[k] <= o.tol, steps_of[k], fw_of[k], secs_of[k])
                 for k in range(n)]
