@@ -183,8 +183,8 @@ class ReadoutSection:
     """Bootstrap resamples of the held-out chunks."""
     curve_shares: list[float] = field(default_factory=partial(list, (0.0625, 0.125, 0.25, 0.5)))
     """Shares of the training chunks the probe is also fitted on: the learning curve, its verdict (saturation) and
-    the online code (memlab.probes.readouts.saturation, memlab.probes.readouts.online_code); a share under 64 chunks is left out; []
-    for none (the run then costs about half)."""
+    the online code (memlab.probes.readouts.saturation, memlab.probes.readouts.online_code); a share under 64
+    chunks is left out; [] for none (the run then costs about half)."""
     calibrate: bool = False
     """Also fit the positive controls (synthetic concat and bag codes of the same chunks, same tokenizer) and
     report whether the probe reads them; a synthetic model is always checked against what it must give."""

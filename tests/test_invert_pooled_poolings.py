@@ -53,7 +53,7 @@ def chunks(n: int, seed: int) -> torch.Tensor:
 
 
 def test_every_probe_pooling_is_a_pooled_search():
-    assert set(POOLS) == set(POOLED) - {"space"} == set(POOL_TO_STATES) == {"last", "second_last", "mean", "first"}
+    assert set(POOLS) == set(POOLED) - {"space", "logits"} == set(POOL_TO_STATES) == {"last", "second_last", "mean", "first"}
     from memlab.probes.encoders import pooling
 
     built_in = {n.removeprefix("pool_") for n in dir(pooling) if n.startswith("pool_") and n != "pool_states"}
