@@ -37,6 +37,7 @@ from memlab.probes.encoders.encode import encode_data
 from memlab.probes.decoder.fit import Timer
 from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.rundir import write_atomic
+from memlab.tables import markdown_table
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",
           "control_accuracy", "control_token_set_f1", "information_gain", "control_free_running_accuracy")
@@ -122,11 +123,8 @@ def _table(rows: list[SweepRow], first: str, own: list[str]) -> str:
             "sentence_bleu", "information_gain", "seconds"]
     dicts = [r.to_dict() for r in rows]
     cols = [c for c in cols if any(r.get(c) is not None for r in dicts)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in dicts:
-        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
-                                       for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(cols, ([f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+                                 for r in dicts))
 
 
 def _plot(rows: list[SweepRow], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:

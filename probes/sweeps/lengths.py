@@ -45,6 +45,7 @@ from memlab.probes.decoder.fit import Timer
 from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.progress import WorkLine
 from memlab.rundir import write_atomic
+from memlab.tables import markdown_table
 
 SAME_TEXT = ("each length cut from the same corpus splits (training chunks from the train split, held-out chunks "
              "from {split}), the units read in the same seeded order, with the same number of training and held-out "
@@ -113,9 +114,7 @@ def table(rows: list[dict], chunk_by: str) -> str:
     """curve.md's table: one line per length."""
     head = [f"seq_len ({chunk_by})", "tokens per chunk", "bits per chunk", "bits per token", "token accuracy",
             "control", "free-running accuracy", "control free-running", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(head, (_cells(r) for r in rows))
 
 
 def _band(ax, xs, rows, key: str, style: str, label: str, color: str) -> None:
