@@ -134,8 +134,9 @@ def add_parser(sub) -> None:
             elif f.name == "control":
                 group.add_argument("--no-control", action="store_true", help="skip the control decoder")
             elif f.name == "readouts":
-                group.add_argument("--no-bow", action="store_true", help="skip the read-outs (readouts=[]; default: "
-                                                                        f"{', '.join(ReadoutSection().readouts)})")
+                group.add_argument("--no-readouts", "--no-bow", dest="no_readouts", action="store_true",
+                                   help="skip every read-out (readouts=[]; default: "
+                                        f"{', '.join(ReadoutSection().readouts)}); --no-bow is its old name")
             elif f.name == "layers":
                 group.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit "
                                                     "a bag-of-words read-out per layer (retention by depth)")
@@ -260,7 +261,7 @@ def flag_values(args) -> dict:
         kw["n_train"] = sizes if len(sizes) > 1 else sizes[0]
     if args.no_control:
         kw["control"] = False
-    if args.no_bow:
+    if args.no_readouts:  # --no-readouts, or its old name --no-bow
         kw["readouts"] = []
     return kw
 
