@@ -168,10 +168,11 @@ def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int
     return torch.cat(out)  # (N, L, D)
 
 
-def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
-    """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
+def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print, encoder=None) -> dict:
+    """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc); ``encoder``: one already
+    loaded."""
     t0 = time.perf_counter()
-    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir, encoder)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
@@ -218,13 +219,14 @@ def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> l
     return out
 
 
-def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
+def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print, encoder=None) -> dict:
     """Probe readings against the number of training chunks, on one encoder pass (see the module doc); with
-    ``opts.compare``, every compared method at every size (:mod:`memlab.probes.sweeps.compare`)."""
+    ``opts.compare``, every compared method at every size (:mod:`memlab.probes.sweeps.compare`); ``encoder``: one
+    already loaded."""
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
-    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir, encoder)
     methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
     with Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)
