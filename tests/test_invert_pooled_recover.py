@@ -141,7 +141,7 @@ def test_cli_default_is_propose_correct_with_its_readings_and_control(capsys, tm
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--method", "beam"], "--method takes propose-correct, propose, correct or swap"),
+    (["--method", "beam"], "--method takes propose-correct, relax-correct, propose, correct, relax or swap"),
     (["--gflops", "-1"], "--gflops must be >= 0"),
     (["--branch", "0"], "--branch must be >= 1"),
 ])
