@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from memlab.tables import markdown_table
+
 NUM = r"-?\d+(?:\.\d+)?"
 
 
@@ -232,7 +234,7 @@ def markdown(res: dict) -> str:
     teacher-forced token accuracy and bits per chunk where the instrument has them."""
     head = ["length (tokens)", "instrument", "chunks", "free-running token accuracy", "control", "exact match",
             "teacher-forced token accuracy (control)", "bits per chunk"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [markdown_table(head)]  # the rows below: rows of their own shapes
     lengths = sorted({int(k) for k in res["positions"]} | {int(k) for key in POOLED_LABEL for k in res.get(key, {})}
                      | {int(k) for r in res["probes"].values() for k in r})
     for n in lengths:

@@ -43,6 +43,7 @@ from memlab.probes.options import load_options
 from memlab.probes.readings import readings
 from memlab.probes.decoder.fit import _held_back_ce, _new_decoder, contain, contained_shares, evaluate
 from memlab.probes.decoder.records import FitData
+from memlab.tables import markdown_table
 
 MODELS = {"minilm": {"pool": "mean"}, "space:memory_ae": {}, "synthetic:concat": {}}
 
@@ -107,13 +108,13 @@ def _cell(r: dict) -> str:
 def table(results: list[dict], shares: list[float]) -> str:
     head = ["model", "training chunks", "from a random start"] + [f"contained, control's weights at {s:g} lr"
                                                                    for s in shares]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for res in results:
         for row in res["rows"]:
             cells = [res["model"], f"{row['n_train']:,}", _cell(row["scratch"])]
             cells += [_cell(row[f"contained_{s:g}"]) for s in shares]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            lines.append(cells)
+    return markdown_table(head, lines)
 
 
 def main(argv: list[str] | None = None) -> dict:

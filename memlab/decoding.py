@@ -1,4 +1,5 @@
-"""Beam search over any autoregressive decoder, shared by the spaces that decode embeddings to text.
+"""Beam search over any autoregressive decoder, and nucleus (top-p) filtering for sampling, shared by the spaces that
+decode embeddings to text (and the probe's fitted decoder).
 
 The decoder is reached through two callables, so one search serves a decoder with a key/value cache
 (native SONAR: the caches are reordered) and one that recomputes its whole prefix (the memory
@@ -74,19 +75,37 @@ def beam_search(first: torch.Tensor, advance: Callable[[torch.Tensor, torch.Tens
 
 def beam_search_recompute(decode_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], z: torch.Tensor,
                           bos_id: int, eos_id: int, max_new_tokens: int, beams: int,
-                          length_penalty: float = 1.0) -> list[list[int]]:
+                          length_penalty: float = 1.0, log_probs: bool = False) -> list[list[int]]:
     """:func:`beam_search` for a decoder without a cache: ``decode_logits(z, ids) -> (N, t, V)`` reads the
     embeddings ``z`` (one row per example, repeated per beam here) and the whole prefix ``ids`` (N, t),
-    which starts with ``bos_id``."""
+    which starts with ``bos_id``. ``log_probs``: ``decode_logits`` gives log-probabilities already (they are not
+    normalised again). An ``eos_id`` no token has (``-1``) searches hypotheses of ``max_new_tokens`` tokens each."""
     b = z.shape[0]
     zk = z.repeat_interleave(beams, 0)  # (B*K, ...)
     state = {"ids": torch.full((b * beams, 1), bos_id, dtype=torch.long, device=z.device)}  # (B*K, 1)
 
     def last(ids: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(decode_logits(zk, ids)[:, -1].float(), -1)  # (B*K, V)
+        out = decode_logits(zk, ids)[:, -1].float()  # (B*K, V)
+        return out if log_probs else torch.log_softmax(out, -1)
 
     def advance(order: torch.Tensor, toks: torch.Tensor, t: int) -> torch.Tensor:
         state["ids"] = torch.cat([state["ids"][order], toks[:, None].to(z.device)], 1)  # (B*K, t + 2)
         return last(state["ids"])
 
     return beam_search(last(state["ids"]), advance, b, beams, eos_id, max_new_tokens, length_penalty)
+
+
+def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens nucleus sampling keeps, ``(..., V)`` bool beside ``probs`` ``(..., V)``: the most probable ones, each
+    kept while the probability of those before it is below ``top_p`` (the smallest set whose mass reaches it)."""
+    sp, order = probs.sort(-1, descending=True)
+    keep = sp.cumsum(-1) - sp < top_p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` ``(..., V)`` with the tokens outside the nucleus (:func:`top_p_mask`) set to zero, not renormalised
+    (``torch.multinomial`` takes weights); ``top_p >= 1``: ``probs`` itself."""
+    if top_p >= 1.0:
+        return probs
+    return probs * top_p_mask(probs, top_p)

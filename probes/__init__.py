@@ -18,8 +18,9 @@ def load_probe(path=None, **kw):
 
 
 def probe(model: str = "minilm", out=None, config=None, encoder=None, **options):
-    """Probe ``model`` (:func:`memlab.probes.sweeps.lengths.probe`: one probe, or a length sweep); returns the report."""
-    from memlab.probes.sweeps.lengths import probe as run  # start-up: torch, when a probe runs
+    """Probe ``model``: the experiment ``memlab probe`` runs for the same options (:func:`memlab.probes.experiment.probe`:
+    one probe's report, or a layer sweep's, length sweep's, learning curve's or comparison's content)."""
+    from memlab.probes.experiment import probe as run  # start-up: torch, when a probe runs
 
     return run(model, out=out, config=config, encoder=encoder, **options)
 

@@ -23,8 +23,14 @@ for _name, _code, _doc, _honours in [
 ]:
     register_part("encoder", Part(_name, f"{P}.{_code}", description=_doc, honours=_honours))
 
-for _name, _doc in [("last", "the last real token's state"), ("second_last", "the state before the last token"),
-                    ("mean", "the mean over real tokens"), ("first", "the first position's state")]:
+POOLINGS = {"last": "the last real token's state", "mean": "the mean over real tokens",
+            "first": "the first position's state", "second_last": "the state before the last token"}
+"""The built-in poolings (``pool`` parts, their code ``pool_NAME`` in :mod:`memlab.probes.encoders.pooling`) and what
+each reads: the one list of them. ``memlab invert`` reads the same poolings (its pooled ``--states``,
+:data:`memlab.probes.invert.options.POOLED`, and the pooled search's :data:`memlab.probes.invert.pooled.searcher.POOLS`
+are this list), and a probe run's pooling names the ``--states`` that reads it."""
+
+for _name, _doc in POOLINGS.items():
     register_part("pool", Part(_name, f"{P}.encoders.pooling:pool_{_name}", description=_doc))
 
 register_part("conditioning", Part("unrolled", f"{P}.decoder.inputs:UNROLLED",

@@ -26,6 +26,24 @@ def train_sizes(opts) -> list[int]:
     return list(n) if isinstance(n, (list, tuple)) else [n]
 
 
+EXPERIMENTS = {"probe": "probe", "layers": "layer sweep", "lengths": "length sweep",
+               "curve": "learning curve or comparison"}
+"""The experiments a probe's options ask for, each in words: one probe, a layer sweep (``layers``), a length sweep (a
+list of ``seq_len``), a learning curve or comparison (a list of ``n_train``, or ``compare``)."""
+
+
+def experiment(opts) -> str:
+    """Which of :data:`EXPERIMENTS` ``opts`` ask for: a layer sweep first, then a length sweep, then a learning curve
+    or a comparison, else one probe (the order ``memlab probe`` has always chosen in)."""
+    if opts.layers is not None:
+        return "layers"
+    if len(seq_lens(opts)) > 1:
+        return "lengths"
+    if len(parse_sizes(opts.n_train)) > 1 or opts.compare is not None:
+        return "curve"
+    return "probe"
+
+
 def comma_items(text: str, what: str) -> list[int]:
     """``"8,16"`` -> [8, 16]: integers separated by commas, as written; an empty item (``8,,16``, ``64,``), a
     non-integer or a value given twice is one ConfigError naming ``what``."""

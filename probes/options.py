@@ -26,8 +26,8 @@ from memlab import registry
 from memlab.config import apply_overrides, field_docs, from_dict, read_yaml
 from memlab.errors import ConfigError
 from memlab.probes.checks import (  # noqa: F401  (the checks, also importable from here)
-    CACHE_DTYPES, CHUNK_BY, check_lengths, check_range, check_together, check_model_spec, comma_items,
-    parse_lengths, parse_sizes, seq_lens, train_sizes)
+    CACHE_DTYPES, CHUNK_BY, EXPERIMENTS, check_lengths, check_range, check_together, check_model_spec, comma_items,
+    experiment, parse_lengths, parse_sizes, seq_lens, train_sizes)
 from memlab.probes.parts import PARTS, SELECTED_BY, check_parts, chosen, get_part, split_name, unhonoured
 from memlab.probes.sections import (PART_OPTIONS, SECTIONS, AlignOptions, BowOptions, DecoderSection,
                                     EncoderSection, FitSection, LlamaOptions, PrefixOptions, PretrainedOptions,

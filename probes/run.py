@@ -48,7 +48,7 @@ from memlab.probes.chunks.targets import make_targets
 from memlab.probes.decoder.control_cache import ControlCache, compute_side
 from memlab.probes.decoder.fitted import FittedProbe
 from memlab.probes.decoder.fitloop import train_readouts
-from memlab.probes.options import ProbeOptions, load_options, option_values, resolved, train_sizes
+from memlab.probes.options import EXPERIMENTS, ProbeOptions, experiment, load_options, option_values, resolved, train_sizes
 from memlab.probes.parts import (
     check_readouts,
     encoder_kind,
@@ -337,8 +337,12 @@ def probe(model: str = "minilm", out: str | Path | None = None, config: str | Pa
           **options) -> ProbeReport:
     """Python API: probe ``model`` with ProbeOptions fields as keywords; returns the typed report.
 
-    ``report.fitted`` is the fitted probe (an EmbeddingSpace). ``memlab.probes.probe`` also takes a list of lengths
-    (a length sweep, :func:`memlab.probes.sweeps.lengths.probe`).
+    ``report.fitted`` is the fitted probe (an EmbeddingSpace). One probe only: options that ask for a sweep (a layer
+    sweep, a length sweep, a learning curve, a comparison) are refused here; :func:`memlab.probes.probe` runs them
+    (:mod:`memlab.probes.experiment`, the one dispatch, as ``memlab probe`` does).
     """
     opts = load_options(config, model=model, **options)
+    if (kind := experiment(opts)) != "probe":
+        raise ConfigError(f"these options ask for a {EXPERIMENTS[kind]}: run it with memlab.probes.probe or memlab "
+                          "probe (memlab.probes.run.probe runs one probe)")
     return run_probe(opts, out, encoder=encoder)

@@ -75,7 +75,8 @@ class TextSection:
     seq_len: int | list[int] = 32
     """Words per chunk (chunk_by=words) or tokens per chunk in the probed model's tokenizer (chunk_by=tokens); a list
     (e.g. [8, 16, 32]) fits each length on one model load and writes the retention-against-length curve
-    (memlab.probes.sweeps.lengths)."""
+    (memlab.probes.sweeps.lengths). ``memlab invert``'s default is 16 on purpose (its searches cost more the longer
+    the chunk); ``memlab invert --probe RUN`` reads a probe run's own, so both read the same chunks."""
     max_chunk_tokens: int | None = None
     """chunk_by=words: a chunk's trailing words are dropped until it holds at most this many tokens of
     ``chunk_tokenizer`` (every model still reads the same text; an encoder of fixed length reads it whole)."""

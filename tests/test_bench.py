@@ -97,3 +97,15 @@ def test_mfu_falls_back_when_a_config_cannot_be_set_up(tmp_path, small_corpus):
     assert r["mfu_steady"] > 0
     res = run_mfu(tmp_path / "out2", {"lm": str(bad)}, steps=2, log=lambda s: None)  # no fallback: the error is kept
     assert "error" in res["lm"] and "fallback_from" not in res["lm"]
+
+
+def test_every_benchmark_script_is_indexed():
+    """benchmarks/README.md names every script of benchmarks/ (and none that is not there)."""
+    import re
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    scripts = {p.name for p in folder.glob("*.py")}
+    text = (folder / "README.md").read_text()
+    indexed = set(re.findall(r"^\| `([\w.]+\.py)` \|", text, flags=re.M))
+    assert indexed == scripts, (scripts - indexed, indexed - scripts)

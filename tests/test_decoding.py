@@ -98,3 +98,12 @@ def test_toy_space_beams_equal_a_direct_search():
     assert space.generate(z, max_new_tokens=6, num_beams=3) == [tok.decode(r, skip_special_tokens=True) for r in rows]
     with pytest.raises(ModelError, match="not both"):
         space.generate(z, num_beams=2, do_sample=True)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+    from memlab.decoding import top_p_filter, top_p_mask
+
+    probs = torch.tensor([[0.1, 0.5, 0.15, 0.25], [0.7, 0.1, 0.1, 0.1]])  # (2, 4)
+    assert top_p_mask(probs, 0.6).tolist() == [[False, True, False, True], [True, False, False, False]]
+    assert torch.equal(top_p_filter(probs, 0.6), probs * torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0]]))
+    assert top_p_filter(probs, 1.0) is probs

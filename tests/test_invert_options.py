@@ -12,13 +12,13 @@ import pytest
 
 from memlab.probes.invert.options import SECTIONS, InvertOptions, default_text, flag_name, parse_value
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "invert.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "invert_reference.md"
 
 
 def _doc_tables() -> list[dict[str, str]]:
     """The docs' option tables, in order: flag -> default (a boolean's row is written ``--x, --no-x``)."""
     text = DOC.read_text()
-    part = text[text.index("## Options\n"):text.index("Bad input (a flag's type")]
+    part = text[text.index("## Options\n"):text.index("## Exit codes\n")]
     tables, cur = [], None
     for line in part.splitlines():
         if line.startswith("| flag |"):

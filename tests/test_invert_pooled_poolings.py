@@ -53,8 +53,13 @@ def chunks(n: int, seed: int) -> torch.Tensor:
 
 
 def test_every_probe_pooling_is_a_pooled_search():
-    assert set(POOLS) == set(POOLED) - {"space", "logits"} == set(POOL_TO_STATES) == {"last", "second_last", "mean", "first"}
+    from memlab.probes.catalog import POOLINGS
     from memlab.probes.encoders import pooling
+    from memlab.probes.parts import PARTS
+
+    assert set(POOLINGS) == {"last", "second_last", "mean", "first"}  # the one list; the others are read from it
+    assert POOLS == tuple(POOLINGS) == POOLED[:len(POOLINGS)] and set(POOLED) - set(POOLINGS) == {"logits", "space"}
+    assert set(POOL_TO_STATES) == set(POOLINGS) and set(PARTS["pool"].names()) >= set(POOLINGS)
 
     built_in = {n.removeprefix("pool_") for n in dir(pooling) if n.startswith("pool_") and n != "pool_states"}
     assert built_in == set(POOL_TO_STATES)  # every pooling the probe ships (pooling.pool_*)

@@ -135,6 +135,27 @@ def test_layer_sweep_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
     assert len(err) == 1 and "out of range" in err[0]
 
 
+def test_python_probe_runs_the_experiment_the_command_runs(tiny_llama, small_corpus, tmp_path, capsys):
+    """memlab.probes.probe(layers=[...]) is the layer sweep memlab probe --layers runs (one dispatch,
+    memlab.probes.experiment), the same rows from the same options; memlab.probes.run.probe runs one probe only."""
+    from memlab.errors import ConfigError
+    from memlab.probes import probe
+    from memlab.probes.run import probe as one_probe
+
+    kw = dict(corpus=str(small_corpus), pool="mean", seq_len=8, n_train=64, n_eval=16, hidden_size=32, num_layers=1,
+              epochs=1, ci_resamples=50, threads=1)
+    got = probe(str(tiny_llama), out=tmp_path / "api", layers=[0, 2], **kw)
+    assert [r["layer"] for r in got["rows"]] == [0, 2] and (tmp_path / "api" / "layers.json").is_file()
+    flags = [f"{k}={v}" for k, v in kw.items() if k not in ("corpus", "pool")]
+    assert main(["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--pool", "mean",
+                 "--layers", "0,2", "--out", str(tmp_path / "cli"), *flags]) == 0
+    cli = json.loads((tmp_path / "cli" / "layers.json").read_text())
+    same = ("layer", "bow_recovered", "bits_per_chunk")
+    assert [{k: r.get(k) for k in same} for r in cli["rows"]] == [{k: r.get(k) for k in same} for r in got["rows"]]
+    with pytest.raises(ConfigError, match="layer sweep"):
+        one_probe(str(tiny_llama), layers=[0, 2], **kw)
+
+
 def test_learning_curve_one_pass(tiny_llama, small_corpus, tmp_path, capsys):
     out = tmp_path / "curve"
     base = ["probe", "--model", str(tiny_llama), "--corpus", str(small_corpus), "--out", str(out),

@@ -110,6 +110,7 @@ def test_sections_in_yaml_and_flat_names_read_the_same(tmp_path):
     (["--layers-sequence"], "'layers_sequence' applies to a layer sweep"),
     (["select_decoder=false", "plain_input_dropout=0.2"], "'plain_input_dropout' applies to the plain decoder"),
     (["--no-bow", "bow_weight_decay=0.1"], "'bow_weight_decay' applies to readouts=bow"),
+    (["--no-readouts", "bow_weight_decay=0.1"], "'bow_weight_decay' applies to readouts=bow"),
     (["bow_lr=fast"], "'bow_lr' must be a number"),
     (["colour=red"], "unknown config key 'colour'; valid keys: "),
 ])
@@ -181,3 +182,17 @@ def test_the_probe_command_line_imports_no_torch(argv):
                           timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == ("exit 0" if argv[-1] == "--help" else "exit 2")
+
+
+@pytest.mark.parametrize("flag", ["--no-readouts", "--no-bow"])
+def test_no_readouts_turns_off_every_readout_and_keeps_its_old_name(flag):
+    """--no-readouts (old name --no-bow, still taken) sets readouts=[]: no read-out at all, not only the bag head."""
+    import argparse
+
+    from memlab.app.commands import probe as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["probe", "--model", "synthetic:concat", flag, "readouts=[bow,align]"])
+    assert command.flag_values(args)["readouts"] == []
+    assert "readouts" not in command.flag_values(parser.parse_args(["probe", "--model", "synthetic:concat"]))

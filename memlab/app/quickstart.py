@@ -55,6 +55,7 @@ from memlab.probes.run import load_options, run_probe
 from memlab.probes.sections import LlamaOptions
 from memlab.probes.encoders.synthetic import load_synthetic
 from memlab.progress import WorkLine
+from memlab.tables import markdown_table
 
 CHECKPOINTS = resource("checkpoints")
 
@@ -269,19 +270,18 @@ def format_table(rows: list[dict]) -> str:
     without evidence reads "no evidence [low, high]"), then H_r, V, tokens per chunk, calibration and time."""
     head = (["model", "embedding", "dim"] + [c[0] for c in COLUMNS]
             + ["H_r", "V", "tokens/chunk", "calibration", "saturation", "ceiling (token acc)", "time (s)"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         if not_probed(r):
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"not run here: {r['not_run']}"
-            lines.append(f"| {r['name']} | {why} |" + " |" * (len(head) - 2))
+            lines.append([r["name"], why])  # the other cells empty
             continue
         cells = [cell(r["readings"].get(key), gain, digits) for _, key, gain, digits in COLUMNS]
         h_r = "—" if r["entropy_ratio"] is None else f"{r['entropy_ratio']:.3f}"
-        lines.append("| " + " | ".join([r["name"], r["embedding"], str(r["dim"]), *cells, h_r,
-                                        str(r["vocab_size"]), f"{r['mean_tokens']:.1f}", r["calibration"],
-                                        saturation_cell(r.get("saturation")), r.get("ceiling") or "",
-                                        f"{r['seconds']:.0f}"]) + " |")
-    return "\n".join(lines)
+        lines.append([r["name"], r["embedding"], str(r["dim"]), *cells, h_r, str(r["vocab_size"]),
+                      f"{r['mean_tokens']:.1f}", r["calibration"], saturation_cell(r.get("saturation")),
+                      r.get("ceiling") or "", f"{r['seconds']:.0f}"])
+    return markdown_table(head, lines)
 
 
 def _row(e: Entry, rep, seconds: float) -> dict:
@@ -344,17 +344,17 @@ def format_invert_table(rows: list[dict], gflops: float) -> str:
     """The inversion's readings per entry: each with its interval, the control's beside it."""
     head = ["model", "states", "chunks"] + [f"{h} (control)" for h, _, _ in INVERT_COLUMNS] + [
         "certified", "relative distance", "GFLOP-eq per chunk"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         if "why" in r:
-            lines.append(f"| {r['name']} | not inverted: {r['why']} |" + " |" * (len(head) - 2))
+            lines.append([r["name"], f"not inverted: {r['why']}"])  # the other cells empty
             continue
         g = r["readings"]
         cells = [f"{cell(g[k], False, 3)} ({g[c]['value']:.3f})" for _, k, c in INVERT_COLUMNS]
-        lines.append("| " + " | ".join([r["name"], r["states"], f"{r['chunks']} x {r['chunk']}", *cells,
-                                        f"{g['certified']['value']:.2f}", cell(g["distance"], False, 3),
-                                        f"{r['gflops_per_chunk']:,.0f}"]) + " |")
-    return "\n".join(lines) + (f"\n\nInverted with the weights in the loop (`memlab invert --states STATES --layer -1 "
+        lines.append([r["name"], r["states"], f"{r['chunks']} x {r['chunk']}", *cells,
+                      f"{g['certified']['value']:.2f}", cell(g["distance"], False, 3),
+                      f"{r['gflops_per_chunk']:,.0f}"])
+    return markdown_table(head, lines) + (f"\n\nInverted with the weights in the loop (`memlab invert --states STATES --layer -1 "
                                f"--gflops {gflops:g}`; a space's vector: `--states space`, no layer), on the first "
                                "chunks the probes read; control: the same "
                                "search from the next chunk's vector, scored against the true chunk.")

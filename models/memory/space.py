@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from memlab.decoding import beam_search_recompute
+from memlab.decoding import beam_search_recompute, top_p_filter
 from memlab.errors import ModelError
 from memlab.models.memory.modeling_memory import MemoryModel
 from memlab.paths import resource
@@ -135,11 +135,7 @@ class MemorySpace:
         if not search.get("do_sample"):
             return logits.argmax(-1)
         probs = torch.softmax(logits.float() / max(float(search.get("temperature", 1.0)), 1e-5), -1)  # (B, L, V)
-        top_p = float(search.get("top_p", 1.0))
-        if top_p < 1.0:
-            sp, si = probs.sort(-1, descending=True)
-            cut = sp.cumsum(-1) - sp > top_p
-            probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(cut, 0.0))
+        probs = top_p_filter(probs, float(search.get("top_p", 1.0)))
         return torch.multinomial(probs.flatten(0, 1), 1).view(probs.shape[:2])
 
 

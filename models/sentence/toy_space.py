@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memlab.decoding import beam_search_recompute
+from memlab.decoding import beam_search_recompute, top_p_filter
 from memlab.errors import ModelError
 from memlab.registry import SPACES
 from memlab.space import tokenize
@@ -145,7 +145,7 @@ class ToySentenceAE(nn.Module):
         for _ in range(min(max_new_tokens, self.max_len - 1)):
             logits = self.decode_logits(z, ids)[:, -1].float()  # (B, V)
             if do_sample:
-                probs = _top_p(torch.softmax(logits / max(temperature, 1e-5), -1), top_p)
+                probs = top_p_filter(torch.softmax(logits / max(temperature, 1e-5), -1), top_p)
                 nxt = torch.multinomial(probs, 1).squeeze(1)
             else:
                 nxt = logits.argmax(-1)
@@ -165,15 +165,6 @@ class ToySentenceAE(nn.Module):
         ids, mask = tokenize(self, sentences)
         dev = self.tok_emb.weight.device
         return self.encode(ids.to(dev), mask.to(dev))
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    if top_p >= 1.0:
-        return probs
-    sp, si = probs.sort(-1, descending=True)
-    keep = sp.cumsum(-1) - sp < top_p
-    sp = sp * keep
-    return torch.zeros_like(probs).scatter(-1, si, sp)
 
 
 def fit_toy_space(space: ToySentenceAE, sentences: list[str], steps: int = 200, batch_size: int = 32, lr: float = 3e-3,

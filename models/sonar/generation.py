@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memlab.decoding import beam_search
+from memlab.decoding import beam_search, top_p_mask
 from memlab.errors import ModelError
 
 
@@ -22,11 +22,8 @@ def _filter(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) ->
     if top_k and top_k > 0:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if top_p < 1.0:  # keep the smallest set of most probable tokens reaching top_p
+        logits = logits.masked_fill(~top_p_mask(logits.softmax(-1), top_p), float("-inf"))
     return logits
 
 

@@ -101,96 +101,143 @@ def train_members(units: list, n_rows: int, opts, progress: bool | None = None, 
     as early stopping stops it (:func:`race`; its curve's row ``raced`` says against whom).
     """
     t0 = time.perf_counter()
-    gen = torch.Generator().manual_seed(opts.seed)
-    rows_tr, rows_val = held_back_rows(n_rows, opts.val_fraction, gen)
-    device = torch.device(opts.device)
-    first = [sum(len(u.decs) for u in units[:k]) for k in range(len(units))]  # each unit's first member
-    opt = optimiser(units, device)
-    n, bs = rows_tr.shape[0], min(opts.batch_size, rows_tr.shape[0])
-    total = max(1, int(round(opts.epochs * math.ceil(n / bs))))
-    warm = max(1, int(opts.warmup_fraction * total))
-    g_all = first[-1] + len(units[-1].decs)
-    hist, best, bad, best_w = [[] for _ in range(g_all)], [float("inf")] * g_all, [0] * g_all, [None] * g_all
-    ran, best_step = [0] * g_all, [0] * g_all
-    refs = list(race) if race is not None and getattr(opts, "race", False) else [None] * g_all
+    loop = _Loop(units, n_rows, opts, race)
+    if epoch0 and loop.rows_val is not None:  # the starting weights are epoch 0
+        loop.start()
+    loop.before = list(loop.best)
+    bar = progress_bar(loop.total, desc, progress)
+    while loop.step < loop.total and loop.live():
+        loop.epoch(bar)
+        if loop.rows_val is not None:
+            loop.stop_members()
+    bar.close()
+    loop.finish()
+    secs = time.perf_counter() - t0
+    return loop.hist, [secs * r / max(sum(loop.ran), 1) for r in loop.ran]
 
-    def live():  # (unit, its first member) of the units still training
-        return [(u, f) for u, f in zip(units, first) if u.active]
 
-    if epoch0 and rows_val is not None:  # the starting weights are epoch 0
-        for u, f in live():
-            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):
-                hist[f + m].append({"step": 0, "val_ce": ce})
-                best[f + m], best_w[f + m] = ce, u.weights(g)
-    before = list(best)  # each member's best before the last epoch
-    step, bar = 0, progress_bar(total, desc, progress)
-    while step < total and live():
-        perm = torch.randperm(n, generator=gen)
-        for i in range(0, n, bs):
-            if step >= total:
+class _Loop:
+    """One run of the fit loop (:func:`train_members`): its batches, its optimiser and schedule, and each member's
+    record by its place in unit order (a unit's members after those of the units before it): its curve, best
+    held-back CE, epochs without a new best, best weights and their step, and the steps it ran."""
+
+    def __init__(self, units: list, n_rows: int, opts, race: list | None):
+        self.units, self.opts = units, opts
+        self.gen = torch.Generator().manual_seed(opts.seed)
+        self.rows_tr, self.rows_val = held_back_rows(n_rows, opts.val_fraction, self.gen)
+        self.device = torch.device(opts.device)
+        self.first = [sum(len(u.decs) for u in units[:k]) for k in range(len(units))]  # each unit's first member
+        self.opt = optimiser(units, self.device)
+        self.n, self.bs = self.rows_tr.shape[0], min(opts.batch_size, self.rows_tr.shape[0])
+        self.total = max(1, int(round(opts.epochs * math.ceil(self.n / self.bs))))
+        self.warm = max(1, int(opts.warmup_fraction * self.total))
+        g_all = self.first[-1] + len(units[-1].decs)
+        self.hist, self.best = [[] for _ in range(g_all)], [float("inf")] * g_all
+        self.bad, self.best_w = [0] * g_all, [None] * g_all
+        self.ran, self.best_step = [0] * g_all, [0] * g_all
+        self.refs = list(race) if race is not None and getattr(opts, "race", False) else [None] * g_all
+        self.before = list(self.best)  # each member's best before the last epoch
+        self.step = 0
+
+    def live(self) -> list:
+        """(unit, its first member) of the units still training."""
+        return [(u, f) for u, f in zip(self.units, self.first) if u.active]
+
+    def start(self) -> None:
+        """The held-back loss of the starting weights, as epoch 0 (step 0)."""
+        for u, f in self.live():
+            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(self.rows_val).tolist())):
+                self.hist[f + m].append({"step": 0, "val_ce": ce})
+                self.best[f + m], self.best_w[f + m] = ce, u.weights(g)
+
+    def epoch(self, bar) -> None:
+        """One pass over the training rows in a fresh order (or what is left of the steps)."""
+        perm = torch.randperm(self.n, generator=self.gen)
+        for i in range(0, self.n, self.bs):
+            if self.step >= self.total:
                 break
-            rows = rows_tr[perm[i : i + bs]]
-            losses = [(u, f, u.loss(rows)) for u, f in live()]  # each (G_u,)
-            opt.zero_grad(set_to_none=True)
-            sum(loss.sum() for _, _, loss in losses).backward()  # the members share no weight
-            for u, _, _ in losses:
-                u.before_step()
-            factor = warmup_cosine(step, warm, total, min_ratio=opts.min_lr_ratio)
-            for grp in opt.param_groups:
-                grp["lr"] = grp["base_lr"] * factor
-            opt.step()
-            step += 1
-            if step % LOG_EVERY == 0 or step == total:  # the host reads the losses here only
-                for k, (u, f, loss) in enumerate(losses):
-                    values = loss.detach().tolist()
-                    for m, value in zip(u.active, values):
-                        if not math.isfinite(value):
-                            raise MemlabError(f"the probe's loss became {value} by step {step}; lower the learning "
-                                              "rate")
-                        hist[f + m].append({"step": step, "loss": value})
-                    if k == 0:
-                        bar.set_postfix(loss=f"{values[0]:.3f}")
+            self.train_step(self.rows_tr[perm[i : i + self.bs]], bar)
             bar.update(1)
-        for u, f in live():
+        for u, f in self.live():
             for m in u.active:
-                ran[f + m] = step
-        if rows_val is None:
-            continue
-        dropped = False
+                self.ran[f + m] = self.step
+
+    def train_step(self, rows: torch.Tensor, bar) -> None:
+        """One step of every unit still training on the batch ``rows``, at the schedule's learning rate."""
+        losses = [(u, f, u.loss(rows)) for u, f in self.live()]  # each (G_u,)
+        self.opt.zero_grad(set_to_none=True)
+        sum(loss.sum() for _, _, loss in losses).backward()  # the members share no weight
+        for u, _, _ in losses:
+            u.before_step()
+        factor = warmup_cosine(self.step, self.warm, self.total, min_ratio=self.opts.min_lr_ratio)
+        for grp in self.opt.param_groups:
+            grp["lr"] = grp["base_lr"] * factor
+        self.opt.step()
+        self.step += 1
+        if self.step % LOG_EVERY == 0 or self.step == self.total:  # the host reads the losses here only
+            self.log(losses, bar)
+
+    def log(self, losses: list, bar) -> None:
+        """The members' training losses into their curves (a loss that is not finite stops the fit)."""
+        for k, (u, f, loss) in enumerate(losses):
+            values = loss.detach().tolist()
+            for m, value in zip(u.active, values):
+                if not math.isfinite(value):
+                    raise MemlabError(f"the probe's loss became {value} by step {self.step}; lower the learning "
+                                      "rate")
+                self.hist[f + m].append({"step": self.step, "loss": value})
+            if k == 0:
+                bar.set_postfix(loss=f"{values[0]:.3f}")
+
+    def held_back(self) -> dict:
+        """Every member's held-back CE after an epoch (one read a unit): its best kept, and unit id -> the members
+        out of patience."""
         stops = {}
-        for u, f in live():
+        for u, f in self.live():
             gone = stops.setdefault(id(u), [])
-            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(rows_val).tolist())):  # one read an epoch
-                hist[f + m].append({"step": step, "val_ce": ce})
-                if ce < best[f + m]:
-                    best[f + m], bad[f + m], best_w[f + m], best_step[f + m] = ce, 0, u.weights(g), step
+            for g, (m, ce) in enumerate(zip(u.active, u.held_back_ce(self.rows_val).tolist())):  # one read an epoch
+                self.hist[f + m].append({"step": self.step, "val_ce": ce})
+                if ce < self.best[f + m]:
+                    self.best[f + m], self.bad[f + m], self.best_w[f + m] = ce, 0, u.weights(g)
+                    self.best_step[f + m] = self.step
                 else:
-                    bad[f + m] += 1
-                if bad[f + m] >= opts.patience:
+                    self.bad[f + m] += 1
+                if self.bad[f + m] >= self.opts.patience:
                     gone.append(m)
-        for u, f, m, leader in race_losers(live(), rows_val, refs, best, before, opts.patience, stops):
+        return stops
+
+    def stop_members(self) -> None:
+        """After an epoch: the members out of patience and the racing candidates that cannot catch the leader leave
+        their units; the optimiser is rebuilt over the weights still training, with their moments."""
+        stops = self.held_back()
+        for u, f, m, leader in race_losers(self.live(), self.rows_val, self.refs, self.best, self.before,
+                                           self.opts.patience, stops):
             stops[id(u)].append(m)
-            hist[f + m].append({"step": step, "raced": leader})
-        before = list(best)
-        for u, f in live():
+            self.hist[f + m].append({"step": self.step, "raced": leader})
+        self.before = list(self.best)
+        dropped = False
+        for u, f in self.live():
             gone = stops[id(u)]
             if gone:
-                u.drop(gone, opt.state)
+                u.drop(gone, self.opt.state)
                 dropped = True
         if dropped:  # the weights still training, with their moments
-            opt = optimiser(units, device, {p: st for u, _ in live() for p, st in _states(u, opt).items()})
-    bar.close()
-    for u, f in zip(units, first):
-        for g, m in enumerate(u.active):  # still training when the steps ran out: the last weights
-            if best_w[f + m] is None:
-                best_w[f + m], best_step[f + m] = u.weights(g), step
-        for m in range(len(u.decs)):
-            u.load_into(m, best_w[f + m])
-            if math.isfinite(best[f + m]):
-                hist[f + m].append({"step": ran[f + m], "best_val_ce": best[f + m], "best_step": best_step[f + m]})
-            u.decs[m].eval()
-    secs = time.perf_counter() - t0
-    return hist, [secs * r / max(sum(ran), 1) for r in ran]
+            self.opt = optimiser(self.units, self.device,
+                                 {p: st for u, _ in self.live() for p, st in _states(u, self.opt).items()})
+
+    def finish(self) -> None:
+        """Every member loaded with its best epoch's weights (its last ones if it trained to the end without a
+        held-back set), its curve closed by its best, and put in eval mode."""
+        for u, f in zip(self.units, self.first):
+            for g, m in enumerate(u.active):  # still training when the steps ran out: the last weights
+                if self.best_w[f + m] is None:
+                    self.best_w[f + m], self.best_step[f + m] = u.weights(g), self.step
+            for m in range(len(u.decs)):
+                u.load_into(m, self.best_w[f + m])
+                if math.isfinite(self.best[f + m]):
+                    self.hist[f + m].append({"step": self.ran[f + m], "best_val_ce": self.best[f + m],
+                                             "best_step": self.best_step[f + m]})
+                u.decs[m].eval()
 
 
 RACE_Z = 2.0

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 import torch
 
+from memlab.decoding import beam_search_recompute, top_p_filter
 from memlab.errors import ModelError
 from memlab.probes.chunks.batch import shift_right
 from memlab.probes.decoder.build import _own, load_decoder, save_decoder
@@ -86,7 +87,7 @@ class FittedProbe:
         if parallel:  # every position is sampled at once from z alone
             logits = self.decoder(z, torch.full((b, steps), start, dtype=torch.long))  # (B, T, C)
             logp = self.decoder.full_log_probs(logits) / max(temperature, 1e-6)  # (B, T, V)
-            probs = _top_p(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
+            probs = top_p_filter(torch.softmax(logp, -1).flatten(0, 1), top_p)  # (B*T, V)
             seq = torch.multinomial(probs, 1, generator=gen).view(b, steps)  # (B, T)
             return self.target_tokenizer.batch_decode(seq.tolist(), skip_special_tokens=True)
         if num_beams > 1:
@@ -94,42 +95,26 @@ class FittedProbe:
         seq = torch.full((b, 1), start, dtype=torch.long)  # (B, 1)
         for _ in range(steps):
             logp = self.decoder.full_log_probs(self.decoder(z, seq)[:, -1:])[:, 0] / max(temperature, 1e-6)  # (B, V)
-            nxt = torch.multinomial(_top_p(torch.softmax(logp, -1), top_p), 1, generator=gen)  # (B, 1)
+            nxt = torch.multinomial(top_p_filter(torch.softmax(logp, -1), top_p), 1, generator=gen)  # (B, 1)
             seq = torch.cat([seq, nxt], dim=1)
         return self.target_tokenizer.batch_decode(seq[:, 1:].tolist(), skip_special_tokens=True)
 
     def _beam(self, z: torch.Tensor, steps: int, k: int) -> list[str]:
-        b = z.shape[0]
-        start = int(self.decoder.config.start_id)
-        zk = z.repeat_interleave(k, 0)  # (B*k, D)
-        seq = torch.full((b * k, 1), start, dtype=torch.long)  # (B*k, 1)
-        score = torch.full((b, k), float("-inf"))
-        score[:, 0] = 0.0
-        for _ in range(steps):
-            logp = self.decoder.full_log_probs(self.decoder(zk, seq)[:, -1:])[:, 0]  # (B*k, V)
-            v = logp.shape[-1]
-            cand = (score.view(-1, 1) + logp).view(b, k * v)  # (B, k*V)
-            score, flat = cand.topk(k, dim=-1)  # (B, k)
-            beam, tok = flat // v, flat % v
-            rows = (torch.arange(b)[:, None] * k + beam).view(-1)  # (B*k,)
-            seq = torch.cat([seq[rows], tok.view(-1, 1)], dim=1)
-        best = seq.view(b, k, -1)[:, 0, 1:]  # (B, T)
-        return self.target_tokenizer.batch_decode(best.tolist(), skip_special_tokens=True)
+        """Beam search (:func:`memlab.decoding.beam_search`) over hypotheses of ``steps`` tokens each: the decoder
+        rebuilds a chunk of fixed length, so no token ends one early (``eos_id=-1``)."""
+
+        def last_log_probs(zk: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+            return self.decoder.full_log_probs(self.decoder(zk, seq)[:, -1:])  # (B*k, 1, V)
+
+        rows = beam_search_recompute(last_log_probs, z, int(self.decoder.config.start_id), -1, steps, k,
+                                     log_probs=True)
+        return self.target_tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def save(self, out_dir: str | Path, encoder_spec: dict) -> None:
         """Write ``decoder/`` (save_pretrained) and ``probe.json`` (how to rebuild the encoder)."""
         out = Path(out_dir)  # each file whole: a kill while writing leaves no empty or half file
         save_decoder(self.decoder, out / "decoder")
         write_atomic(out / "probe.json", json.dumps(encoder_spec, indent=2))
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    if top_p >= 1.0:
-        return probs
-    sorted_p, idx = probs.sort(-1, descending=True)  # (B, V)
-    keep = sorted_p.cumsum(-1) - sorted_p < top_p
-    sorted_p = sorted_p * keep
-    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
 
 
 def load_probe(path: str | Path | None = None, **_) -> FittedProbe:

@@ -16,15 +16,18 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-STATES = ("positions", "last", "mean", "first", "second_last", "logits", "space")
+from memlab.probes.catalog import POOLINGS
+from memlab.probes.sections import FitSection, TextSection
+
+POOLED = (*POOLINGS, "logits", "space")
+"""The ``--states`` read by the pooled search: the probe's poolings (catalog.POOLINGS), next-token logits, a space."""
+
+STATES = ("positions", *POOLED)
 """What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
 pooled state per chunk, as the trained probe's poolings read it (the last position's state, the mean over
 positions, the first position's state, the state before the last position), a causal model's next-token
 distribution after the chunk (its log-probabilities over the vocabulary), or a space's vector (a memory model's
 memory vector)."""
-
-POOLED = ("last", "mean", "first", "second_last", "logits", "space")
-"""The ``--states`` read by the pooled search."""
 
 SPACE = "space"
 """The ``--states`` of a space's vector (``--model space:NAME:ARG``), and what a space reads by default."""
@@ -118,22 +121,24 @@ class ModelOptions:
 
 @dataclass
 class TextOptions:
-    """Which chunks: the probe's held-out chunks (the same settings give the same chunk texts)."""
+    """Which chunks: the probe's held-out chunks (the same settings give the same texts; its defaults but seq_len)."""
 
     seq_len: int = _opt(16, least=2)
-    """Words per chunk (chunk_by=words, as memlab probe cuts them) or tokens (chunk_by=tokens)."""
-    chunk_by: str = _opt("words", choices=("words", "tokens"))
+    """Words per chunk (chunk_by=words, as memlab probe cuts them) or tokens (chunk_by=tokens). 16, half the probe's
+    32, on purpose: a search costs more the longer the chunk, so a default inversion ends in minutes; --probe RUN
+    reads the run's own."""
+    chunk_by: str = _opt(TextSection.chunk_by, choices=("words", "tokens"))
     """Cut chunks by words (the probe's default) or by the model's tokens."""
     n: int = _opt(16, least=1)
     """Chunks inverted: the first N of the probe's held-out chunks."""
-    n_eval: int = _opt(256, least=1)
+    n_eval: int = _opt(TextSection.n_eval, least=1)
     """Held-out chunks the probe draws (memlab probe's n_eval); the N inverted are the first of them, so both
     instruments read the same chunks."""
-    corpus: str = "austen"
+    corpus: str = TextSection.corpus
     """Corpus of the held-out text: austen (bundled), a local file or folder, or hf:NAME."""
-    eval_split: str = _opt("test", choices=("test", "validation"))
+    eval_split: str = _opt(TextSection.eval_split, choices=("test", "validation"))
     """The held-out split the chunks come from."""
-    seed: int = _opt(0, least=0)
+    seed: int = _opt(FitSection.seed, least=0)
     """Seed of the chunk draw (memlab probe's seed)."""
 
 

@@ -7,5 +7,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "compare": ("SHARED", "Method", "split_top", "parse_method", "parse_methods", "owners", "applies",
                 "method_options", "methods", "readout_name", "Cells", "cells", "table", "plot"),
     "layers": ("SCORES", "SweepRow", "encode_layers", "run_layer_sweep", "run_learning_curve"),
-    "lengths": ("SAME_TEXT", "check_limit", "cut_lengths", "length_row", "run_length_sweep", "probe"),
+    "lengths": ("SAME_TEXT", "check_limit", "cut_lengths", "length_row", "run_length_sweep"),
 })

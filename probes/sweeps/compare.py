@@ -31,6 +31,7 @@ from memlab.probes.chunks.batch import mask_of
 from memlab.probes.parts import PARTS, SELECTED_BY, chosen, get_part, split_name
 from memlab.probes.readings import Reading, cell
 from memlab.probes.report.report import jsonable
+from memlab.tables import markdown_table
 
 SHARED = frozenset({
     "model", "layer", "pool", "final_norm", "random_init", "special_tokens", "chunk_by", "seq_len",
@@ -217,15 +218,14 @@ def table(rows) -> str:
     the intervals and the targets."""
     head = ["method", "n_train", "bits per chunk [95 % interval]", "TF1 [interval]", "baseline TF1",
             "token accuracy [interval]", "targets (held-out tokens)", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         c = r.cells
         base = f"{c.baseline_tf1:.3f}" if c.baseline_tf1 is not None else ""
-        lines.append("| " + " | ".join([
-            r.method, str(r.n_train), cell(c.bits, gain=True), cell(c.tf1, gain=False), base,
-            cell(c.accuracy, gain=False), f"{c.targets or 'the encoder'} ({c.target_tokens})",
-            f"{r.seconds:.0f}"]) + " |")
-    return "\n".join(lines)
+        lines.append([r.method, str(r.n_train), cell(c.bits, gain=True), cell(c.tf1, gain=False), base,
+                      cell(c.accuracy, gain=False), f"{c.targets or 'the encoder'} ({c.target_tokens})",
+                      f"{r.seconds:.0f}"])
+    return markdown_table(head, lines)
 
 
 def plot(rows: list[dict], path, title: str):

@@ -37,6 +37,7 @@ from memlab.probes.encoders.encode import encode_data
 from memlab.probes.decoder.fit import Timer
 from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.rundir import write_atomic
+from memlab.tables import markdown_table
 
 SCORES = ("token_accuracy", "free_running_accuracy", "token_set_f1", "sentence_bleu", "exact_match", "ce",
           "control_accuracy", "control_token_set_f1", "information_gain", "control_free_running_accuracy")
@@ -122,11 +123,8 @@ def _table(rows: list[SweepRow], first: str, own: list[str]) -> str:
             "sentence_bleu", "information_gain", "seconds"]
     dicts = [r.to_dict() for r in rows]
     cols = [c for c in cols if any(r.get(c) is not None for r in dicts)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in dicts:
-        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
-                                       for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(cols, ([f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+                                 for r in dicts))
 
 
 def _plot(rows: list[SweepRow], x: str, path: Path, title: str, own: list[str], logx: bool = False) -> Path:
@@ -170,10 +168,11 @@ def encode_layers(encoder, ids: torch.Tensor, layers: list[int], batch_size: int
     return torch.cat(out)  # (N, L, D)
 
 
-def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print) -> dict:
-    """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc)."""
+def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log=print, encoder=None) -> dict:
+    """Retention by depth: one read-out per layer of ``opts.model`` (see the module doc); ``encoder``: one already
+    loaded."""
     t0 = time.perf_counter()
-    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir, encoder)
     if not hasattr(encoder, "encode_layers"):
         raise ModelError(f"--layers needs a transformers model; {opts.model} has no layers")
     idx = encoder.layer_index(layers)
@@ -220,13 +219,14 @@ def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> l
     return out
 
 
-def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print) -> dict:
+def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print, encoder=None) -> dict:
     """Probe readings against the number of training chunks, on one encoder pass (see the module doc); with
-    ``opts.compare``, every compared method at every size (:mod:`memlab.probes.sweeps.compare`)."""
+    ``opts.compare``, every compared method at every size (:mod:`memlab.probes.sweeps.compare`); ``encoder``: one
+    already loaded."""
     opts = replace(opts, n_train=max(sizes))
     t0 = time.perf_counter()
     # chunks come in a seeded random order: a prefix is a sample
-    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir)
+    opts, encoder, train_ids, eval_ids, text, _, tg = setup(opts, run_dir, encoder)
     methods = _compared(opts, encoder, train_ids, eval_ids, text, tg)
     with Timer() as t_enc:
         z_tr, z_ev, _ = encode_data(opts, encoder, train_ids, eval_ids)

@@ -1,7 +1,7 @@
 """Retention against length: the same text cut at several lengths, each length fitted and scored, on one model load.
 
 :func:`run_length_sweep` (``memlab probe --seq-len 8,16,32,64,128``, ``seq_len: [8, 16, 32]`` in a probe config,
-``seq_len=8,16`` as ``key=value``, ``memlab.probes.probe("minilm", seq_len=[8, 16])``, :func:`probe`):
+``seq_len=8,16`` as ``key=value``, ``memlab.probes.probe("minilm", seq_len=[8, 16])``):
 
 1. the encoder is loaded once, for the longest length; a length it cannot read (longer than its positions) is
    refused, naming its limit, before any text is cut;
@@ -37,14 +37,14 @@ from memlab.plots import finish_axes, pyplot, save_figure
 from memlab.probes.chunks import cut as chunks
 from memlab.probes.options import seq_lens
 from memlab.probes.readings import cell
-from memlab.probes.run import (claim_out, control_key, cut_text, fit_length, fit_one, load_encoder, load_options,
-                               resolved, run_probe)
+from memlab.probes.run import claim_out, control_key, cut_text, fit_length, fit_one, load_encoder, resolved
 from memlab.probes.encoders.encode import encode_data
 from memlab.probes.sweeps.layers import _row
 from memlab.probes.decoder.fit import Timer
 from memlab.probes.decoder.records import ControlStore, FitData
 from memlab.progress import WorkLine
 from memlab.rundir import write_atomic
+from memlab.tables import markdown_table
 
 SAME_TEXT = ("each length cut from the same corpus splits (training chunks from the train split, held-out chunks "
              "from {split}), the units read in the same seeded order, with the same number of training and held-out "
@@ -113,9 +113,7 @@ def table(rows: list[dict], chunk_by: str) -> str:
     """curve.md's table: one line per length."""
     head = [f"seq_len ({chunk_by})", "tokens per chunk", "bits per chunk", "bits per token", "token accuracy",
             "control", "free-running accuracy", "control free-running", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(head, (_cells(r) for r in rows))
 
 
 def _band(ax, xs, rows, key: str, style: str, label: str, color: str) -> None:
@@ -217,14 +215,3 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
         payload["run_dir"] = str(run_dir)
     print(text)
     return payload
-
-
-def probe(model: str = "minilm", out: str | Path | None = None, config: str | Path | None = None, encoder=None,
-          **options):
-    """Python API (``memlab.probes.probe``): probe ``model`` with ProbeOptions fields as keywords and return the
-    typed report (as :func:`memlab.probes.run.probe`); with a list of lengths (``seq_len=[8, 16, 32]``), run the length
-    sweep and return its curve's content (curve.json's dict)."""
-    opts = load_options(config, model=model, **options)
-    if len(seq_lens(opts)) > 1:
-        return run_length_sweep(opts, out, encoder=encoder)
-    return run_probe(opts, out, encoder=encoder)

@@ -134,8 +134,9 @@ def add_parser(sub) -> None:
             elif f.name == "control":
                 group.add_argument("--no-control", action="store_true", help="skip the control decoder")
             elif f.name == "readouts":
-                group.add_argument("--no-bow", action="store_true", help="skip the read-outs (readouts=[]; default: "
-                                                                        f"{', '.join(ReadoutSection().readouts)})")
+                group.add_argument("--no-readouts", "--no-bow", dest="no_readouts", action="store_true",
+                                   help="skip every read-out (readouts=[]; default: "
+                                        f"{', '.join(ReadoutSection().readouts)}); --no-bow is its old name")
             elif f.name == "layers":
                 group.add_argument("--layers", help="'all' or a comma list: capture these layers in one pass and fit "
                                                     "a bag-of-words read-out per layer (retention by depth)")
@@ -170,19 +171,15 @@ def run(args) -> int:
     import time
 
     from memlab.errors import ConfigError
-    from memlab.probes.run import load_options, run_probe
+    from memlab.probes.experiment import run_experiment
+    from memlab.probes.options import experiment, load_options
     from memlab.probes.report.report import format_summary
-
-    from memlab.probes.sweeps.lengths import run_length_sweep
-    from memlab.probes.options import parse_sizes, seq_lens
-    from memlab.probes.sweeps.layers import run_layer_sweep, run_learning_curve
 
     check_threads(args.threads)
     kw = flag_values(args)
     if not args.model and not args.config:
         raise ConfigError("give --model NAME_OR_PATH (or --config with a model)")
     opts = load_options(args.config, [*args.overrides, *flag_overrides(args)], **kw)
-    sizes = parse_sizes(opts.n_train)
     from memlab.rundir import safe_name
 
     safe = safe_name(Path(opts.model).name or opts.model)
@@ -206,19 +203,10 @@ def run(args) -> int:
         check_launch(opts)
     held_before = holds(out)  # a folder an earlier probe of this process holds is never removed here
     try:
-        if opts.layers is not None:
-            run_layer_sweep(opts, opts.layers, out, sequence=opts.layers_sequence)
+        report = run_experiment(opts, out)  # the one dispatch, as memlab.probes.probe runs it
+        if experiment(opts) != "probe":  # a sweep prints its own table
             print(f"run: {out}")
             return 0
-        if len(seq_lens(opts)) > 1:
-            run_length_sweep(opts, out)
-            print(f"run: {out}")
-            return 0
-        if len(sizes) > 1 or opts.compare is not None:
-            run_learning_curve(opts, sizes, out)
-            print(f"run: {out}")
-            return 0
-        report = run_probe(opts, out)
     except BaseException as e:
         abandon_out(out, e, held_before)
         raise
@@ -260,7 +248,7 @@ def flag_values(args) -> dict:
         kw["n_train"] = sizes if len(sizes) > 1 else sizes[0]
     if args.no_control:
         kw["control"] = False
-    if args.no_bow:
+    if args.no_readouts:  # --no-readouts, or its old name --no-bow
         kw["readouts"] = []
     return kw
 

@@ -13,6 +13,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.outdir import OutputFolder
 from memlab.app.eval.tasks import TaskOptions, get_task
+from memlab.tables import markdown_table
 
 
 def evaluate_models(adapters: list, task_names: list[str], opts: TaskOptions, log=print) -> dict[str, Any]:
@@ -45,15 +46,14 @@ def format_table(results: dict[str, Any]) -> str:
             for k, v in m.items():
                 if isinstance(v, (int, float)) and k not in ("n", "seconds") and (task, k) not in cols:
                     cols.append((task, k))
-    head = "| model | " + " | ".join(f"{t}/{k}" for t, k in cols) + " |"
-    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    lines = []
     for name, row in results.items():
-        cells = []
+        cells = [name]
         for t, k in cols:
             v = row.get(t, {}).get(k)
             cells.append(f"{v:.4g}" if isinstance(v, (int, float)) else "-")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(["model", *(f"{t}/{k}" for t, k in cols)], lines)
 
 
 def write_results(results: dict[str, Any], out: OutputFolder | str | Path, command: str = "") -> Path:

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memlab.errors import ConfigError
+from memlab.probes.catalog import POOLINGS
 from memlab.probes.report.recorded import check_recorded, read_json, resolved_layer
 
-POOL_TO_STATES = {"last": "last", "mean": "mean", "first": "first", "second_last": "second_last"}
-"""The probe's pooling -> the inversion's ``--states`` that reads the same vector (every built-in pooling)."""
+POOL_TO_STATES = {p: p for p in POOLINGS}
+"""The probe's pooling -> the inversion's ``--states`` that reads the same vector (every built-in pooling,
+:data:`memlab.probes.catalog.POOLINGS`: each is read by the ``--states`` of its name)."""
 
 TEXT_FLAGS = ("seq_len", "chunk_by", "corpus", "eval_split", "seed", "n_eval")
 """The flags that choose the chunks: read from the run, never contradicting it."""

@@ -206,19 +206,68 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
     """Correct ``start`` ``(T,)`` toward the pooled ``target`` ``(D,)`` with at most ``forwards`` candidate
     sequences evaluated (the start included) and until ``deadline`` (``time.perf_counter()``). ``searcher`` gives
     ``objective(ids (B, T), target) -> (objective, distance)`` and ``scores(ids (T,), target) -> (T, V)``."""
-    gen = gen or torch.Generator().manual_seed(0)
-    cur = start.clone().long()
-    obj, d = searcher.objective(cur[None], target)
-    cur_obj, cur_d = float(obj[0]), float(d[0])
-    used, steps, stale, runner = 1, 0, 0, math.inf
-    accepted = {"swap": 0, "move": 0, "exchange": 0, "reverse": 0, "insert_delete": 0, "pair": 0,
-                "merged": 0}
-    T, table = len(cur), {}
+    run = _Correction(searcher, start, target, opt, forwards, gen or torch.Generator().manual_seed(0))
+    while run.used < forwards and run.d > opt.tol and run.stale < opt.patience and time.perf_counter() < deadline:
+        run.step(deadline)
+    return Corrected(run.cur.tolist(), run.obj, run.d, run.runner, run.used, run.steps, run.accepted)
 
-    def verify(ops: list[tuple]):
+
+class _Correction:
+    """One correction under way (:func:`correct`): the current sequence, its objective and distance, the forwards
+    used, the steps taken and those without a fall, the runner-up's distance and the accepted edits by kind."""
+
+    def __init__(self, searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOptions, forwards: int,
+                 gen: torch.Generator):
+        self.searcher, self.target, self.opt, self.forwards, self.gen = searcher, target, opt, forwards, gen
+        self.cur = start.clone().long()
+        obj, d = searcher.objective(self.cur[None], target)
+        self.obj, self.d = float(obj[0]), float(d[0])
+        self.used, self.steps, self.stale, self.runner = 1, 0, 0, math.inf
+        self.accepted = {"swap": 0, "move": 0, "exchange": 0, "reverse": 0, "insert_delete": 0, "pair": 0,
+                         "merged": 0}
+        self.T, self.table = len(self.cur), {}
+
+    def step(self, deadline: float) -> None:
+        """Rank, edit, verify (the improving swaps merged, or the best edits paired when none improves), and keep
+        the best when it lowers the objective."""
+        b = min(self.opt.batch_size, self.forwards - self.used)
+        got = self.verify(self.edits(b))
+        if got is None:
+            self.stale += 1
+            return
+        self.steps += 1
+        got = self.merged(got)
+        got = self.paired(got, b, deadline)
+        self.settle(*got)
+
+    def edits(self, b: int) -> list[tuple]:
+        """A batch of ``b`` edits of the current sequence: swaps ranked by the gradient (and half of them by the
+        token table where the searcher has one), word-order edits and insert/deletes."""
+        opt, cur, T = self.opt, self.cur, self.T
+        scores = self.searcher.scores(cur, self.target)  # (T, V)
+        scores[torch.arange(T), cur] = math.inf  # a swap changes the token
+        k = min(opt.topk, scores.shape[1] - 1)
+        sv, top = scores.topk(k, dim=1, largest=False)  # (T, k) each
+        order = sv.flatten().argsort()  # best-ranked swaps over all positions first
+        n_table = 0
+        if opt.table_topk and hasattr(self.searcher, "table_scores"):
+            # half the swaps ranked by the token table instead: missing content words, wherever they go
+            ts = self.searcher.table_scores(cur, self.target)  # (T, V)
+            ts[torch.arange(T), cur] = math.inf
+            tv, ttop = ts.topk(min(opt.table_topk, ts.shape[1] - 1), dim=1, largest=False)
+            n_table = (b - int(b * opt.move_share) - int(b * opt.insert_share)) // 2
+        n_move = int(b * opt.move_share) if T > 1 else 0
+        n_ins = int(b * opt.insert_share) if T > 1 else 0
+        orders, insdels = _orders(T, n_move, self.gen, self.table), _insdels(T, top, n_ins, self.gen)
+        ops = _swaps(top, order, b - len(orders) - len(insdels) - n_table, self.gen) + orders + insdels
+        if n_table:
+            ops += _swaps(ttop, tv.flatten().argsort(), n_table, self.gen)
+        return ops
+
+    def verify(self, ops: list[tuple]):
         """The edits' distinct new sequences, verified: (ops, (B, T) ids, objectives, distances) or None."""
-        nonlocal used
-        base = cur.tolist()
+        opt, target = self.opt, self.target
+        base = self.cur.tolist()
         seen, keep, seqs = {tuple(base)}, [], []
         for op in ops:
             c = _apply_all(base, op)
@@ -226,75 +275,58 @@ def correct(searcher, start: torch.Tensor, target: torch.Tensor, opt: CorrectOpt
             if key not in seen:
                 seen.add(key)
                 keep.append(op), seqs.append(c)
-        keep, seqs = keep[: forwards - used], seqs[: forwards - used]
+        keep, seqs = keep[: self.forwards - self.used], seqs[: self.forwards - self.used]
         if not keep:
             return None
         batch = torch.tensor(seqs)  # (B, T)
-        if opt.screen and len(keep) > 2 * opt.screen and getattr(searcher, "screens", False):
+        if opt.screen and len(keep) > 2 * opt.screen and getattr(self.searcher, "screens", False):
             # ranked in bfloat16, the nearest verified in float32: only verified ones are kept below
-            rough = searcher.rough(batch, target)  # (B,)
+            rough = self.searcher.rough(batch, target)  # (B,)
             near = rough.argsort()[: opt.screen]
             keep, batch = [keep[i] for i in near.tolist()], batch[near]
-            used += len(rough) - len(keep)  # the screen's forwards; the verified ones are counted below
-        o, dist = searcher.objective(batch, target)  # (B,), (B,)
-        used += len(keep)
+            self.used += len(rough) - len(keep)  # the screen's forwards; the verified ones are counted below
+        o, dist = self.searcher.objective(batch, target)  # (B,), (B,)
+        self.used += len(keep)
         return keep, batch, o, dist
 
-    while used < forwards and cur_d > opt.tol and stale < opt.patience and time.perf_counter() < deadline:
-        b = min(opt.batch_size, forwards - used)
-        scores = searcher.scores(cur, target)  # (T, V)
-        scores[torch.arange(T), cur] = math.inf  # a swap changes the token
-        k = min(opt.topk, scores.shape[1] - 1)
-        sv, top = scores.topk(k, dim=1, largest=False)  # (T, k) each
-        order = sv.flatten().argsort()  # best-ranked swaps over all positions first
-        n_table = 0
-        if opt.table_topk and hasattr(searcher, "table_scores"):
-            # half the swaps ranked by the token table instead: missing content words, wherever they go
-            ts = searcher.table_scores(cur, target)  # (T, V)
-            ts[torch.arange(T), cur] = math.inf
-            tv, ttop = ts.topk(min(opt.table_topk, ts.shape[1] - 1), dim=1, largest=False)
-            n_table = (b - int(b * opt.move_share) - int(b * opt.insert_share)) // 2
-        n_move = int(b * opt.move_share) if T > 1 else 0
-        n_ins = int(b * opt.insert_share) if T > 1 else 0
-        orders, insdels = _orders(T, n_move, gen, table), _insdels(T, top, n_ins, gen)
-        ops = _swaps(top, order, b - len(orders) - len(insdels) - n_table, gen) + orders + insdels
-        if n_table:
-            ops += _swaps(ttop, tv.flatten().argsort(), n_table, gen)
-        got = verify(ops)
-        if got is None:
-            stale += 1
-            continue
+    def merged(self, got: tuple) -> tuple:
+        """``got`` and, when it improves, its improving swaps at different positions, the best 2, 3, ... of them at
+        once (each verified)."""
         keep, batch, o, dist = got
-        steps += 1
+        if not (self.opt.merge > 1 and float(o.min()) < self.obj and self.used < self.forwards):
+            return got
+        better = [keep[i] for i in o.argsort().tolist() if float(o[i]) < self.obj and keep[i][0] == "swap"]
+        chosen, at = [], set()
+        for op in better:
+            if op[1] not in at:
+                chosen.append(op), at.add(op[1])
+        more = self.verify([("merged", *chosen[:m]) for m in range(2, min(len(chosen), self.opt.merge) + 1)])
+        if more is None:
+            return got
+        return keep + more[0], torch.cat([batch, more[1]]), torch.cat([o, more[2]]), torch.cat([dist, more[3]])
+
+    def paired(self, got: tuple, b: int, deadline: float) -> tuple:
+        """``got``, or where no single edit lowers the objective, the best single edits two at a time (word order and
+        a word together), verified."""
+        keep, _, o, dist = got
+        if not (float(o.min()) >= self.obj and self.opt.pair_top > 1 and self.used < self.forwards
+                and time.perf_counter() < deadline):
+            return got
+        self.runner = min(self.runner, float(dist.min()))
+        ranked = [keep[i] for i in o.argsort()[: self.opt.pair_top].tolist()]
+        paired = self.verify(_pairs(ranked, b))
+        return got if paired is None else paired
+
+    def settle(self, keep: list, batch: torch.Tensor, o: torch.Tensor, dist: torch.Tensor) -> None:
+        """The best verified edit replaces the current sequence if it lowers the objective (a step without a fall
+        otherwise); the runner-up is the nearest other sequence seen."""
         best = int(o.argmin())
-        if opt.merge > 1 and float(o[best]) < cur_obj and used < forwards:
-            # the improving swaps at different positions, the best 2, 3, ... of them at once (each verified)
-            better = [keep[i] for i in o.argsort().tolist() if float(o[i]) < cur_obj and keep[i][0] == "swap"]
-            chosen, at = [], set()
-            for op in better:
-                if op[1] not in at:
-                    chosen.append(op), at.add(op[1])
-            merged = [("merged", *chosen[:m]) for m in range(2, min(len(chosen), opt.merge) + 1)]
-            more = verify(merged)
-            if more is not None:
-                keep, batch = keep + more[0], torch.cat([batch, more[1]])
-                o, dist = torch.cat([o, more[2]]), torch.cat([dist, more[3]])
-                best = int(o.argmin())
-        if float(o[best]) >= cur_obj and opt.pair_top > 1 and used < forwards and time.perf_counter() < deadline:
-            # no single edit lowers it: the best single edits two at a time (word order and a word together)
-            runner = min(runner, float(dist.min()))
-            ranked = [keep[i] for i in o.argsort()[: opt.pair_top].tolist()]
-            paired = verify(_pairs(ranked, b))
-            if paired is not None:
-                keep, batch, o, dist = paired
-                best = int(o.argmin())
-        if float(o[best]) < cur_obj:
-            runner = min(runner, cur_d, float(torch.cat([dist[:best], dist[best + 1:]]).min()) if len(keep) > 1
-                         else cur_d)
-            cur, cur_obj, cur_d = batch[best].clone(), float(o[best]), float(dist[best])
-            accepted[_kind(keep[best])] += 1
-            stale = 0
+        if float(o[best]) < self.obj:
+            self.runner = min(self.runner, self.d, float(torch.cat([dist[:best], dist[best + 1:]]).min())
+                              if len(keep) > 1 else self.d)
+            self.cur, self.obj, self.d = batch[best].clone(), float(o[best]), float(dist[best])
+            self.accepted[_kind(keep[best])] += 1
+            self.stale = 0
         else:
-            runner = min(runner, float(dist.min()))
-            stale += 1
-    return Corrected(cur.tolist(), cur_obj, cur_d, runner, used, steps, accepted)
+            self.runner = min(self.runner, float(dist.min()))
+            self.stale += 1

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.probes.catalog import POOLINGS
 from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.layer import LayerReader
 
-POOLS = ("last", "second_last", "mean", "first")
-"""The poolings the search reads: every built-in pooling of the trained probe (:mod:`memlab.probes.catalog`)."""
+POOLS = tuple(POOLINGS)
+"""The poolings the search reads: every built-in pooling of the trained probe (``memlab.probes.catalog.POOLINGS``)."""
 INITS = ("greedy", "sample", "random")
 
 
