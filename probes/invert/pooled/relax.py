@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.pooled.searcher import LOGITS
 
 
@@ -39,25 +40,25 @@ from memlab.probes.invert.pooled.searcher import LOGITS
 class RelaxOptions:
     """The relaxation's schedule (the pooled search's ``relax_*`` options hand these on)."""
 
-    steps: int = 3000
+    steps: int = PooledOptions.relax_steps
     """Most steps per target (each one forward and backward pass of its rows)."""
-    rows: int = 4
+    rows: int = PooledOptions.relax_rows
     """Relaxed sequences per target, optimised side by side from different draws."""
-    lr: float = 0.065
+    lr: float = PooledOptions.relax_lr
     """Adam's learning rate on the logits."""
-    temp: float = 0.05
+    temp: float = PooledOptions.relax_temp
     """Softmax temperature of the mixture."""
-    decay: float = 0.9
+    decay: float = PooledOptions.relax_decay
     """Every logit multiplied by this after each step."""
     beta1: float = 0.9
     beta2: float = 0.995
-    reset: int = 50
+    reset: int = PooledOptions.relax_reset
     """Steps between resets of the optimiser's moments (0: never)."""
-    reinit: int = 1500
+    reinit: int = PooledOptions.relax_reinit
     """Steps between fresh draws of a row (0: never)."""
     init_std: float = 0.1
     """Spread of the logits a row is drawn from (normal); the first draw of row 0 is all zeros, as SODA starts."""
-    tol: float = 1e-5
+    tol: float = PooledOptions.tol
     """A projection within this relative distance is certified and its target leaves the batch."""
 
     @classmethod
@@ -174,8 +175,7 @@ class Relaxer:
         budget = seconds_each * n
         age = 0
         for step in range(o.steps):
-            live = [k for k in range(n) if not done[k]]
-            if not live or time.perf_counter() - began >= budget:
+            if all(done) or time.perf_counter() - began >= budget:
                 break
             t0 = time.perf_counter()
             tgt = targets[owner]  # (B, D)
@@ -201,19 +201,17 @@ class Relaxer:
                 zd = self.vec.vectors(self.vec.embed(self.s.wrap(ids).to(dev))).float()  # (B, D)
                 d = self._distance(zd, tgt)  # (B,)
             spent = time.perf_counter() - t0
-            rows_of = {}
-            for r, k in enumerate(owner.tolist()):
-                rows_of.setdefault(k, []).append(r)
-            for k, rows in rows_of.items():
+            live_jobs = owner[:: o.rows].tolist()  # each live job holds o.rows contiguous rows
+            near, which = d.view(-1, o.rows).min(1)  # (live,): each job's nearest projection this step
+            for j, k in enumerate(live_jobs):
                 steps_of[k] += 1
-                fw_of[k] += 2 * len(rows)
-                secs_of[k] += spent * len(rows) / len(owner)
-                r = min(rows, key=lambda i: float(d[i]))
-                if float(d[r]) < best_d[k]:
-                    best_d[k], best_ids[k] = float(d[r]), ids[r].tolist()
-                if best_d[k] <= o.tol or (forwards_each is not None and fw_of[k] + 2 * len(rows) > forwards_each):
+                fw_of[k] += 2 * o.rows
+                secs_of[k] += spent / len(live_jobs)
+                if float(near[j]) < best_d[k]:
+                    best_d[k], best_ids[k] = float(near[j]), ids[j * o.rows + int(which[j])].tolist()
+                if best_d[k] <= o.tol or (forwards_each is not None and fw_of[k] + 2 * o.rows > forwards_each):
                     done[k] = True
-            if any(done[k] for k in rows_of):  # certified targets leave the batch
+            if any(done[k] for k in live_jobs):  # certified targets leave the batch
                 keep = torch.tensor([not done[int(k)] for k in owner], device=dev)
                 theta, m, v, owner = theta[keep], m[keep], v[keep], owner[keep]
             if note is not None and (step + 1) % 100 == 0:
