@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from memlab.app.cli import main
+from memlab.devices import pretend
 
 DATA = Path(__file__).resolve().parent / "data" / "runs_401c1d4"
 PROBE = ["probe", "--model", "memlab-lm", "--seq-len", "4", "--n-train", "16", "--n-eval", "4", "--epochs", "1",
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_a_probe_run_writes_the_files_keys_and_digits_it_wrote(tmp_path, capsys):
     pins = json.loads((DATA / "probe.json").read_text())
     run = tmp_path / "run"
-    assert main([*PROBE, "--out", str(run)]) == 0
+    with pretend(bf16=True, batched=True):  # the side 401c1d4 wrote its pins on, whatever MEMLAB_ACCEL says
+        assert main([*PROBE, "--out", str(run)]) == 0
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and not p.name.startswith("."))
     assert files == pins["files"]
     assert json.loads((run / "probe.json").read_text()) == pins["probe.json"]
@@ -43,7 +45,9 @@ def test_a_probe_run_writes_the_files_keys_and_digits_it_wrote(tmp_path, capsys)
     added = {"saturation", "online_code", "pointwise"}  # the learning curve, online code and pointwise bits since
     assert sorted(set(report) - added) == pins["report_keys"] and report["schema_version"] == pins["schema_version"]
     assert report["readings"] == pins["readings"]
-    assert {k: report["probe"][k] for k in pins["probe"]} == pins["probe"]  # the same digits on the same seeds
+    # the same digits on the same seeds; the bound leaves room for another CPU's bf16 kernel (its sums in another
+    # order), not for the float32 side (2e-5 apart on these seeds)
+    assert {k: report["probe"][k] for k in pins["probe"]} == pytest.approx(pins["probe"], rel=1e-6, abs=0)
     from memlab.registry import SPACES
 
     again = SPACES.get("probe")(str(run))  # the run folder loads as a space
