@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from memlab.app.cli import main
-from memlab.devices import pretend
+from memlab.devices import ACCEL_SIDES, pretend
 
 DATA = Path(__file__).resolve().parent / "data" / "runs_401c1d4"
 PROBE = ["probe", "--model", "memlab-lm", "--seq-len", "4", "--n-train", "16", "--n-eval", "4", "--epochs", "1",
@@ -34,7 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_a_probe_run_writes_the_files_keys_and_digits_it_wrote(tmp_path, capsys):
     pins = json.loads((DATA / "probe.json").read_text())
     run = tmp_path / "run"
-    with pretend(bf16=True, batched=True):  # the side 401c1d4 wrote its pins on, whatever MEMLAB_ACCEL says
+    native = ACCEL_SIDES["native"]  # the side 401c1d4 wrote its pins on, whatever MEMLAB_ACCEL says
+    with pretend(bf16=native.bf16, batched=native.batched):
         assert main([*PROBE, "--out", str(run)]) == 0
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and not p.name.startswith("."))
     assert files == pins["files"]
