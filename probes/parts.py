@@ -7,7 +7,7 @@ Each kind is a registry (:data:`PARTS`) of :class:`Part` objects; ProbeOptions
 names the chosen one of each (``pool``, ``conditioning``, ``inputs``,
 ``decoder``, ``readouts``, ``scorers``; the encoder is chosen by the ``model``
 spec). A new kind of any of them is one file that calls :func:`register_part`
-(a plugin, see :mod:`memlab.registry`); ``tests/test_probe_parts.py`` checks
+(a plugin, see :mod:`memlab.registry`); ``tests/probes/test_probe_parts.py`` checks
 every registered part against its kind's contract and adds one from outside
 the tree.
 

@@ -29,6 +29,18 @@ def _memlab_cache(tmp_path_factory):
         os.environ["MEMLAB_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cores_shared_by_workers():
+    """Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads, so that the
+    workers do not fight over them (2 workers on 2 cores: one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    yield
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread: on a shared 2-core machine much faster than several threads fighting."""

@@ -1,4 +1,4 @@
-"""``memlab.app.cli.main`` under ``accelerate launch``, with test instruments (tests/test_distributed.py).
+"""``memlab.app.cli.main`` under ``accelerate launch``, with test instruments (tests/train/test_distributed.py).
 
     python tests/dist_helper.py count-encodes DIR -- train CONFIG ...   # the sentences each process encodes
     python tests/dist_helper.py fail RANK STEP -- train CONFIG ...      # a MemlabError on one process after STEP

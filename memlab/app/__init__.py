@@ -4,5 +4,5 @@ evaluation runner (:mod:`memlab.app.eval`).
 
 This is the one place that composes plugins (model families, probes, curricula) by name; the core
 (``memlab`` outside this package) never imports it, and plugins never import it either
-(``tests/test_layering.py`` checks both).
+(``tests/core/test_layering.py`` checks both).
 """

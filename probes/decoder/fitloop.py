@@ -27,7 +27,7 @@ still trains in a group, member by member, each through its own whole ``forward`
 its own stream); only trained weights are stacked (frozen ones stay the base decoder's own).
 
 ``batched=False`` runs the members' forward one after another within each step (the same arithmetic, member by
-member; the default on a CPU, :data:`BATCHED`): ``tests/test_probe_group.py`` checks that a batched group trains
+member; the default on a CPU, :data:`BATCHED`): ``tests/probes/test_probe_group.py`` checks that a batched group trains
 as its members trained alone. The host reads the
 device only at log points (every 10 steps) and once per epoch (the held-back CE).
 

@@ -54,7 +54,7 @@ LEGACY_READOUT = "bow"
 """The read-out that report.json also holds at its top level (``bow``), as schema version 1 did."""
 SCHEMA_VERSION = 1
 """The layout of report.json (``schema_version``): raised when a key is renamed, moved or removed; keys are only
-ever added within one version (``tests/test_probe_report_schema.py`` pins the layout)."""
+ever added within one version (``tests/probes/test_probe_report_schema.py`` pins the layout)."""
 
 
 

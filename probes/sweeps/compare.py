@@ -6,7 +6,7 @@ registered read-out (``align``, ``bow``), optionally with options of its own in 
 ``compare: [llama, "pretrained:memlab-lm[conditioning=prefix]", align]`` (or the same comma string). The chunks
 are encoded once (at the largest ``n_train``), and every method is fitted at every size on the same cached
 embeddings (:func:`memlab.probes.sweeps.layers.run_learning_curve`), exactly as a probe of that one method would fit it
-(:func:`method_options` gives those single-method options, :func:`memlab.probes.options.compared` checks them; ``tests/test_probe_compare.py`` checks the rows equal).
+(:func:`method_options` gives those single-method options, :func:`memlab.probes.options.compared` checks them; ``tests/probes/test_probe_compare.py`` checks the rows equal).
 
 Options the encoder pass and its chunks fix (:data:`SHARED`) are the comparison's, never a method's. A global
 option that belongs to one part (``lora_r`` to ``decoder=pretrained``, ``target_tokenizer`` to ``decoder=llama``,

@@ -10,7 +10,7 @@ own factories, runs them on fixed inputs, and writes to ``--out``:
   ``dec_ids``, ``dec_lens``) and outputs (``embeddings`` (B, D), teacher-forced
   ``logits`` (B, T, V)).
 
-memlab's side (``tests/test_sonar_parity.py``) converts and compares.
+memlab's side (``tests/models/test_sonar_parity.py``) converts and compares.
 Usage: ``$MEMLAB_SONAR_PYTHON tests/parity/sonar_oracle.py --out DIR``.
 """
 

@@ -1,4 +1,4 @@
-"""A probe decoder from a package outside memlab (tests/test_probe_gru_plugin.py): a GRU that starts from the
+"""A probe decoder from a package outside memlab (tests/probes/test_probe_gru_plugin.py): a GRU that starts from the
 embedding, with options of its own, registered by one ``register_part`` call. An installed package names this
 module under the ``memlab.plugins`` entry-point group; the test stands a fake entry point in for the metadata.
 

@@ -1,4 +1,4 @@
-"""Probe parts that live outside memlab's tree (tests/test_probe_parts.py): one part of each kind (an encoder kind,
+"""Probe parts that live outside memlab's tree (tests/probes/test_probe_parts.py): one part of each kind (an encoder kind,
 a pooling, a conditioning, an input mode, a decoder, a read-out and a scorer), each with an option of its own, each
 one registration, registered by importing this package."""
 

@@ -1,4 +1,4 @@
-"""A throwaway model family that lives outside memlab's tree (tests/test_new_family.py): everything a
+"""A throwaway model family that lives outside memlab's tree (tests/models/test_new_family.py): everything a
 new family needs (config, model, toy preset, registration, evaluation adapter) in its own folder,
 registered by importing this package."""
 

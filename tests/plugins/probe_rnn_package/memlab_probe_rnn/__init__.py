@@ -1,5 +1,5 @@
 """A probe decoder part from an installed package of its own (``memlab-probe-rnn``, found through its
-``memlab.plugins`` entry point; tests/test_run_read_again.py installs it into a temporary folder): a plain RNN
+``memlab.plugins`` entry point; tests/app/test_run_read_again.py installs it into a temporary folder): a plain RNN
 whose first state is a map of the embedding, with one option of its own, registered by one ``register_part`` call,
 as the plugin guide's example is.
 
