@@ -27,8 +27,10 @@ from safetensors.torch import load_file
 from conftest import kill_after
 from memlab.app.cli import main
 
-# launches processes: one xdist worker runs every such module, one after another (their ports)
-pytestmark = pytest.mark.xdist_group("processes")
+# launches processes on a port of its own, so that one xdist worker runs this module while another runs the
+# other modules that launch processes (on accelerate's default port)
+pytestmark = pytest.mark.xdist_group("processes-own-port")
+PORT = "29517"
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -46,7 +48,7 @@ def _env() -> dict:
 def _launch2(*args: str, script: list[str] | None = None) -> subprocess.CompletedProcess:
     target = script if script is not None else ["-m", "memlab.app.cli"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-           "1", "--mixed_precision", "no", "--dynamo_backend", "no", *target, *args]
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", PORT, *target, *args]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
 
 
@@ -206,7 +208,7 @@ def test_bad_launches_fail_in_one_line_before_any_compute(tmp_path):
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--num_processes", "2",
-                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
+                        "--main_process_port", PORT, "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
                         "memlab.app.cli", "train", "--resume", str(run), "train.max_steps=4"],
                        env=_env(), capture_output=True, text=True, timeout=300)
     lines = _memlab_lines(r)
