@@ -229,10 +229,17 @@ class PooledOptions:
     relax_steps: int = _opt(3000, least=1)
     """Most relaxation steps per chunk (each one forward and backward pass of its rows, and one forward pass of
     their projections)."""
-    relax_rows: int = _opt(4, least=1)
-    """Relaxed sequences per chunk, optimised side by side from different draws."""
-    relax_group: int = _opt(4, least=1)
-    """Chunks (and their controls) relaxed together in one batch."""
+    relax_rows: int = _opt(1, least=1)
+    """Relaxed sequences per chunk, optimised side by side from different draws (one, as the published recipe:
+    the budget buys steps rather than rows)."""
+    relax_group: int = _opt(16, least=1)
+    """Chunks (and their controls) relaxed together in one batch (a larger batch fills the cores: a step of 16
+    chunks costs each about a third of a step of 4)."""
+    relax_loss: str = _opt("auto", choices=("auto", "huber", "log"),
+                           shown="auto: huber for --states logits, log for a state")
+    """What the relaxation descends: huber, the Huber loss between the centred next-token log-probabilities (the
+    logits up to their constant, SODA's loss; --states logits only); log, the logarithm of the divergence (KL for
+    --states logits, the relative squared distance for a state)."""
     relax_lr: float = _opt(0.065, least=0.0)
     """Learning rate of the relaxation (Adam without bias correction, on the logits over the vocabulary)."""
     relax_temp: float = _opt(0.05, least=1e-6)

@@ -10,8 +10,10 @@ vector reader memlab has and batched over chunks and restarts:
 1. **Relax.** A row is ``T`` logit vectors ``theta`` ``(T, V)``; its input is ``softmax(theta / temp) @ E``, the
    mixture of the embedding rows ``E`` ``(V, D_e)`` (between the fixed special tokens the encoder reads), run
    through the frozen model to the pooled vector.
-2. **Loss.** A state target: the relative squared distance ``|z - z*|^2 / |z*|^2`` (in the whitened metric when
-   the search descends one); ``--states logits``: the divergence ``KL(p* || p)`` of the next-token distributions.
+2. **Loss.** A state target: the logarithm of the relative squared distance ``|z - z*|^2 / |z*|^2`` (in the
+   whitened metric when the search descends one). ``--states logits``: SODA's Huber loss between the logits, read
+   from the log-probabilities centred on their mean (which fixes the logits up to the constant a softmax drops);
+   or, with ``--relax-loss log``, the logarithm of ``KL(p* || p)``, which weighs only the likely next tokens.
 3. **Step.** Adam without bias correction (the first steps move every logit by about the learning rate), then
    every logit multiplied by ``decay`` (the mixture cannot saturate: a logit stays within ``lr / (1 - decay)``, so
    a token that stops being pushed fades); the optimiser's moments reset every ``reset`` steps and a row is drawn
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.errors import ConfigError
 from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.pooled.searcher import LOGITS
 
@@ -60,12 +63,23 @@ class RelaxOptions:
     """Spread of the logits a row is drawn from (normal); the first draw of row 0 is all zeros, as SODA starts."""
     tol: float = PooledOptions.tol
     """A projection within this relative distance is certified and its target leaves the batch."""
+    loss: str = "log"
+    """huber (``--states logits`` only: the Huber loss between the centred log-probabilities) or log (the logarithm
+    of the divergence)."""
 
     @classmethod
-    def of(cls, pooled) -> "RelaxOptions":
-        """The relaxation's share of :class:`~memlab.probes.invert.options.PooledOptions`."""
+    def of(cls, pooled, logits: bool = False) -> "RelaxOptions":
+        """The relaxation's share of :class:`~memlab.probes.invert.options.PooledOptions`; ``logits``: the target is
+        the next-token distribution (``relax_loss`` auto means huber there, log for a state)."""
+        loss = pooled.relax_loss
+        if loss == "auto":
+            loss = "huber" if logits else "log"
+        elif loss == "huber" and not logits:
+            raise ConfigError("--relax-loss huber compares next-token log-probabilities: it needs --states logits "
+                              "(a state's relaxation descends log)")
         return cls(steps=pooled.relax_steps, rows=pooled.relax_rows, lr=pooled.relax_lr, temp=pooled.relax_temp,
-                   decay=pooled.relax_decay, reset=pooled.relax_reset, reinit=pooled.relax_reinit, tol=pooled.tol)
+                   decay=pooled.relax_decay, reset=pooled.relax_reset, reinit=pooled.relax_reinit, tol=pooled.tol,
+                   loss=loss)
 
 
 @dataclass
@@ -109,12 +123,18 @@ class Relaxer:
         if ids:
             self.mask[ids] = -math.inf
         self.kl = searcher.pool == LOGITS
+        if opt.loss not in ("huber", "log") or (opt.loss == "huber" and not self.kl):
+            raise ValueError(f"relaxation loss {opt.loss!r}: huber (next-token log-probabilities only) or log")
 
     # the loss and the exact distance, per row
     def _loss(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Per-row loss ``(B,)`` of vectors ``z`` ``(B, D)`` against targets ``t`` ``(B, D)``: the logarithm of the
-        divergence, so its gradient keeps its scale as the divergence falls (Adam's moments, filled far from the
+        """Per-row loss ``(B,)`` of vectors ``z`` ``(B, D)`` against targets ``t`` ``(B, D)``. huber: the mean Huber
+        loss (threshold 1) between the centred log-probabilities, every logit weighed alike. log: the logarithm of
+        the divergence, so its gradient keeps its scale as the divergence falls (Adam's moments, filled far from the
         target, would otherwise shrink the steps until the decay wins and the mixture spreads out again)."""
+        if self.opt.loss == "huber":
+            zc, tc = z - z.mean(-1, keepdim=True), t - t.mean(-1, keepdim=True)
+            return torch.nn.functional.huber_loss(zc, tc, reduction="none", delta=1.0).mean(-1)
         return self._divergence(z, t).clamp_min(1e-12).log()
 
     def _divergence(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

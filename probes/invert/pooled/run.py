@@ -100,7 +100,11 @@ class PooledRun:
 
     @staticmethod
     def check(opts) -> None:
-        """Nothing to check before the model loads."""
+        """The options checked before the model loads: the relaxation's loss against the target."""
+        if opts.pooled.method in RELAX_METHODS:
+            from memlab.probes.invert.pooled.relax import RelaxOptions
+
+            RelaxOptions.of(opts.pooled, logits=opts.model.states == LOGITS)
 
     def units(self, chunks: list[list[int]]) -> int:
         return len(chunks) * (2 if self.opts.pooled.control and len(chunks) > 1 else 1)
@@ -152,7 +156,8 @@ class PooledRun:
             from memlab.probes.invert.pooled.relax import RelaxOptions, Relaxer
 
             banned = sorted(set(tok.all_special_ids or []))
-            self.relaxer = Relaxer(self.searcher, RelaxOptions.of(self.search_opts), banned=banned)
+            self.relaxer = Relaxer(self.searcher, RelaxOptions.of(self.search_opts, logits=self.searcher.pool == LOGITS),
+                                   banned=banned)
 
     def results(self, todo: list[int], texts, chunks, targets, step):
         """Each chunk of ``todo`` searched, its result yielded as it finishes: with the relaxation, ``relax_group``
@@ -192,6 +197,8 @@ class PooledRun:
                  "token_table_seconds": getattr(self, "table_s", 0.0),
                  "whitening_seconds": getattr(self, "whiten_s", 0.0),
                  "whitening_chunks": getattr(self, "whiten_n", 0)}
+        if self.relaxer is not None:  # the loss it descended (auto resolved)
+            extra["relax_loss"] = self.relaxer.opt.loss
         return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)
 

@@ -32,13 +32,14 @@ def _searcher(pool: str):
     return PooledSearcher(reader, pool, PooledOptions(), LanguageHead.of(reader))
 
 
-@pytest.mark.parametrize("pool", ["last", "logits", "mean"])
-def test_relaxation_recovers_and_certifies_chunks(pool):
+@pytest.mark.parametrize("pool, loss", [("last", "log"), ("logits", "log"), ("mean", "log")])
+def test_relaxation_recovers_and_certifies_chunks(pool, loss):
     torch.set_num_threads(1)
     s = _searcher(pool)
     seqs = torch.randint(0, V, (4, T), generator=torch.Generator().manual_seed(5))  # (4, T)
     targets = s.pooled(seqs)  # (4, D)
-    out = Relaxer(s, RelaxOptions(steps=400, rows=4)).run([RelaxJob(targets[i], T, i) for i in range(4)], 120)
+    out = Relaxer(s, RelaxOptions(steps=400, rows=4, loss=loss)).run([RelaxJob(targets[i], T, i) for i in range(4)],
+                                                                     120)
     assert len(out) == 4
     certified = 0
     for i, r in enumerate(out):
@@ -75,6 +76,18 @@ def test_banned_tokens_get_no_weight_and_a_relaxation_that_cannot_certify_keeps_
     assert not out[0].certified and math.isfinite(out[0].distance) and out[0].steps == 60
 
 
+def test_the_huber_loss_reads_the_logits_whatever_their_constant():
+    """huber compares the log-probabilities centred on their mean: a constant added to either side changes nothing,
+    and a state target refuses it."""
+    s = _searcher("logits")
+    r = Relaxer(s, RelaxOptions(loss="huber"))
+    z, t = torch.randn(2, V), torch.randn(2, V)
+    assert torch.allclose(r._loss(z + 3.0, t - 1.5), r._loss(z, t), atol=1e-6)
+    assert float(r._loss(t, t).abs().max()) == 0.0 and bool((r._loss(z, t) > 0).all())
+    with pytest.raises(ValueError, match="huber"):
+        Relaxer(_searcher("last"), RelaxOptions(loss="huber"))
+
+
 def test_budget_stops_the_batch_and_lengths_must_agree():
     s = _searcher("last")
     targets = s.pooled(torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(3)))
@@ -108,6 +121,7 @@ def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
     assert code == 0, cap.err
     rep = json.loads((out / "report.json").read_text())
     assert rep["states"] == states and rep["search"]["method"] == "relax-correct" and len(rep["chunks"]) == 2
+    assert rep["search"]["relax_loss"] == "huber"  # auto, resolved for the next-token distribution
     for c in rep["chunks"]:
         assert 1 <= c["relax_steps"] <= 60 and c["distance"] <= c["relax_distance"] + 1e-9
         assert c["forwards"] <= 100  # the relaxation and the correction share --forwards
@@ -127,6 +141,9 @@ def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
     (["--states", "last", "--layer", "2", "--relax-rows", "0"], "--relax-rows must be >= 1"),
     (["--states", "last", "--layer", "2", "--relax-temp", "0"], "--relax-temp must be >= 1e-06"),
     (["--states", "positions", "--layer", "2", "--relax-steps", "5"], "--relax-steps applies to --states last"),
+    (["--states", "last", "--layer", "2", "--method", "relax", "--relax-loss", "huber"],
+     "--relax-loss huber compares next-token log-probabilities: it needs --states logits"),
+    (["--states", "last", "--layer", "2", "--relax-loss", "kl"], "--relax-loss takes auto, huber or log"),
 ])
 def test_cli_bad_relax_values_one_line(argv, says, capsys, tmp_path):
     out = tmp_path / "run"
