@@ -208,8 +208,9 @@ def test_bad_launches_fail_in_one_line_before_any_compute(tmp_path):
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--num_processes", "2",
-                        "--main_process_port", PORT, "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
-                        "memlab.app.cli", "train", "--resume", str(run), "train.max_steps=4"],
+                        "--main_process_port", PORT, "--num_machines", "1", "--mixed_precision", "no",
+                        "--dynamo_backend", "no", "-m", "memlab.app.cli", "train", "--resume", str(run),
+                        "train.max_steps=4"],
                        env=_env(), capture_output=True, text=True, timeout=300)
     lines = _memlab_lines(r)
     assert r.returncode != 0 and len(lines) == 1 and "FSDP, which memlab does not support" in lines[0], r.stderr[-2000:]

@@ -165,7 +165,8 @@ def search_line(s: dict, prior: bool) -> str:
     if s.get("method") in ("relax", "relax-correct"):
         share = 1.0 if s["method"] == "relax" else s["relax_share"]
         prop = (f", relaxation of {s['relax_rows']} rows per chunk in batches of {s['relax_group']} chunks, at most "
-                f"{s['relax_steps']} steps and {share:.0%} of the budget (loss {s.get('relax_loss', 'log')}, lr {s['relax_lr']:g}, temperature "
+                f"{s['relax_steps']} steps and {share:.0%} of the budget (loss {s.get('relax_loss', 'log')}, "
+                f"lr {s['relax_lr']:g}, temperature "
                 f"{s['relax_temp']:g}, decay {s['relax_decay']:g}, moments reset every {s['relax_reset']}, rows drawn "
                 f"again every {s['relax_reinit']})")
         if s["method"] == "relax":

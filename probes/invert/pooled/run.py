@@ -156,8 +156,8 @@ class PooledRun:
             from memlab.probes.invert.pooled.relax import RelaxOptions, Relaxer
 
             banned = sorted(set(tok.all_special_ids or []))
-            self.relaxer = Relaxer(self.searcher, RelaxOptions.of(self.search_opts, logits=self.searcher.pool == LOGITS),
-                                   banned=banned)
+            relax_opts = RelaxOptions.of(self.search_opts, logits=self.searcher.pool == LOGITS)
+            self.relaxer = Relaxer(self.searcher, relax_opts, banned=banned)
 
     def results(self, todo: list[int], texts, chunks, targets, step):
         """Each chunk of ``todo`` searched, its result yielded as it finishes: with the relaxation, ``relax_group``
