@@ -6,9 +6,8 @@ every flag while the arguments are read, before torch is imported, and hands the
 :class:`PooledOptions`); a flag of the search that was not chosen is refused in one line.
 
 A field's ``metadata`` carries what its flag needs beyond its type: ``least`` and ``most`` (the smallest and the
-largest value taken),
-``inf`` (whether infinity is taken), ``choices`` (the words taken), ``flag`` (a flag name other than the field's),
-``required``/``shown`` (how the docs and ``--help`` show its default).
+largest value taken), ``inf`` (whether infinity is taken), ``choices`` (the words taken), ``flag`` (a flag name
+other than the field's), ``required``/``shown`` (how the docs and ``--help`` show its default).
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ POOLED = (*POOLINGS, "logits", "space")
 
 STATES = ("positions", *POOLED)
 """What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
-pooled state per chunk, as the trained probe's poolings read it (the last position's state, the mean over
-positions, the first position's state, the state before the last position), a causal model's next-token
-distribution after the chunk (its log-probabilities over the vocabulary), or a space's vector (a memory model's
-memory vector)."""
+pooled state per chunk as the trained probe's poolings read it (the last position's state, the mean over positions,
+the first position's state, the state before the last), a causal model's next-token distribution after the chunk
+(its log-probabilities over the vocabulary), or a space's vector (a memory model's memory vector)."""
 
 SPACE = "space"
 """The ``--states`` of a space's vector (``--model space:NAME:ARG``), and what a space reads by default."""
@@ -230,16 +228,12 @@ class PooledOptions:
     """Most relaxation steps per chunk (each one forward and backward pass of its rows, and one forward pass of
     their projections)."""
     relax_rows: int = _opt(1, least=1)
-    """Relaxed sequences per chunk, optimised side by side from different draws (one, as the published recipe:
-    the budget buys steps rather than rows)."""
+    """Relaxed sequences per chunk, from different draws (one: the budget buys steps rather than rows)."""
     relax_group: int = _opt(16, least=1)
-    """Chunks (and their controls) relaxed together in one batch (a larger batch fills the cores: a step of 16
-    chunks costs each about a third of a step of 4)."""
-    relax_loss: str = _opt("auto", choices=("auto", "huber", "log"),
-                           shown="auto: huber for --states logits, log for a state")
-    """What the relaxation descends: huber, the Huber loss between the centred next-token log-probabilities (the
-    logits up to their constant, SODA's loss; --states logits only); log, the logarithm of the divergence (KL for
-    --states logits, the relative squared distance for a state)."""
+    """Chunks (and their controls) relaxed together in one batch (a larger batch fills the cores)."""
+    relax_loss: str = _opt("auto", choices=("auto", "huber", "log"), shown="auto: huber for logits, log for a state")
+    """huber: SODA's Huber loss between the centred next-token log-probabilities (--states logits only); log: the
+    logarithm of the divergence (KL for --states logits, the relative squared distance for a state)."""
     relax_lr: float = _opt(0.065, least=0.0)
     """Learning rate of the relaxation (Adam without bias correction, on the logits over the vocabulary)."""
     relax_temp: float = _opt(0.05, least=1e-6)
