@@ -50,7 +50,7 @@ def main(argv=None) -> None:
                 seqs = torch.randint(0, args.vocab, (args.chunks, args.length),
                                      generator=torch.Generator().manual_seed(seed))
                 targets = s.pooled(seqs)
-                out = cls(s, RelaxOptions(steps=args.steps, rows=4)).run(
+                out = cls(s, RelaxOptions(steps=args.steps, rows=4, loss="log")).run(
                     [RelaxJob(targets[i], args.length, i) for i in range(args.chunks)], 1e9)
                 hit += sum(o.certified and o.ids == seqs[i].tolist() for i, o in enumerate(out))
                 steps += sum(o.steps for o in out)

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.errors import ConfigError
 from memlab.probes.invert.options import PooledOptions
 from memlab.probes.invert.pooled.searcher import LOGITS
 
@@ -63,23 +62,16 @@ class RelaxOptions:
     """Spread of the logits a row is drawn from (normal); the first draw of row 0 is all zeros, as SODA starts."""
     tol: float = PooledOptions.tol
     """A projection within this relative distance is certified and its target leaves the batch."""
-    loss: str = "log"
-    """huber (``--states logits`` only: the Huber loss between the centred log-probabilities) or log (the logarithm
-    of the divergence)."""
+    loss: str = PooledOptions.relax_loss
+    """huber (the next-token distribution only: the Huber loss between the centred log-probabilities), log (the
+    logarithm of the divergence) or auto (huber for the next-token distribution, log for a state)."""
 
     @classmethod
-    def of(cls, pooled, logits: bool = False) -> "RelaxOptions":
-        """The relaxation's share of :class:`~memlab.probes.invert.options.PooledOptions`; ``logits``: the target is
-        the next-token distribution (``relax_loss`` auto means huber there, log for a state)."""
-        loss = pooled.relax_loss
-        if loss == "auto":
-            loss = "huber" if logits else "log"
-        elif loss == "huber" and not logits:
-            raise ConfigError("--relax-loss huber compares next-token log-probabilities: it needs --states logits "
-                              "(a state's relaxation descends log)")
+    def of(cls, pooled) -> "RelaxOptions":
+        """The relaxation's share of :class:`~memlab.probes.invert.options.PooledOptions`."""
         return cls(steps=pooled.relax_steps, rows=pooled.relax_rows, lr=pooled.relax_lr, temp=pooled.relax_temp,
                    decay=pooled.relax_decay, reset=pooled.relax_reset, reinit=pooled.relax_reinit, tol=pooled.tol,
-                   loss=loss)
+                   loss=pooled.relax_loss)
 
 
 @dataclass
@@ -123,8 +115,9 @@ class Relaxer:
         if ids:
             self.mask[ids] = -math.inf
         self.kl = searcher.pool == LOGITS
-        if opt.loss not in ("huber", "log") or (opt.loss == "huber" and not self.kl):
-            raise ValueError(f"relaxation loss {opt.loss!r}: huber (next-token log-probabilities only) or log")
+        self.loss = ("huber" if self.kl else "log") if opt.loss == "auto" else opt.loss  # what it descends
+        if self.loss not in ("huber", "log") or (self.loss == "huber" and not self.kl):
+            raise ValueError(f"relaxation loss {opt.loss!r}: huber (next-token log-probabilities only), log or auto")
 
     # the loss and the exact distance, per row
     def _loss(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -132,7 +125,7 @@ class Relaxer:
         loss (threshold 1) between the centred log-probabilities, every logit weighed alike. log: the logarithm of
         the divergence, so its gradient keeps its scale as the divergence falls (Adam's moments, filled far from the
         target, would otherwise shrink the steps until the decay wins and the mixture spreads out again)."""
-        if self.opt.loss == "huber":
+        if self.loss == "huber":
             zc, tc = z - z.mean(-1, keepdim=True), t - t.mean(-1, keepdim=True)
             return torch.nn.functional.huber_loss(zc, tc, reduction="none", delta=1.0).mean(-1)
         return self._divergence(z, t).clamp_min(1e-12).log()

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from memlab.errors import ModelError
+from memlab.errors import ConfigError, ModelError
 from memlab.probes.invert.layer import LayerReader
 from memlab.probes.invert.options import RELAX_METHODS
 from memlab.probes.invert.pooled.correct import CorrectOptions
@@ -101,10 +101,10 @@ class PooledRun:
     @staticmethod
     def check(opts) -> None:
         """The options checked before the model loads: the relaxation's loss against the target."""
-        if opts.pooled.method in RELAX_METHODS:
-            from memlab.probes.invert.pooled.relax import RelaxOptions
-
-            RelaxOptions.of(opts.pooled, logits=opts.model.states == LOGITS)
+        o = opts.pooled
+        if o.method in RELAX_METHODS and o.relax_loss == "huber" and opts.model.states != LOGITS:
+            raise ConfigError("--relax-loss huber compares next-token log-probabilities: it needs --states logits "
+                              "(a state's relaxation descends log)")
 
     def units(self, chunks: list[list[int]]) -> int:
         return len(chunks) * (2 if self.opts.pooled.control and len(chunks) > 1 else 1)
@@ -156,8 +156,7 @@ class PooledRun:
             from memlab.probes.invert.pooled.relax import RelaxOptions, Relaxer
 
             banned = sorted(set(tok.all_special_ids or []))
-            relax_opts = RelaxOptions.of(self.search_opts, logits=self.searcher.pool == LOGITS)
-            self.relaxer = Relaxer(self.searcher, relax_opts, banned=banned)
+            self.relaxer = Relaxer(self.searcher, RelaxOptions.of(self.search_opts), banned=banned)
 
     def results(self, todo: list[int], texts, chunks, targets, step):
         """Each chunk of ``todo`` searched, its result yielded as it finishes: with the relaxation, ``relax_group``
@@ -198,7 +197,7 @@ class PooledRun:
                  "whitening_seconds": getattr(self, "whiten_s", 0.0),
                  "whitening_chunks": getattr(self, "whiten_n", 0)}
         if self.relaxer is not None:  # the loss it descended (auto resolved)
-            extra["relax_loss"] = self.relaxer.opt.loss
+            extra["relax_loss"] = self.relaxer.loss
         return PooledReport(**common, search=asdict(self.search_opts) | extra,
                             prior=self.head is not None, totals=pooled_totals(results), chunks=results)
 
