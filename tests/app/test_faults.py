@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silently wrong (issue 22, cases 1-13, and issue 19's cache and probe-folder cases):
+"""Nothing lost, nothing silently wrong:
 each refusal is one line, exit 2, and leaves what a run saved as it was."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_2_weights_of_another_family_are_refused_not_run_at_random(base_run, tmp
     assert main(["probe", "--model", f"space:memory_ae:{base_run}", "--out", str(out), "--n-train", "16"]) == 2
     msg = _one_line_error(capsys)
     assert "'token_lm' model" in msg and "'memory'" in msg
-    assert not out.exists()  # the probe removes the folder it claimed (issue 19)
+    assert not out.exists()  # the probe removes the folder it claimed
 
 
 @pytest.mark.parametrize("header", ["no_tensors", "large_header_no_tensors"])
@@ -280,7 +280,7 @@ def test_13_a_refused_out_leaves_no_folder_on_the_way(run, small_corpus, tmp_pat
     assert not (run / ".memlab.lock").exists()  # not even a lock file in the run it refused
 
 
-# ----------------------------------------------------------------------------- issue 19: the probe's cache and folder
+# ----------------------------------------------------------------------------- the probe's cache and folder
 
 
 def test_probe_refuses_an_unusable_cache_dir_before_compute(tiny_llama, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Inputs that real users bring, and no silent wrong results (issue 15, points 1-8), plus the loop's device syncs."""
+"""Inputs that real users bring, and no silent wrong results, plus the loop's device syncs."""
 
 from __future__ import annotations
 
