@@ -187,7 +187,7 @@ def trusted(out: Path, search, kept: dict, rejected: list, raw: dict, texts, chu
     good, bad = trust.check_records(kept, texts, chunks, decode)
     if hasattr(search, "lockstep") and good:  # the per-position search: one forward pass per kept chunk
         bad += trust.reverify(good, search.reader, list(getattr(enc, "prefix", []) or []), targets,
-                              opts.positions.tol)
+                              opts.positions.tol, floors=getattr(search, "floors", None))
         good = {i: c for i, c in good.items() if i not in dict(bad)}
     if write:
         trust.settle(out, raw, kept, rejected, bad)

@@ -5,9 +5,8 @@ every flag while the arguments are read, before torch is imported, and hands the
 :func:`memlab.probes.invert.run.run_invert`. The searches take their own section (:class:`PositionsOptions`,
 :class:`PooledOptions`); a flag of the search that was not chosen is refused in one line.
 
-A field's ``metadata`` carries what its flag needs beyond its type: ``least`` and ``most`` (the smallest and the
-largest value taken), ``inf`` (whether infinity is taken), ``choices`` (the words taken), ``flag`` (a flag name
-other than the field's), ``required``/``shown`` (how the docs and ``--help`` show its default).
+A field's ``metadata`` carries what its flag needs beyond its type: ``least``/``most`` (the range taken), ``inf``
+(infinity taken), ``choices``, ``flag`` (another flag name), ``shown`` (the default as the docs show it).
 """
 
 from __future__ import annotations
@@ -22,17 +21,15 @@ POOLED = (*POOLINGS, "logits", "space")
 """The ``--states`` read by the pooled search: the probe's poolings (catalog.POOLINGS), next-token logits, a space."""
 
 STATES = ("positions", *POOLED)
-"""What the states are: one per position (a causal model's hidden state at every position of the chunk), or one
-pooled state per chunk as the trained probe's poolings read it (the last position's state, the mean over positions,
-the first position's state, the state before the last), a causal model's next-token distribution after the chunk
-(its log-probabilities over the vocabulary), or a space's vector (a memory model's memory vector)."""
+"""What the states are: one per position (a causal model's state at every position), or one per chunk (a pooling,
+the next-token distribution, a space's vector)."""
 
-SPACE = "space"
-"""The ``--states`` of a space's vector (``--model space:NAME:ARG``), and what a space reads by default."""
+SPACE = "space"  # the --states of a space's vector (--model space:NAME:ARG), and a space's default
+
+STATES_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # --states-dtype (positions.precision)
 
 
-def pooled_names() -> str:
-    """The pooled ``--states`` in words: ``last, mean, first, second_last, logits or space``."""
+def pooled_names() -> str:  # last, mean, first, second_last, logits or space
     return ", ".join(POOLED[:-1]) + " or " + POOLED[-1]
 
 
@@ -185,6 +182,10 @@ class PositionsOptions:
     """Keep the first-position states of every token here (keyed by the weights, layer and prefix; a model that
     reads no BOS) and reuse them, checked by sha256 when read: later runs skip the first position's pass over the
     vocabulary."""
+    states_dtype: str = _opt("float32", choices=STATES_DTYPES)
+    """Read the observed states as a copy kept at this precision gives them back (bfloat16, float16: a cast; int8,
+    int4: symmetric quantisation of each state vector), the candidates at the run's own; where the best two lie
+    within the copy's noise floor the position is ambiguous, never match (float32: the states as they are)."""
 
 
 METHODS = ("propose-correct", "relax-correct", "propose", "correct", "relax", "swap")
@@ -343,8 +344,7 @@ RESUME_MAY_CHANGE = {("model", "threads"), ("model", "device"), ("model", "devic
 
 
 def from_dict(d: dict) -> "InvertOptions":
-    """The options a run kept (``dataclasses.asdict`` of them), typed again; an unknown section or field is a
-    KeyError or TypeError."""
+    """The options a run kept (``asdict``), typed again; an unknown section or field: KeyError or TypeError."""
     return InvertOptions(**{name: SECTIONS[name](**values) for name, values in d.items()})
 
 

@@ -6,7 +6,8 @@ over chunks, by :func:`memlab.probes.readings.bootstrap`):
 * ``exact_match``: share of chunks recovered token for token;
 * ``token_accuracy``: share of the chunks' tokens recovered at their position (the probe's definition: positional,
   over the real tokens);
-* ``certified``: share of the positions with a certificate (``match``, ``separated`` or ``nearest``);
+* ``certified``: share of the positions with a certificate (``match``, ``separated`` or ``nearest``; an
+  ``ambiguous`` position, whose best two candidates the states as read cannot tell apart, is not certified);
 * ``candidates_per_token``: candidates verified per token (ranked and exhaustive);
 * ``seconds_per_token``: wall time per token (search and verification, not model loading).
 
@@ -23,8 +24,11 @@ import numpy as np
 
 from memlab.probes.readings import Reading, bootstrap
 
-CERTIFICATES = ("match", "separated", "nearest", "none")
+CERTIFICATES = ("match", "separated", "nearest", "ambiguous", "none")
 """The kinds of certificate (:mod:`memlab.probes.invert.positions.searcher`), strongest first."""
+
+CERTIFIED = ("match", "separated", "nearest")
+"""The kinds that certify a position (``ambiguous`` and ``none`` do not)."""
 
 
 @dataclass
@@ -58,10 +62,12 @@ class ChunkResult(ChunkRead):
     found_at: list[int | None] = field(default_factory=list)
     """Candidates verified when the kept token was first verified (None: read off the first-position table)."""
     from_table: list[bool] = field(default_factory=list)
-    secant_ranks: list[int | None] = field(default_factory=list)
-    """The true token's rank in each position's first secant order (None: the position settled before it)."""
     """Whether the position was read off the shared first-position table (its ``tried`` is the whole vocabulary,
     verified once per model and layer; left out of the candidates per token)."""
+    secant_ranks: list[int | None] = field(default_factory=list)
+    """The true token's rank in each position's first secant order (None: the position settled before it)."""
+    noise: list[float] = field(default_factory=list)
+    """Each position's noise floor as read (``--states-dtype``, a relative distance; 0 at float32)."""
 
 
 @dataclass
@@ -124,6 +130,15 @@ class InvertReport(InvertRun):
     """Mean candidates verified per ranked position over the vocabulary size (table-read positions apart)."""
     table: dict | None = None
     """The trained probe beside the inversion on the same chunks (``--probe``, :mod:`memlab.probes.invert.beside.table`)."""
+    states_dtype: str = "float32"
+    """The precision the observed states were read at (``--states-dtype``)."""
+    noise_floor: Spread | None = None
+    """The positions' noise floors as read (None at float32, where it is 0)."""
+    least_margin: float = math.nan
+    """Least ``(runner-up - best) / noise floor`` over the certified positions: how many floors apart the
+    certificates stand (nan at float32)."""
+    ambiguous: list[list[int]] = field(default_factory=list)
+    """The ``ambiguous`` positions as ``[chunk, position]``."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -143,7 +158,8 @@ def chunk_result(index: int, text: str, true: list[int], positions, decode, seco
                        [getattr(p, "grad_rank", None) for p in positions],
                        [getattr(p, "found_at", None) for p in positions],
                        [bool(getattr(p, "from_table", False)) for p in positions],
-                       [getattr(p, "secant_rank", None) for p in positions])
+                       [getattr(p, "secant_rank", None) for p in positions],
+                       [float(getattr(p, "noise", 0.0)) for p in positions])
 
 
 def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Reading]:
@@ -152,7 +168,7 @@ def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.
         "exact": np.array([c.exact for c in chunks], dtype=np.float64),
         "hits": np.array([c.token_accuracy * len(c.true_ids) for c in chunks]),
         "tokens": np.array([len(c.true_ids) for c in chunks], dtype=np.float64),
-        "certified": np.array([sum(x != "none" for x in c.certificates) for c in chunks], dtype=np.float64),
+        "certified": np.array([sum(x in CERTIFIED for x in c.certificates) for c in chunks], dtype=np.float64),
         "tried": np.array([sum(t for t, f in zip(c.tried, _table(c)) if not f) for c in chunks], dtype=np.float64),
         "ranked": np.array([sum(not f for f in _table(c)) for c in chunks], dtype=np.float64),
         "seconds": np.array([c.seconds for c in chunks]),
@@ -166,6 +182,10 @@ def totals(chunks: list[ChunkResult], n_resamples: int = 2000, level: float = 0.
 
 def _table(c: ChunkResult) -> list[bool]:
     return c.from_table or [False] * len(c.tried)
+
+
+def _noise(c: ChunkResult) -> list[float]:
+    return c.noise or [0.0] * len(c.tried)  # a record kept before the floors were: float32's 0
 
 
 def readings(specs: dict, cols: dict[str, np.ndarray], n_resamples: int = 2000, level: float = 0.95,
@@ -185,8 +205,12 @@ def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
     :class:`InvertReport` other than the figures)."""
     certs = [x for c in chunks for x in c.certificates]
     gaps = [r / d if d > 0 else math.inf for c in chunks for d, r, x in zip(c.distances, c.runner_up, c.certificates)
-            if x != "none"]
+            if x in CERTIFIED]
     chunks = sorted(chunks, key=lambda c: c.index)
+    dtype = meta.pop("states_dtype", "float32")
+    floors = [f for c in chunks for f in _noise(c)]
+    margins = [(r - d) / f for c in chunks for d, r, x, f in zip(c.distances, c.runner_up, c.certificates, _noise(c))
+               if x in CERTIFIED and f > 0]
     ranked = [t for c in chunks for t, f in zip(c.tried, _table(c)) if not f]
     vocab = int(meta.pop("vocab_size", 0) or 0)
     return InvertReport(**meta, totals=totals(chunks), tried=Spread.of(ranked),
@@ -198,7 +222,11 @@ def build_report(chunks: list[ChunkResult], **meta) -> InvertReport:
                         grad_rank=Spread.of([r for c in chunks for r in c.grad_ranks]),
                         secant_rank=Spread.of([r for c in chunks for r in c.secant_ranks]),
                         found_at=Spread.of([r for c in chunks for r in c.found_at]), vocab_size=vocab,
-                        share_of_vocab=(float(np.mean(ranked)) / vocab) if ranked and vocab else math.nan)
+                        share_of_vocab=(float(np.mean(ranked)) / vocab) if ranked and vocab else math.nan,
+                        states_dtype=dtype, noise_floor=None if dtype == "float32" else Spread.of(floors),
+                        least_margin=min(margins) if margins else math.nan,
+                        ambiguous=[[c.index, i] for c in chunks for i, x in enumerate(c.certificates)
+                                   if x == "ambiguous"])
 
 
 def _cell(r: Reading, digits: int = 3) -> str:
@@ -223,6 +251,9 @@ def summary_lines(rep: InvertReport) -> list[str]:
     gflop = t["seconds_per_token"].value * m.get("matmul_gflops", math.nan)
     src = "" if rep.states_from == rep.model else f" (states of {rep.states_from})"
     noise = f", noise {rep.noise:g} of the state norm" if rep.noise else ""
+    if rep.noise_floor is not None:
+        noise += (f", read as {rep.states_dtype} (noise floor median {rep.noise_floor.median:.3g}, max "
+                  f"{rep.noise_floor.max:.3g} of the state norm)")
     lines = [
         f"model: {rep.model}{src}, layer {rep.layer} of {rep.num_layers}, states {rep.states}{noise}",
         f"chunks: {len(rep.chunks)} ({rep.text['seq_len']} {rep.text['chunk_by']} of {rep.text['corpus']} "
@@ -240,6 +271,11 @@ def summary_lines(rep: InvertReport) -> list[str]:
         f"seconds per token: {_cell(t['seconds_per_token'], 2)} ({gflop:.0f} GFLOP-equivalents at the "
         f"{m.get('matmul_gflops', math.nan):.0f} GFLOP/s fp32 matmul rate measured in this run)",
     ]
+    if rep.noise_floor is not None:
+        shown = ", ".join(f"chunk {c} position {i}" for c, i in rep.ambiguous[:5])
+        lines.append(f"ambiguous (two candidates within the noise floor of the states as read): {len(rep.ambiguous)} "
+                     f"positions" + (f" ({shown}{', ...' if len(rep.ambiguous) > 5 else ''})" if shown else "")
+                     + f"; least margin of a certificate {rep.least_margin:.3g} noise floors")
     none = [(c.index, i) for c in rep.chunks for i, x in enumerate(c.certificates) if x == "none"]
     if none:
         shown = ", ".join(f"chunk {c} position {i}" for c, i in none[:5])

@@ -48,9 +48,14 @@ fingerprint (the options a resume may change, :data:`memlab.probes.invert.option
 folder itself, which may be moved)."""
 
 
+SINCE = {("positions", "states_dtype"): "float32"}
+"""Options added after runs were first kept, with their defaults: left out of the fingerprint at that default, so
+a run kept before them (whose ``invert.json`` does not name them) resumes under the fingerprint it was written with."""
+
+
 def fingerprint(options: dict) -> str:
     """A digest of the options (``dataclasses.asdict`` of an ``InvertOptions``) that define what a run finds."""
-    kept = {s: {k: v for k, v in sorted(vals.items()) if (s, k) not in FREE}
+    kept = {s: {k: v for k, v in sorted(vals.items()) if (s, k) not in FREE and SINCE.get((s, k), FREE) != v}
             for s, vals in sorted(options.items()) if isinstance(vals, dict)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -215,16 +220,23 @@ TABLE_SLACK = 2e-3
 recomputed (the table's distances carry the float noise of a matmul expansion)."""
 
 
-def reverify(kept: dict, reader, prefix: list[int], targets: list, tol: float, slack: float = 2e-4) -> list:
+def reverify(kept: dict, reader, prefix: list[int], targets: list, tol: float, slack: float = 2e-4,
+             floors: list | None = None) -> list:
     """Each kept per-position record's recovered tokens through ``reader`` (one forward pass of the prefix and the
     recovered ids per chunk): ``(index, why)`` for each whose recomputed relative distances to the observed states
-    ``targets[i]`` are not the recorded ones (within ``slack`` plus 5 % of the recorded one: the full pass and the
-    cached one the search ran differ by float noise) or where a ``match`` lies farther than ``tol``."""
+    ``targets[i]`` (as read at ``--states-dtype``) are not the recorded ones (within ``slack`` plus 5 % of the
+    recorded one: the full pass and the cached one the search ran differ by float noise), where a ``match`` lies
+    farther than ``tol``, or whose noise floors and certificates are not what the states as read give
+    (:func:`floors_why_not`; ``floors[i]``: the chunk's floors, recomputed from its states)."""
     import torch
 
     bad = []
     with torch.no_grad():
         for i, c in sorted(kept.items()):
+            why = floors_why_not(c, None if floors is None else floors[i].tolist(), tol)
+            if why is not None:
+                bad.append((i, why))
+                continue
             h = reader.full_states(torch.tensor([list(prefix) + list(c.recovered_ids)]))[0, len(prefix):].cpu()
             t = targets[i].float()
             d = ((h.float() - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-30)).tolist()
@@ -238,6 +250,26 @@ def reverify(kept: dict, reader, prefix: list[int], targets: list, tol: float, s
                                    f"observed state, not the recorded {rec:.3g}"))
                     break
     return bad
+
+
+def floors_why_not(c, floors: list[float] | None, tol: float) -> str | None:
+    """Why a per-position record's noise floors or certificates are not what the states as read give (``floors``: the
+    floors recomputed from them; None: not checked); None when they are. A record kept before the floors were has
+    none (float32's 0): then no position may be ``ambiguous``."""
+    from memlab.probes.invert.positions.searcher import ambiguous
+    from memlab.probes.invert.report import CERTIFIED
+
+    got = list(getattr(c, "noise", None) or [])
+    if got and len(got) != len(c.certificates):
+        return "its noise floors are not one per position"
+    if floors is not None and (got or any(floors)):
+        if len(got) != len(floors) or any(abs(a - b) > 1e-6 * max(abs(b), 1e-12) for a, b in zip(got, floors)):
+            return "its noise floors are not those of the states as read"
+    for pos, (d, r, x, f) in enumerate(zip(c.distances, c.runner_up, c.certificates, got or [0.0] * len(c.distances))):
+        near = ambiguous(d, r, f, tol)
+        if (x == "ambiguous") != near or (x in CERTIFIED and near):
+            return (f"position {pos}'s certificate {x} is not what its distances give against its noise floor {f:.3g}")
+    return None
 
 
 def settle(run: str | Path, raw: dict, kept: dict, rejected: list, bad: list) -> None:

@@ -218,14 +218,15 @@ class Lockstep:
         return min(o.first_batch * 2**row.rounds, o.batch_size, min(o.budget, v) - row.n_tried)
 
     def position(self, cache, rows: list[int], targets: torch.Tensor, priors: torch.Tensor | None,
-                 trues: list[int | None]) -> list[Position]:
+                 trues: list[int | None], floors: list[float] | None = None) -> list[Position]:
         """Search the next position of the group's ``rows`` (their observed states ``targets`` ``(m, D)``, priors
-        ``(m, V)`` or None) together; one :class:`Position` per row."""
+        ``(m, V)`` or None, noise floors as read or None: 0) together; one :class:`Position` per row."""
         o, v = self.opts, self.reader.vocab_size
         state = []
         for i in range(len(rows)):
             p = priors[i] if priors is not None else None
-            state.append(_Row(targets[i].float(), p, torch.zeros(v, dtype=torch.bool), trues[i]))
+            state.append(_Row(targets[i].float(), p, torch.zeros(v, dtype=torch.bool), trues[i],
+                              best=_Best(noise=floors[i] if floors is not None else 0.0)))
         while True:
             open_ = [i for i, s in enumerate(state) if not s.done]
             if not open_:
@@ -267,38 +268,36 @@ class Lockstep:
                     s.remember(tokens[mine], hs[mine], dist[mine])
                 s.rounds += 1
                 s.seconds += spent * (int(mine.sum()) + grad) / total
-                if s.best.matched(o) or s.best.separated(o) or s.n_tried >= v:
+                if s.best.settled(o) or s.n_tried >= v:
                     s.done = True
                 elif s.n_tried >= min(o.budget, v):  # the ranked budget is spent: on to the end, or stop
                     s.exhaustive, s.done = o.exhaustive, not o.exhaustive
         out = []
         for s in state:
-            whole = bool(s.tried.all())
             b = s.best
-            cert = ("match" if b.matched(o) else "nearest" if whole and b.apart(o)
-                    else "separated" if b.separated(o) else "none")
             ranks = [r for r in (s.prior_rank, s.grad_rank) if r is not None]
-            out.append(Position(b.token, b.d1, b.d2, cert, s.n_tried, s.exhaustive, s.seconds,
-                                min(ranks) if ranks else None,
-                                prior_rank=s.prior_rank, grad_rank=s.grad_rank, secant_rank=s.secant_rank,
-                                found_at=s.found_at))
+            out.append(Position(b.token, b.d1, b.d2, b.certificate(o, bool(s.tried.all())), s.n_tried, s.exhaustive,
+                                s.seconds, min(ranks) if ranks else None, prior_rank=s.prior_rank,
+                                grad_rank=s.grad_rank, secant_rank=s.secant_rank, found_at=s.found_at, noise=b.noise))
         return out
 
     def group(self, targets: list[torch.Tensor], prefix_ids: list[int], trues: list[list[int]] | None = None,
-              firsts: list[Position] | None = None, on_chunk=None, on_position=None) -> list[list[Position]]:
+              firsts: list[Position] | None = None, on_chunk=None, on_position=None,
+              floors: list[torch.Tensor] | None = None) -> list[list[Position]]:
         """Recover a group of chunks from their states (``targets``: each ``(T_i, D)``, the positions after
         ``prefix_ids``) together; ``trues``: the true tokens, to record their ranks only; ``firsts``: their first
         positions already searched (required after an empty prefix). ``on_chunk(j, positions)`` is called as each
-        chunk finishes, ``on_position(position)`` after each position of each chunk."""
+        chunk finishes, ``on_position(position)`` after each position of each chunk; ``floors``: each chunk's noise
+        floors ``(T_i,)`` as read (``--states-dtype``; None: 0)."""
         out: list[list[Position]] = [[] for _ in targets]
-        for j, ps in self.finished(targets, prefix_ids, trues, firsts, on_position):
+        for j, ps in self.finished(targets, prefix_ids, trues, firsts, on_position, floors):
             out[j] = ps
             if on_chunk is not None:
                 on_chunk(j, ps)
         return out
 
     def finished(self, targets: list[torch.Tensor], prefix_ids: list[int], trues: list[list[int]] | None = None,
-                 firsts: list[Position] | None = None, on_position=None):
+                 firsts: list[Position] | None = None, on_position=None, floors: list[torch.Tensor] | None = None):
         """As :meth:`group`, yielding ``(j, positions)`` as each chunk ``j`` finishes (the shortest first)."""
         n = len(targets)
         lengths = [t.shape[0] for t in targets]
@@ -313,7 +312,8 @@ class Lockstep:
             else:
                 tg = torch.stack([targets[j][t] for j in live])  # (m, D)
                 tr = [trues[j][t] if trues is not None else None for j in live]
-                got = self.position(cache, list(range(len(live))), tg, priors, tr)
+                fl = [float(floors[j][t]) for j in live] if floors is not None else None
+                got = self.position(cache, list(range(len(live))), tg, priors, tr, fl)
             for j, p in zip(live, got):
                 out[j].append(p)
                 if on_position is not None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from memlab.errors import ModelError
 from memlab.probes.invert.positions.searcher import Searcher
-from memlab.probes.invert.report import CERTIFICATES
+from memlab.probes.invert.report import CERTIFICATES, CERTIFIED
 
 
 def quantized_copy(model: nn.Module, qtype: str) -> nn.Module:
@@ -60,7 +60,7 @@ def recovery(searcher: Searcher, prefix: list[int], chunks: list[list[int]], sta
     certs = [p.certificate for p, _ in flat]
     return {"exact_match": sum([p.token for p in g] == ids for g, ids in zip(got, chunks)) / len(chunks),
             "token_accuracy": sum(p.token == t for p, t in flat) / len(flat),
-            "certified": sum(c != "none" for c in certs) / len(certs),
+            "certified": sum(c in CERTIFIED for c in certs) / len(certs),
             **{k: certs.count(k) for k in CERTIFICATES},
             "median_distance": float(np.median([p.distance for p, _ in flat])),
             "median_gap": float(np.median([p.gap for p, _ in flat])),

@@ -101,7 +101,7 @@ class PositionsRun:
         self.lockstep = Lockstep(reader, opts.positions, head_weight=own)
         self.searcher = self.lockstep.first
         self.gen = torch.Generator().manual_seed(opts.text.seed)
-        self.table, self.firsts = None, {}
+        self.table, self.firsts, self.floors = None, {}, None
 
     @staticmethod
     def check(opts) -> None:
@@ -115,9 +115,16 @@ class PositionsRun:
         return sum(len(c) for c in chunks)
 
     def targets(self, chunks: list[list[int]]) -> list[torch.Tensor]:
+        """Each chunk's observed states as read at ``--states-dtype``, and (``self.floors``) their noise floors
+        (:mod:`memlab.probes.invert.positions.precision`)."""
+        from memlab.probes.invert.positions.precision import noise_floor, read_as
+
+        dtype = self.opts.positions.states_dtype
         with torch.no_grad():
-            return [observed_states(self.src_reader, self.enc.prefix, ids, self.opts.model.noise, self.gen)
-                    for ids in chunks]
+            got = [read_as(observed_states(self.src_reader, self.enc.prefix, ids, self.opts.model.noise, self.gen),
+                           dtype) for ids in chunks]
+        self.floors = [noise_floor(t, dtype) for t in got]  # each (T_i,)
+        return got
 
     def prepare(self, targets: list[torch.Tensor], todo: list[int], machine: dict | None = None) -> None:
         """The first position of the chunks ``todo`` after an empty prefix (a model that reads no BOS): one
@@ -132,7 +139,8 @@ class PositionsRun:
         self.table = first_table(self.searcher, self.enc.prefix, self.opts.positions.cache_dir, show)
         bar = progress_bar(self.reader.vocab_size, "invert: first positions", show=show)
         got = self.searcher.first_positions(self.enc.prefix, torch.stack([targets[i][0] for i in todo]),
-                                            on_batch=bar.update, table=self.table)
+                                            on_batch=bar.update, table=self.table,
+                                            floors=torch.stack([self.floors[i][0] for i in todo]))
         bar.close()
         self.firsts = dict(zip(todo, got))
 
@@ -145,7 +153,8 @@ class PositionsRun:
             group = todo[g : g + size]
             firsts = [self.firsts[i] for i in group] if self.firsts else None
             for j, ps in self.lockstep.finished([targets[i] for i in group], self.enc.prefix,
-                                                [chunks[i] for i in group], firsts, on_position=lambda p: step()):
+                                                [chunks[i] for i in group], firsts, on_position=lambda p: step(),
+                                                floors=[self.floors[i] for i in group]):
                 i = group[j]
                 yield chunk_result(i, texts[i], chunks[i], ps, self.enc.tokenizer.decode, sum(p.seconds for p in ps))
 
@@ -156,6 +165,7 @@ class PositionsRun:
                  "one exhaustive pass shared by all chunks" + (", from the kept table" if self.table is not None
                                                                else ""))
         return build_report(results, **common, vocab_size=self.reader.vocab_size,
+                            states_dtype=self.opts.positions.states_dtype,
                             search=asdict(self.opts.positions) | {"first_position": first,
                                                                   "prior": self.lockstep.head is not None})
 
