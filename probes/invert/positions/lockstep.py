@@ -17,7 +17,8 @@ length and their caches stack along the batch):
    blocks: ``first_batch`` in the first round, twice as many each round after, at most ``batch_size``; past
    ``budget`` ranked candidates the position is *exhaustive* and rounds of ``exhaustive_batch`` continue the same
    ranking to the end of the vocabulary. A chunk stops at its certificate (``match`` or ``separated``; see
-   :mod:`memlab.probes.invert.positions.searcher`) or when the vocabulary is spent (``nearest`` or ``none``).
+   :mod:`memlab.probes.invert.positions.searcher`), at an ``ambiguous`` pair no later candidate can lift (states
+   read at a lower precision), or when the vocabulary is spent (``nearest`` or ``none``).
 3. **Extend** every chunk by its kept token in one pass through all the blocks: the cache grows by one position,
    and the last block's output gives the prior of the next position.
 
