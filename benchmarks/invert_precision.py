@@ -139,11 +139,11 @@ def main(argv=None) -> int:
         res["layers"].append(one_layer(enc, layer, seqs, kinds, args.dtypes.split(","), args,
                                        machine["matmul_gflops"]))
     res["matmul_gflops_after"] = machine_facts()["matmul_gflops"]
-    print(f"fp32 matmul {machine['matmul_gflops']:.0f} GFLOP/s at the start, {res['matmul_gflops_after']:.0f} at the "
-          f"end; CPU bf16 flags {machine['cpu_bf16_flags']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
+    print(f"fp32 matmul {machine['matmul_gflops']:.0f} GFLOP/s at the start, {res['matmul_gflops_after']:.0f} at the "
+          f"end; CPU bf16 flags {machine['cpu_bf16_flags']}")
     return 0
 
 

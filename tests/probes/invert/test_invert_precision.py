@@ -5,7 +5,6 @@ refusals, and a resume that checks and keeps the new kind."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from memlab.probes.invert.positions.lockstep import Lockstep
 from memlab.probes.invert.positions.precision import DTYPES, measured_error, noise_floor, read_as
 from memlab.probes.invert.positions.searcher import Searcher
 from test_invert import FAST, V, tiny
+from test_invert_trust import _cut
 
 
 def _states(seed: int = 0) -> torch.Tensor:
@@ -189,27 +189,17 @@ def test_a_run_reports_and_records_ambiguous_positions(int4_run):
         assert not any(x == "match" and t != r for x, t, r in zip(c["certificates"], c["true_ids"], c["recovered_ids"]))
 
 
-def _stopped(run, tmp_path):
-    cut = tmp_path / "cut"
-    shutil.copytree(run, cut)
-    (cut / "report.json").unlink()
-    (cut / "summary.txt").unlink()
-    return cut
-
-
 def test_a_resume_keeps_ambiguous_records_and_refuses_a_match_within_the_floor(int4_run, tmp_path, capsys):
     from memlab.probes.invert.trust import seal
 
-    cut = _stopped(int4_run, tmp_path)
+    cut = _cut(int4_run, tmp_path)
     code, cap = _cli("--resume", str(cut), capsys=capsys)
     assert code == 0 and "memlab: warning:" not in cap.err, cap.err
     assert "resumed: 3 of 3 chunks kept, 0 to search" in (cut / "log.txt").read_text()
     assert json.loads((cut / "report.json").read_text())["ambiguous"] == \
         json.loads((int4_run / "report.json").read_text())["ambiguous"]
 
-    cut2 = tmp_path / "again"
-    shutil.copytree(int4_run, cut2 / "x")
-    cut2 = _stopped(cut2 / "x", tmp_path / "again")
+    cut2 = _cut(int4_run, tmp_path / "again")
     recs = sorted((json.loads(x) for x in (cut2 / "chunks.jsonl").read_text().splitlines()), key=lambda r: r["index"])
     i, pos = next((r["index"], p) for r in recs for p, x in enumerate(r["certificates"]) if x == "ambiguous")
     recs[i]["certificates"][pos] = "match"  # a match the floor does not bear out, its checksum made to match
