@@ -15,6 +15,7 @@ from pathlib import Path
 from memlab import assets
 from memlab.errors import ConfigError, ModelError
 from memlab.probes.parts import get_part
+from memlab.probes.sections import TOKEN_TABLES
 
 CHUNK_BY = ("words", "tokens")
 CACHE_DTYPES = ("float32", "float16", "bfloat16")  # memlab.data.mmapcache.STORAGE, named here without numpy or torch
@@ -142,6 +143,9 @@ def check_range(opts, parts: bool = True) -> None:
         raise ConfigError(f"'n_train' sizes must be >= 1, got {opts.n_train}")
     if parts and "num_heads" in get_part("decoder", opts.decoder).option_names and opts.hidden_size % opts.num_heads:
         raise ConfigError("'hidden_size' must be a multiple of 'num_heads'")
+    if parts and "token_table" in get_part("decoder", opts.decoder).option_names and \
+            opts.token_table not in TOKEN_TABLES:
+        raise ConfigError(f"'token_table' must be one of {', '.join(TOKEN_TABLES)}, got {opts.token_table!r}")
     if not seq_lens(opts) or min(seq_lens(opts)) < 2:
         raise ConfigError(f"'seq_len' must be >= 2 (each length of a length sweep too), got {opts.seq_len}")
 

@@ -67,24 +67,29 @@ from memlab.probes.report.report import Fit, ProbeReport, ReadoutResult, format_
 from memlab.probes.encoders.synthetic import calibration
 from memlab.probes.decoder.fit import Timer, build_decoder, fit_decoders, information_gain
 from memlab.probes.decoder.records import ControlStore, FitData
+from memlab.probes.decoder.table import table_key, with_table
 from memlab.probes.readouts.saturation import learning_curve, limit_note
 from memlab.rundir import claim
 from memlab.probes.encoders.encode import ENCODER_SIDE, content_hash, encode_data, encoder_spec
 
 
-def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor) -> str:
+def control_key(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, eval_ids: torch.Tensor,
+                table: torch.Tensor | None = None) -> str:
     """What a control run depends on: the token data, the vocabulary size and the decoder's options. Not the
     embedding's width: the decoder draws every weight the width does not shape first, from the seed, and the
     control's standardised embedding is exactly zero, so its run is the same for any width, and a probe starts
-    from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone."""
+    from the very weights (and batches, and dropout draws) of its control: they differ by the embedding alone.
+    ``table``: the token table the decoder's output layer maps (an encoder's fact the control reads too)."""
     decoder_side = {k: v for k, v in option_values(opts).items() if k not in ENCODER_SIDE}
-    return content_hash({**decoder_side, "vocab_size": len(tokenizer)}, train_ids, eval_ids)
+    tab = {"token_table": table_key(table)} if table is not None else {}
+    return content_hash({**decoder_side, "vocab_size": len(tokenizer), **tab}, train_ids, eval_ids)
 
 
-def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int):
+def rebuild_decoder(opts: ProbeOptions, tokenizer, train_ids: torch.Tensor, embed_dim: int,
+                    table: torch.Tensor | None = None):
     """A fresh decoder of ``opts`` for embeddings of width ``embed_dim`` on the probe's device: what a control kept on
     disk is loaded into (:class:`~memlab.probes.decoder.control_cache.ControlCache`)."""
-    dec = build_decoder(embed_dim, tokenizer, train_ids, opts, compact=opts.compact_vocab)
+    dec = build_decoder(embed_dim, tokenizer, train_ids, opts, compact=opts.compact_vocab, table=table)
     return dec.to(resolve_device(opts.device))
 
 
@@ -193,7 +198,8 @@ def build_report(opts: ProbeOptions, encoder, train_ids, eval_ids, fit: Fit, tex
                                           "kept_vocab": dec.num_kept, "conditioning": opts.conditioning,
                                           "inputs": opts.inputs, "bag_head": bool(dec.config.bag_head),
                                           "input_dropout": float(dec.config.input_dropout),
-                                          "repeat_penalty": float(dec.config.repeat_penalty)},
+                                          "repeat_penalty": float(dec.config.repeat_penalty),
+                                          "token_table_dim": int(getattr(dec.config, "token_table_dim", 0))},
         **{k_: getattr(fit, k_) for k_ in ("probe", "control", "control_shared_with", "information_gain", "limited_by",
                                   "readouts", "readings", "retention", "calibration", "history")},
         examples=[{"input": a, "reconstruction": b} for a, b in zip(inputs, recon)],
@@ -229,7 +235,7 @@ def cut_text(opts: ProbeOptions, encoder, cap_to_fit: bool = False):
     targets described) and the decoder's targets; a chosen read-out that cannot read these chunks is refused here,
     before anything is encoded."""
     train_ids, eval_ids, text = chunks.probe_data(opts, encoder, cap_to_fit=cap_to_fit)
-    targets = make_targets(opts, encoder, train_ids, eval_ids, *text.texts)
+    targets = with_table(opts, encoder, make_targets(opts, encoder, train_ids, eval_ids, *text.texts))
     text.accounting.targets = targets.describe(text.eval_texts)
     if opts.readouts:  # the width the read-outs see: the encoder's at this length
         dim = fit_length(encoder, train_ids).dim
@@ -265,7 +271,7 @@ def _write(report: ProbeReport, opts: ProbeOptions, encoder, run_dir) -> None:
 def disk_controls(opts: ProbeOptions, tg, memory: dict | None = None) -> ControlCache:
     """The control runs kept in ``opts.cache_dir`` for the decoder targets ``tg`` (``memory``: the dict shared by
     the probes of this process, in front of the disk), each rebuilt with these options' decoder."""
-    return ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids), memory,
+    return ControlCache(opts.cache_dir, partial(rebuild_decoder, opts, tg.tokenizer, tg.train_ids, table=tg.table), memory,
                         side=compute_side(resolve_device(opts.device)))
 
 
@@ -306,12 +312,12 @@ def run_probe(opts: ProbeOptions, run_dir: str | Path | None = None, encoder=Non
     if opts.cache_dir and opts.sequence and opts.control:  # control runs kept on disk too
         control_cache = disk_controls(opts, tg, control_cache)
     # fit the decoders, read out, score, put intervals on the readings
-    fit = fit_one(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval),
-                  ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids), opts.model),
+    data = FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval, tg.table)
+    fit = fit_one(opts, data, ControlStore(control_cache, control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids,
+                                                                      tg.table), opts.model),
                   text, sequence=opts.sequence, fit_readouts=bool(opts.readouts))
     # the learning curve and its verdict, and the online code, from fits on prefixes of the training chunks
-    sat, code = curve_of(opts, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_train, z_eval), fit, control_cache,
-                         text)
+    sat, code = curve_of(opts, data, fit, control_cache, text)
     # the report
     report = build_report(opts, encoder, train_ids, eval_ids, fit, text, tg)
     report.saturation, report.online_code, report.limited_by = sat, code, limit_note(report.limited_by, sat)

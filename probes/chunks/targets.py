@@ -35,6 +35,9 @@ class Targets:
     eval_ids: torch.Tensor
     name: str
     """Whose tokenizer: ``the encoder's`` or the decoder's spec."""
+    table: torch.Tensor | None = None
+    """The token table the decoder's output layer maps (``token_table``: the encoder's, in the targets' tokenizer;
+    set by :func:`memlab.probes.decoder.table.with_table`), or None."""
 
     def first(self, n: int) -> "Targets":
         """The first ``n`` training chunks (a learning curve's size), the same held-out ones."""

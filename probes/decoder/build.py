@@ -38,11 +38,12 @@ LLAMA_SHAPE = ("hidden_size", "num_layers", "num_heads")
 """The decoder config's fields a decoder part's options may set (the built-in llama's own)."""
 
 
-def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True):
+def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True, table_dim: int = 0):
     """The decoder's config: the encoder's facts (the embedding's width, the targets' vocabulary, the kept ids, the
     start id, the chunk length), the generic decoder settings the chosen decoder honours, the chosen conditioning's
     and inputs' options, the shape its own options set, and which part it is (``probe_part``: its name and own
-    options, what :func:`memlab.probes.decoder.build.load_decoder` rebuilds it from)."""
+    options, what :func:`memlab.probes.decoder.build.load_decoder` rebuilds it from); ``table_dim``: the width
+    of the token table its output layer maps (0: none)."""
     v = len(tokenizer)
     kept = sorted(set(torch.unique(train_ids).tolist()) - {-1}) if compact else list(range(v))
     if kept and kept[-1] >= v:
@@ -56,18 +57,24 @@ def decoder_config(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, com
     return ProbeDecoderConfig(embed_dim=embed_dim, vocab_size=v, kept_ids=kept, start_id=start_token_id(tokenizer),
                               max_len=int(train_ids.shape[1]), prefix_len=opts.prefix_len, input_dropout=opts.input_dropout,
                               repeat_penalty=opts.repeat_penalty, **generic, **shape, **_plugin_options(opts),
-                              probe_part=record)
+                              probe_part=record, **({"token_table_dim": table_dim} if table_dim else {}))
 
 
-def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True) -> ProbeDecoder:
+def build_decoder(embed_dim: int, tokenizer, train_ids: torch.Tensor, opts, compact: bool = True,
+                  table: torch.Tensor | None = None) -> ProbeDecoder:
     """A fresh decoder of the chosen decoder part, built from :func:`decoder_config` and its own options;
-    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``)."""
+    ``tokenizer`` and ``train_ids``: the targets' (the decoder's own tokenizer for ``decoder=pretrained:NAME``);
+    ``table``: the targets' token table (V, D_t) its output layer maps (:mod:`memlab.probes.decoder.table`)."""
     torch.manual_seed(opts.seed)
-    cfg = decoder_config(embed_dim, tokenizer, train_ids, opts, compact)
     part = get_part("decoder", opts.decoder)
+    table = table if "token_table" in part.option_names else None
+    cfg = decoder_config(embed_dim, tokenizer, train_ids, opts, compact, 0 if table is None else table.shape[1])
     if isinstance(part.impl, DecoderKind):  # its argument (decoder=pretrained:NAME) and its own options
         return part.impl.build(cfg, split_name(opts.decoder)[1], part_options(opts, part))
-    return part.impl(cfg, **own_options(part, opts))
+    dec = part.impl(cfg, **own_options(part, opts))
+    if table is not None:
+        dec.lm_head.set_table(table, dec.to_full.tolist(), dec.has_other)
+    return dec
 
 
 def _own(part, values: dict):

@@ -94,7 +94,8 @@ def _held_back_ce(history: list[dict]) -> float:
 
 
 def _new_decoder(opts, data: FitData):
-    dec = build_decoder(data.z_train.shape[1], data.tok, data.train_ids, opts, compact=opts.compact_vocab)
+    dec = build_decoder(data.z_train.shape[1], data.tok, data.train_ids, opts, compact=opts.compact_vocab,
+                        table=data.table)
     dec.set_normalization(data.z_train)
     return dec
 

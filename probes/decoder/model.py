@@ -61,6 +61,7 @@ from transformers import AttentionInterface, DynamicCache, LlamaConfig, LlamaMod
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from memlab.probes.decoder.table import TableHead
 from memlab.probes.parts import get_part
 from memlab.probes.sections import DecoderSection, LlamaOptions, PrefixOptions, TeacherOptions
 
@@ -99,7 +100,7 @@ class ProbeDecoderConfig(PretrainedConfig):
                  conditioning: str = DecoderSection.conditioning, prefix_len: int = PrefixOptions.prefix_len,
                  inputs: str = DecoderSection.inputs, cond_dropout: float = DecoderSection.cond_dropout,
                  bag_head: bool = DecoderSection.bag_head, input_dropout: float = TeacherOptions.input_dropout,
-                 repeat_penalty: float = TeacherOptions.repeat_penalty, **kwargs):
+                 repeat_penalty: float = TeacherOptions.repeat_penalty, token_table_dim: int = 0, **kwargs):
         self.embed_dim = embed_dim
         self.vocab_size = vocab_size  # V: the tokenizer's full vocabulary
         self.kept_ids = list(kept_ids) if kept_ids is not None else list(range(vocab_size))  # K seen ids, sorted
@@ -116,6 +117,7 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.input_dropout = input_dropout  # share of teacher inputs replaced by the start token while training
         self.repeat_penalty = repeat_penalty  # nats off a token already in the greedy reconstruction (teacher inputs)
         self.bag_head = bag_head  # add a position-shared linear read-out of the embedding to every position's logits
+        self.token_table_dim = token_table_dim  # > 0: the output layer maps the encoder's token table (its width)
         super().__init__(**kwargs)
 
 
@@ -254,7 +256,9 @@ class ProbeDecoder(CompactVocab, EmbeddingNorm, PreTrainedModel):
         self.body = LlamaModel(body_cfg)
         # everything the embedding's width does not shape is made (and initialised) first, so that a probe and its
         # control (the same decoder on a constant embedding) start from the same weights whatever the width
-        self.lm_head = nn.Linear(c.hidden_size, n_classes, bias=False)
+        table_dim = getattr(c, "token_table_dim", 0)  # the output layer a map of the encoder's token table, or free
+        self.lm_head = TableHead(c.hidden_size, n_classes, table_dim) if table_dim else \
+            nn.Linear(c.hidden_size, n_classes, bias=False)
         self.cond = nn.Linear(c.embed_dim, n_cond * c.hidden_size)
         # each conditioning vector is layer-normed, with a gain that starts at the scale of token embeddings:
         # Adam then cannot blow the conditioning up into noise that swamps the tokens

@@ -13,14 +13,16 @@ from memlab.probes.readings import DecoderScores
 
 @dataclass(frozen=True)
 class FitData:
-    """What one fit reads: the targets' tokenizer, the training and held-out target ids (N, T), (M, T) and the
-    embeddings (N, D), (M, D)."""
+    """What one fit reads: the targets' tokenizer, the training and held-out target ids (N, T), (M, T), the
+    embeddings (N, D), (M, D) and the token table of the targets, if any."""
 
     tok: Any
     train_ids: torch.Tensor
     eval_ids: torch.Tensor
     z_train: torch.Tensor
     z_eval: torch.Tensor
+    table: torch.Tensor | None = None
+    """The token table the decoders' output layer maps (:mod:`memlab.probes.decoder.table`), or None."""
 
     def constant(self) -> "FitData":
         """The same chunks read from a constant embedding (the mean training embedding): the control's data."""

@@ -257,6 +257,13 @@ class HiddenStateEncoder:
             out["placement"] = placed
         return out
 
+    def token_table(self) -> torch.Tensor | None:
+        """The model's input token embeddings ``(V, D)``: what a probe decoder's output layer maps."""
+        try:
+            return self.model.get_input_embeddings().weight
+        except (AttributeError, NotImplementedError):
+            return None
+
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The chosen layer's states ``(B, T, D)`` for ids that already hold any special tokens."""
         captured: list[torch.Tensor] = []
@@ -370,6 +377,10 @@ class SpaceEncoder:
 
     def describe(self) -> dict:
         return {"name": self.name, "pool": "space", "dim": self.dim}
+
+    def token_table(self) -> torch.Tensor | None:
+        """The space's input token embeddings ``(V, D)``, where it has them (else None)."""
+        return self.space.input_embeddings() if callable(getattr(self.space, "input_embeddings", None)) else None
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.max_length is not None and int(attention_mask.sum(1).max()) > self.max_length:

@@ -96,8 +96,8 @@ def fit_share(opts, data: FitData, n: int, n_next: int, cache: dict, owner: str 
     (:func:`memlab.probes.run.control_key`)."""
     t0 = time.perf_counter()
     o = replace(opts, n_train=n, calibrate=False)
-    d = FitData(data.tok, data.train_ids[:n], data.eval_ids, data.z_train[:n], data.z_eval)
-    store = ControlStore(cache, control_key(o, d.tok, d.train_ids, d.eval_ids), owner)
+    d = FitData(data.tok, data.train_ids[:n], data.eval_ids, data.z_train[:n], data.z_eval, data.table)
+    store = ControlStore(cache, control_key(o, d.tok, d.train_ids, d.eval_ids, d.table), owner)
     got = fit_decoders(o, d, store, desc=f"probe decoder ({n} chunks)")
     kept = (got.probe.scores.metrics.get("start") or {}).get("kept")
     ids, z = data.train_ids[n:n_next], data.z_train[n:n_next]

@@ -32,6 +32,7 @@ from memlab.probes.options import option_values
 from memlab.probes.parts import check_readouts, readout_columns, readout_context
 from memlab.probes.readings import Reading
 from memlab.probes.report.report import Fit, jsonable
+from memlab.probes.decoder.table import with_table
 from memlab.probes.run import control_key, fit_one, setup
 from memlab.probes.encoders.encode import encode_data
 from memlab.probes.decoder.fit import Timer
@@ -183,10 +184,10 @@ def run_layer_sweep(opts, layers: str, run_dir=None, sequence: bool = False, log
         raise ModelError("a layer sweep without read-outs and without the sequence probe has nothing to fit")
     log(f"encoded {len(idx)} layers of {train_ids.shape[0] + eval_ids.shape[0]} chunks in {t_enc.seconds:.0f}s")
     rows, cache, own = [], {}, {}
-    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
+    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, tg.table)
     for j, layer in enumerate(idx):
         o = replace(opts, layer=layer, calibrate=False)
-        fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j]),
+        fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr[:, j], z_ev[:, j], tg.table),
                       ControlStore(cache, key, o.model), text, sequence=sequence, fit_readouts=bool(opts.readouts))
         rows.append(replace(_row(fit), layer=layer))
         own.update(dict.fromkeys(_own_columns(fit)))
@@ -215,7 +216,7 @@ def _compared(opts, encoder, train_ids, eval_ids, text: ProbeText, targets) -> l
         o = replace(o, n_train=opts.n_train)
         if o.readouts:
             check_readouts(o, readout_context(o, encoder.tokenizer, text.texts, encoder.dim))
-        out.append((m.spec, o, make_targets(o, encoder, train_ids, eval_ids, *text.texts)))
+        out.append((m.spec, o, with_table(o, encoder, make_targets(o, encoder, train_ids, eval_ids, *text.texts))))
     return out
 
 
@@ -235,8 +236,8 @@ def run_learning_curve(opts, sizes: list[int], run_dir=None, log=print, encoder=
         for spec, m, tgm in methods:
             o = replace(m, n_train=n, calibrate=False)
             t = tgm.first(n)
-            key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids)
-            fit = fit_one(o, FitData(t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev),
+            key = control_key(o, t.tokenizer, t.train_ids, t.eval_ids, t.table)
+            fit = fit_one(o, FitData(t.tokenizer, t.train_ids, t.eval_ids, z_tr[:n], z_ev, t.table),
                           ControlStore(None, key, o.model), replace(text, train_texts=text.train_texts[:n]),
                           sequence=o.sequence, fit_readouts=bool(o.readouts))
             rows.append(replace(_row(fit), n_train=n))

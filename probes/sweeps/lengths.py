@@ -192,8 +192,8 @@ def run_length_sweep(opts, run_dir=None, encoder=None) -> dict:
             with Timer() as t_enc:
                 z_tr, z_ev, _ = encode_data(o, encoder, train_ids, eval_ids)  # (N, D), (M, D)
             encode_s += t_enc.seconds
-            fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev),
-                          ControlStore(None, control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids), o.model), text,
+            fit = fit_one(o, FitData(tg.tokenizer, tg.train_ids, tg.eval_ids, z_tr, z_ev, tg.table),
+                          ControlStore(None, control_key(o, tg.tokenizer, tg.train_ids, tg.eval_ids, tg.table), o.model), text,
                           sequence=o.sequence, fit_readouts=bool(o.readouts))
         except BaseException:
             line.close()  # the length's line stays: the error printed next is about it

@@ -25,7 +25,7 @@ READINGS = {"bits_per_chunk", "bits_per_char", "information_gain", "token_accura
             "free_running_accuracy_gain"}
 BOW = {"recovered", "prior", "gain", "epochs", "kept_vocab", "device", "seconds"}
 DECODER = {"kind", "targets_in", "parameters", "trained_parameters", "kept_vocab", "conditioning", "inputs",
-           "bag_head", "input_dropout", "repeat_penalty"}
+           "bag_head", "input_dropout", "repeat_penalty", "token_table_dim"}
 TIMING = {"load_s", "encode_s", "encode_cached", "train_s", "control_s", "bow_s", "total_s"}
 
 

@@ -108,7 +108,7 @@ def _kept_control(opts, tg, n: int) -> tuple[DecoderReads | None, str]:
         return None, ("the run kept no control on disk (memlab probe --cache-dir keeps it): no control row and no "
                       "bits per chunk")
     cache = disk_controls(opts, tg)
-    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids)
+    key = control_key(opts, tg.tokenizer, tg.train_ids, tg.eval_ids, tg.table)
     if key not in cache:
         return None, (f"no control of this run in {opts.cache_dir} (removed, or kept on another compute side): no "
                       "control row and no bits per chunk")
