@@ -259,10 +259,11 @@ class LlamaOptions:
     """Decoder blocks."""
     num_heads: int = 4
     """Decoder attention heads."""
-    token_table: str = "auto"
-    """The output layer: auto (a learned map of the encoder's own token embeddings when it has them and the targets
-    are in its tokenizer: every token starts where the encoder placed it, read from fewer chunks), encoder (the same,
-    refused without one), none (one vector per token learned from scratch). memlab.probes.decoder.table."""
+    token_table: str = "none"
+    """The output layer: none (one vector per token learned from scratch), auto (a learned map of the encoder's own
+    token embeddings when it has them and the targets are in its tokenizer, plus each token's own vector: it learns
+    faster in the first epochs, not further: docs/results/probes.md), encoder (as auto, refused without a table).
+    memlab.probes.decoder.table."""
     target_tokenizer: str | None = None
     """Rebuild the chunk texts in this tokenizer (a shortcut, folder, run directory or GGUF file) instead of the
     encoder's own (chunk_by=words): every model of a comparison is then scored over the same target tokens, and

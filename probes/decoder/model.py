@@ -117,7 +117,8 @@ class ProbeDecoderConfig(PretrainedConfig):
         self.input_dropout = input_dropout  # share of teacher inputs replaced by the start token while training
         self.repeat_penalty = repeat_penalty  # nats off a token already in the greedy reconstruction (teacher inputs)
         self.bag_head = bag_head  # add a position-shared linear read-out of the embedding to every position's logits
-        self.token_table_dim = token_table_dim  # > 0: the output layer maps the encoder's token table (its width)
+        if token_table_dim:  # the output layer maps the encoder's token table of this width (absent: a scratch layer)
+            self.token_table_dim = token_table_dim
         super().__init__(**kwargs)
 
 
