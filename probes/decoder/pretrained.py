@@ -295,7 +295,7 @@ def build(config: ProbeDecoderConfig, arg: str, options: PretrainedOptions | dic
     lm = load_lm(arg)
     torch.manual_seed(seed)  # the map's draws do not depend on whether the LM was read from disk or the cache
     names = set(inspect.signature(ProbeDecoderConfig.__init__).parameters) - {"self", "kwargs"}
-    fields = {k: getattr(config, k) for k in names}
+    fields = {k: getattr(config, k) for k in names if hasattr(config, k)}  # a key kept only where set (the table's width)
     o = options if isinstance(options, PretrainedOptions) else PretrainedOptions(**(options or {}))
     cfg = PretrainedDecoderConfig(source=_stored_name(arg), lora_r=int(o.lora_r), lora_alpha=float(o.lora_alpha),
                                   lm_fingerprint=fingerprint(lm), map_hidden=int(o.map_hidden),
