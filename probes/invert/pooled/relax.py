@@ -19,7 +19,8 @@ vector reader memlab has and batched over chunks and restarts:
    a token that stops being pushed fades); the optimiser's moments reset every ``reset`` steps and a row is drawn
    again from small noise every ``reinit`` steps (periodic restarts).
 4. **Project and verify.** Every step each row's argmax tokens are run exactly, all rows in one batched forward
-   pass; the nearest sequence of each target is kept. A target whose projection matches within ``tol`` is
+   pass (a row whose projection is the one it ran the step before is not run again); the nearest sequence of each
+   target is kept. A target whose projection matches within ``tol`` is
    certified and leaves the batch (its rows stop costing).
 
 What the relaxation cannot certify within its share of the budget is handed on: its nearest projection starts the
@@ -95,7 +96,8 @@ class Relaxed:
     steps: int
     """Steps this target took part in."""
     forwards: int
-    """Sequences run for it (each row twice a step: relaxed with its gradient, and projected)."""
+    """Sequences run for it (each row once a step relaxed, with its gradient; its projection only when it differs
+    from the one the row ran the step before)."""
     seconds: float
     """Its share of the batch's wall time (the batch's time split over the targets it held)."""
 
@@ -187,6 +189,8 @@ class Relaxer:
         began = time.perf_counter()
         budget = seconds_each * n
         age = 0
+        seen = torch.full((len(theta), T), -1, dtype=torch.long, device=dev)  # each row's last verified projection
+        seen_d = torch.full((len(theta),), math.inf, device=dev)  # and its distance
         for step in range(o.steps):
             if all(done) or time.perf_counter() - began >= budget:
                 break
@@ -211,14 +215,19 @@ class Relaxer:
                     theta = torch.cat([self._draw(o.rows, T, gens[int(owner[r * o.rows])], False)
                                        for r in range(len(theta) // o.rows)]).to(dev)
                 ids = p.argmax(-1)  # (B, T): the projection of the mixture this step ran
-                zd = self.vec.vectors(self.vec.embed(self.s.wrap(ids).to(dev))).float()  # (B, D)
-                d = self._distance(zd, tgt)  # (B,)
+                new = (ids != seen).any(-1)  # a projection run before has the same distance: only new ones are run
+                d = seen_d.clone()
+                if bool(new.any()):
+                    zd = self.vec.vectors(self.vec.embed(self.s.wrap(ids[new]).to(dev))).float()
+                    d[new] = self._distance(zd, tgt[new])
+                seen, seen_d = ids, d
             spent = time.perf_counter() - t0
             live_jobs = owner[:: o.rows].tolist()  # each live job holds o.rows contiguous rows
             near, which = d.view(-1, o.rows).min(1)  # (live,): each job's nearest projection this step
+            runs = new.view(-1, o.rows).sum(1).tolist()  # (live,): projections each job ran this step
             for j, k in enumerate(live_jobs):
                 steps_of[k] += 1
-                fw_of[k] += 2 * o.rows
+                fw_of[k] += o.rows + int(runs[j])
                 secs_of[k] += spent / len(live_jobs)
                 if float(near[j]) < best_d[k]:
                     best_d[k], best_ids[k] = float(near[j]), ids[j * o.rows + int(which[j])].tolist()
@@ -226,7 +235,7 @@ class Relaxer:
                     done[k] = True
             if any(done[k] for k in live_jobs):  # certified targets leave the batch
                 keep = torch.tensor([not done[int(k)] for k in owner], device=dev)
-                theta, m, v, owner = theta[keep], m[keep], v[keep], owner[keep]
+                theta, m, v, owner, seen, seen_d = theta[keep], m[keep], v[keep], owner[keep], seen[keep], seen_d[keep]
             if note is not None and (step + 1) % 100 == 0:
                 left = [best_d[k] for k in range(n) if not done[k]]
                 note(f"relax: step {step + 1}, {sum(d <= o.tol for d in best_d)} of {n} certified"

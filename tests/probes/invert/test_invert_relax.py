@@ -43,7 +43,7 @@ def test_relaxation_recovers_and_certifies_chunks(pool, loss):
     assert len(out) == 4
     certified = 0
     for i, r in enumerate(out):
-        assert len(r.ids) == T and r.steps >= 1 and r.forwards >= 2 * r.steps
+        assert len(r.ids) == T and r.steps >= 1 and 4 * r.steps < r.forwards <= 8 * r.steps  # 4 rows, each run once
         z = s.pooled(torch.tensor([r.ids]))[0]  # the distance reported is the one of the sequence returned
         d = float((z - targets[i]).norm() / targets[i].norm())
         assert abs(d - r.distance) < 1e-4
@@ -74,6 +74,21 @@ def test_banned_tokens_get_no_weight_and_a_relaxation_that_cannot_certify_keeps_
         [RelaxJob(targets[i], T, i) for i in range(2)], 30)
     assert banned[0] not in out[0].ids
     assert not out[0].certified and math.isfinite(out[0].distance) and out[0].steps == 60
+
+
+def test_a_projection_run_before_is_not_run_again():
+    """A row whose argmax tokens are the ones it ran the step before costs its relaxed pass only: with the logits
+    held still (no learning rate, no decay) the one projection is run once, and the nearest is still the one it
+    gives."""
+    s = _searcher("last")
+    seqs = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(4))
+    t = s.pooled(seqs)[0]
+    out = Relaxer(s, RelaxOptions(steps=7, rows=1, lr=0.0, decay=1.0, reinit=0)).run([RelaxJob(t, T, 0)], 30)[0]
+    assert out.steps == 7 and out.forwards == 7 + 1
+    z = s.pooled(torch.tensor([out.ids]))[0]
+    assert abs(float((z - t).norm() / t.norm()) - out.distance) < 1e-4
+    moving = Relaxer(s, RelaxOptions(steps=7, rows=1)).run([RelaxJob(t, T, 0)], 30)[0]
+    assert moving.forwards > 7 + 1  # a moving mixture changes its projection, and each new one is run
 
 
 def test_the_huber_loss_reads_the_logits_whatever_their_constant():
@@ -110,11 +125,12 @@ def _cli(*argv, capsys):
     return code, capsys.readouterr()
 
 
-@pytest.mark.parametrize("states", ["logits"])
-def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
+@pytest.mark.parametrize("states, method", [("logits", ["--method", "relax-correct"]), ("logits", [])])
+def test_cli_relax_correct_reports_the_relaxation(states, method, capsys, tmp_path):
+    """--method relax-correct, and --method auto (the default), which stands for it on the next-token distribution."""
     out = tmp_path / "run"
     layer = [] if states == "logits" else ["--layer", "-1"]
-    code, cap = _cli("--model", "memlab-lm", *layer, "--states", states, "--method", "relax-correct",
+    code, cap = _cli("--model", "memlab-lm", *layer, "--states", states, *method,
                      "--chunk-by", "tokens", "--seq-len", "3", "--n", "2", "--relax-steps", "60",
                      "--relax-group", "2", "--gflops", "inf", "--seconds", "1.5", "--forwards", "100",
                      "--threads", "1", "--out", str(out), capsys=capsys)
@@ -134,7 +150,7 @@ def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["--states", "logits", "--layer", "1"], "--states logits reads the next-token distribution after the last block"),
-    (["--states", "last", "--layer", "2", "--method", "relaxx"], "--method takes propose-correct, relax-correct"),
+    (["--states", "last", "--layer", "2", "--method", "relaxx"], "--method takes auto, propose-correct, relax-correct"),
     (["--states", "last", "--layer", "2", "--relax-lr", "-1"], "--relax-lr must be >= 0"),
     (["--states", "last", "--layer", "2", "--relax-decay", "1.5"], "--relax-decay must be <= 1"),
     (["--states", "last", "--layer", "2", "--relax-share", "2"], "--relax-share must be <= 1"),
@@ -151,6 +167,14 @@ def test_cli_bad_relax_values_one_line(argv, says, capsys, tmp_path):
     lines = cap.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("memlab: error:") and says in lines[0], cap.err
     assert not out.exists()
+
+
+def test_auto_stands_for_the_relaxation_on_the_next_token_distribution_only():
+    from memlab.probes.invert.pooled.run import pooled_method
+
+    assert pooled_method("auto", "logits") == "relax-correct"
+    assert {pooled_method("auto", s) for s in ("last", "mean", "first", "second_last", "space")} == {"propose-correct"}
+    assert pooled_method("swap", "logits") == "swap" and pooled_method("relax", "mean") == "relax"
 
 
 def test_cli_logits_on_a_bidirectional_encoder_is_refused(capsys, tmp_path):
