@@ -125,12 +125,11 @@ def _cli(*argv, capsys):
     return code, capsys.readouterr()
 
 
-@pytest.mark.parametrize("states, method", [("logits", ["--method", "relax-correct"]), ("logits", [])])
-def test_cli_relax_correct_reports_the_relaxation(states, method, capsys, tmp_path):
-    """--method relax-correct, and --method auto (the default), which stands for it on the next-token distribution."""
+@pytest.mark.parametrize("states", ["logits"])
+def test_cli_relax_correct_reports_the_relaxation(states, capsys, tmp_path):
     out = tmp_path / "run"
     layer = [] if states == "logits" else ["--layer", "-1"]
-    code, cap = _cli("--model", "memlab-lm", *layer, "--states", states, *method,
+    code, cap = _cli("--model", "memlab-lm", *layer, "--states", states, "--method", "relax-correct",
                      "--chunk-by", "tokens", "--seq-len", "3", "--n", "2", "--relax-steps", "60",
                      "--relax-group", "2", "--gflops", "inf", "--seconds", "1.5", "--forwards", "100",
                      "--threads", "1", "--out", str(out), capsys=capsys)
@@ -150,7 +149,7 @@ def test_cli_relax_correct_reports_the_relaxation(states, method, capsys, tmp_pa
 
 @pytest.mark.parametrize("argv, says", [
     (["--states", "logits", "--layer", "1"], "--states logits reads the next-token distribution after the last block"),
-    (["--states", "last", "--layer", "2", "--method", "relaxx"], "--method takes auto, propose-correct, relax-correct"),
+    (["--states", "last", "--layer", "2", "--method", "relaxx"], "--method takes propose-correct, relax-correct"),
     (["--states", "last", "--layer", "2", "--relax-lr", "-1"], "--relax-lr must be >= 0"),
     (["--states", "last", "--layer", "2", "--relax-decay", "1.5"], "--relax-decay must be <= 1"),
     (["--states", "last", "--layer", "2", "--relax-share", "2"], "--relax-share must be <= 1"),
@@ -167,14 +166,6 @@ def test_cli_bad_relax_values_one_line(argv, says, capsys, tmp_path):
     lines = cap.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("memlab: error:") and says in lines[0], cap.err
     assert not out.exists()
-
-
-def test_auto_stands_for_the_relaxation_on_the_next_token_distribution_only():
-    from memlab.probes.invert.pooled.run import pooled_method
-
-    assert pooled_method("auto", "logits") == "relax-correct"
-    assert {pooled_method("auto", s) for s in ("last", "mean", "first", "second_last", "space")} == {"propose-correct"}
-    assert pooled_method("swap", "logits") == "swap" and pooled_method("relax", "mean") == "relax"
 
 
 def test_cli_logits_on_a_bidirectional_encoder_is_refused(capsys, tmp_path):
