@@ -72,6 +72,12 @@ def test_a_tied_folder_has_no_head_of_its_own(tmp_path, tokenizer):
 
 def test_the_gguf_head_is_read(tmp_path, untied, tokenizer):
     gguf = pytest.importorskip("gguf")  # noqa: F841
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parents[1])  # tests/probes, where the GGUF writer lives
+    if here not in sys.path:  # on the path when tests/probes is collected too, not when this file runs alone
+        sys.path.insert(0, here)
     from test_probe_gguf import write_llama_gguf
 
     path = write_llama_gguf(untied, tokenizer, tmp_path / "untied.F32.gguf")
