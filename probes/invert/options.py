@@ -180,8 +180,8 @@ class PositionsOptions:
     """Most megabytes of copied key-value cache in one verification pass (long chunks: fewer candidates a pass)."""
     cache_dir: str | None = None
     """Keep the first-position states of every token here (keyed by the weights, layer and prefix; a model that
-    reads no BOS) and reuse them, checked by sha256 when read: later runs skip the first position's pass over the
-    vocabulary."""
+    reads no BOS) and reuse them, checked by sha256 when read; without it the first positions are searched in
+    shared ranked rounds instead of one pass over the vocabulary."""
     states_dtype: str = _opt("float32", choices=STATES_DTYPES)
     """Read the observed states as a copy kept at this precision gives them back (bfloat16, float16: a cast; int8,
     int4: symmetric quantisation of each state vector), the candidates at the run's own; where the best two lie

@@ -23,7 +23,8 @@ length and their caches stack along the batch):
    and the last block's output gives the prior of the next position.
 
 The first position after an empty prefix (a model that reads no BOS) has no prior and is the model's attention
-sink, where the gradient ranks poorly: it is read off one table of every token's first state, shared by all chunks
+sink, where the gradient ranks poorly: it is searched before, in rounds shared by all chunks
+(:mod:`memlab.probes.invert.positions.firstranked`), or read off one table of every token's first state
 (:meth:`memlab.probes.invert.positions.searcher.Searcher.first_positions`). After a BOS it is searched as any other.
 
 A chunk's result does not depend on which other chunks share its group (each row's ranking and certificate read
@@ -303,7 +304,7 @@ class Lockstep:
         n = len(targets)
         lengths = [t.shape[0] for t in targets]
         if not prefix_ids and firsts is None:
-            raise ValueError("after an empty prefix the first positions come from the shared table: pass firsts")
+            raise ValueError("after an empty prefix the first positions are searched apart (shared by the chunks): pass firsts")
         cache, priors = self._start(prefix_ids, n)
         live = list(range(n))  # the group row of each live chunk is its index in `live`
         out: list[list[Position]] = [[] for _ in range(n)]

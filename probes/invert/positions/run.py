@@ -127,20 +127,28 @@ class PositionsRun:
         return got
 
     def prepare(self, targets: list[torch.Tensor], todo: list[int], machine: dict | None = None) -> None:
-        """The first position of the chunks ``todo`` after an empty prefix (a model that reads no BOS): one
-        exhaustive pass shared by them (from the kept table when ``--cache-dir`` has one). After a BOS nothing is
-        shared: the first position is searched as any other. ``machine`` is not read here."""
+        """The first position of the chunks ``todo`` after an empty prefix (a model that reads no BOS): with
+        ``--cache-dir``, one exhaustive pass shared by them, read off the kept table (built and kept the first
+        time); without, shared rounds in a ranked order (:mod:`memlab.probes.invert.positions.firstranked`). After
+        a BOS nothing is shared: the first position is searched as any other. ``machine`` is not read here."""
         from memlab.progress import progress_bar
 
         self.firsts = {}
         if self.enc.prefix or not todo:
             return
         show = self.opts.output.progress or None
+        firsts = torch.stack([targets[i][0] for i in todo])
+        floors = torch.stack([self.floors[i][0] for i in todo])
         self.table = first_table(self.searcher, self.enc.prefix, self.opts.positions.cache_dir, show)
         bar = progress_bar(self.reader.vocab_size, "invert: first positions", show=show)
-        got = self.searcher.first_positions(self.enc.prefix, torch.stack([targets[i][0] for i in todo]),
-                                            on_batch=bar.update, table=self.table,
-                                            floors=torch.stack([self.floors[i][0] for i in todo]))
+        if self.table is None:
+            from memlab.probes.invert.positions.firstranked import first_prior, first_ranked
+
+            prior = first_prior(self.lockstep.head, self.enc.tokenizer, self.reader.vocab_size)
+            got = first_ranked(self.searcher, self.enc.prefix, firsts, prior, floors, on_batch=bar.update)
+        else:
+            got = self.searcher.first_positions(self.enc.prefix, firsts, on_batch=bar.update, table=self.table,
+                                                floors=floors)
         bar.close()
         self.firsts = dict(zip(todo, got))
 
@@ -162,8 +170,8 @@ class PositionsRun:
         from dataclasses import asdict
 
         first = ("after the prefix: searched as any other position" if self.enc.prefix else
-                 "one exhaustive pass shared by all chunks" + (", from the kept table" if self.table is not None
-                                                               else ""))
+                 "one exhaustive pass shared by all chunks, from the kept table" if self.table is not None else
+                 "ranked rounds shared by all chunks (the model's prior of first tokens, the secant order)")
         return build_report(results, **common, vocab_size=self.reader.vocab_size,
                             states_dtype=self.opts.positions.states_dtype,
                             search=asdict(self.opts.positions) | {"first_position": first,
