@@ -265,7 +265,7 @@ def summary_lines(rep: InvertReport) -> list[str]:
         f"candidates per position: mean {t['candidates_per_token'].value:.1f}"
         + (f" ({100 * rep.share_of_vocab:.3f} % of the {rep.vocab_size} tokens)" if rep.vocab_size else "")
         + f", median {rep.tried.median:.0f}, p90 {rep.tried.p90:.0f}, max {rep.tried.max:.0f}; exhaustive searches "
-        f"{rep.exhaustive_positions}" + (f"; {n_table} first positions read off the shared table" if n_table else ""),
+        f"{rep.exhaustive_positions}" + (f"; {n_table} first positions searched apart (one pass shared by the chunks)" if n_table else ""),
         f"true token's rank in the first ranking: median {rep.true_rank.median:.0f}, p90 {rep.true_rank.p90:.0f}, "
         f"max {rep.true_rank.max:.0f}" + _ranks(rep),
         f"seconds per token: {_cell(t['seconds_per_token'], 2)} ({gflop:.0f} GFLOP-equivalents at the "
