@@ -31,14 +31,10 @@ import time
 
 import torch
 
+from memlab.probes.invert.positions.lockstep import SECANT_KEEP, SECANT_REFIT
 from memlab.probes.invert.positions.rank import fused, interleave, best_untried
 from memlab.probes.invert.positions.searcher import Position, _Best
 from memlab.probes.invert.positions.secant import secant_scores
-
-SECANT_REFIT = 1.5
-"""The secant order is refitted when a chunk's verified candidates have grown by this factor."""
-SECANT_KEEP = 4096
-"""Most verified pairs a chunk keeps for its secant fit (the nearest ones)."""
 CONTINUATION = 96
 """Tokens of the continuation the model samples from its end-of-text token for the running-text prior."""
 
